@@ -1,0 +1,597 @@
+//! Cinder v3: volumes, snapshots, volume types, limits.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Instant;
+
+use http::Method;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use crate::common::{Link, OPENSTACK_API_VERSION, Page, next_marker};
+use crate::error::Result;
+use crate::service::ServiceType;
+use crate::session::{ApiRequest, Session};
+
+/// Listing by name filter (`?name=`) is reliable from this microversion on.
+pub const MV_LIST_BY_NAME: &str = "3.34";
+/// Extending an attached (`in-use`) volume needs this microversion.
+pub const MV_EXTEND_IN_USE: &str = "3.42";
+
+macro_rules! status_enum {
+    ($(#[$m:meta])* $name:ident { $($variant:ident => $s:literal),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($variant,)*
+            Other(String),
+        }
+
+        impl $name {
+            pub fn parse(s: &str) -> Self {
+                match s {
+                    $($s => $name::$variant,)*
+                    other => $name::Other(other.to_string()),
+                }
+            }
+
+            pub fn as_str(&self) -> &str {
+                match self {
+                    $($name::$variant => $s,)*
+                    $name::Other(s) => s,
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+                Ok(Self::parse(&String::deserialize(d)?))
+            }
+        }
+    };
+}
+pub(crate) use status_enum;
+
+status_enum!(
+    /// Cinder's volume statuses.
+    VolumeStatus {
+        Creating => "creating",
+        Available => "available",
+        Reserved => "reserved",
+        Attaching => "attaching",
+        Detaching => "detaching",
+        InUse => "in-use",
+        Maintenance => "maintenance",
+        Deleting => "deleting",
+        AwaitingTransfer => "awaiting-transfer",
+        Error => "error",
+        ErrorDeleting => "error_deleting",
+        BackingUp => "backing-up",
+        RestoringBackup => "restoring-backup",
+        ErrorBackingUp => "error_backing-up",
+        ErrorRestoring => "error_restoring",
+        ErrorExtending => "error_extending",
+        Downloading => "downloading",
+        Uploading => "uploading",
+        Retyping => "retyping",
+        Extending => "extending",
+    }
+);
+
+impl VolumeStatus {
+    pub fn is_error(&self) -> bool {
+        self.as_str().starts_with("error")
+    }
+}
+
+status_enum!(
+    /// Cinder's snapshot statuses.
+    SnapshotStatus {
+        Creating => "creating",
+        Available => "available",
+        BackingUp => "backing-up",
+        Deleting => "deleting",
+        Error => "error",
+        Deleted => "deleted",
+        Unmanaging => "unmanaging",
+        Restoring => "restoring",
+        ErrorDeleting => "error_deleting",
+    }
+);
+
+impl SnapshotStatus {
+    pub fn is_error(&self) -> bool {
+        self.as_str().starts_with("error")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct VolumeAttachment {
+    #[serde(default)]
+    pub server_id: Option<String>,
+    #[serde(default)]
+    pub attachment_id: Option<String>,
+    #[serde(default)]
+    pub device: Option<String>,
+    #[serde(default)]
+    pub host_name: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Volume {
+    pub id: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub name: String,
+    pub status: VolumeStatus,
+    /// GiB
+    pub size: u64,
+    #[serde(default)]
+    pub volume_type: Option<String>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub availability_zone: String,
+    #[serde(default)]
+    pub multiattach: bool,
+    #[serde(default, deserialize_with = "bool_or_string")]
+    pub bootable: bool,
+    #[serde(default)]
+    pub attachments: Vec<VolumeAttachment>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    pub snapshot_id: Option<String>,
+    #[serde(default)]
+    pub source_volid: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub created_at: Option<String>,
+}
+
+impl Volume {
+    /// Servers this volume is attached to.
+    pub fn attached_servers(&self) -> impl Iterator<Item = &str> {
+        self.attachments.iter().filter_map(|a| a.server_id.as_deref())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Snapshot {
+    pub id: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub name: String,
+    pub status: SnapshotStatus,
+    pub size: u64,
+    pub volume_id: String,
+    #[serde(default)]
+    pub created_at: Option<String>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct VolumeType {
+    pub id: String,
+    pub name: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub extra_specs: BTreeMap<String, String>,
+    #[serde(default)]
+    pub is_public: Option<bool>,
+}
+
+impl VolumeType {
+    /// `multiattach="<is> True"` in the extra specs.
+    pub fn multiattach(&self) -> bool {
+        self.extra_specs
+            .get("multiattach")
+            .is_some_and(|v| v.trim().trim_start_matches("<is>").trim().eq_ignore_ascii_case("true"))
+    }
+}
+
+/// The absolute limits of the project (`-1` means unlimited).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AbsoluteLimits {
+    #[serde(default)]
+    pub max_total_volumes: i64,
+    #[serde(default)]
+    pub total_volumes_used: i64,
+    #[serde(default)]
+    pub max_total_volume_gigabytes: i64,
+    #[serde(default)]
+    pub total_gigabytes_used: i64,
+    #[serde(default)]
+    pub max_total_snapshots: i64,
+    #[serde(default)]
+    pub total_snapshots_used: i64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CreateVolume {
+    pub name: String,
+    pub size_gib: u64,
+    pub description: Option<String>,
+    pub volume_type: Option<String>,
+    pub availability_zone: Option<String>,
+    pub snapshot_id: Option<String>,
+    pub source_volume_id: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    /// e.g. `same_host` / `different_host` → list of volume ids
+    pub scheduler_hints: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListVolumes {
+    pub name: Option<String>,
+    pub limit: Option<u32>,
+    pub marker: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CreateSnapshot {
+    pub volume_id: String,
+    pub name: String,
+    pub description: Option<String>,
+    /// Snapshot an attached volume.
+    pub force: bool,
+    pub metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListSnapshots {
+    pub name: Option<String>,
+    pub volume_id: Option<String>,
+    pub limit: Option<u32>,
+    pub marker: Option<String>,
+}
+
+/// The Cinder v3 API. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct BlockStorage {
+    session: Session,
+    deadline: Option<Instant>,
+    use_microversions: bool,
+}
+
+impl BlockStorage {
+    pub fn new(session: Session) -> Self {
+        Self { session, deadline: None, use_microversions: true }
+    }
+
+    /// The same client, bounding every call (retries included) by `deadline`.
+    pub fn with_deadline(&self, deadline: Instant) -> Self {
+        Self { deadline: Some(deadline), ..self.clone() }
+    }
+
+    /// `[BlockStorage] ignore-volume-microversion`: for clouds whose Cinder
+    /// is too old for 3.34/3.42.
+    pub fn without_microversions(mut self) -> Self {
+        self.use_microversions = false;
+        self
+    }
+
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    fn req(&self, method: Method, path: impl Into<String>, op: &'static str) -> ApiRequest {
+        ApiRequest::new(ServiceType::BlockStorage, method, path, op).deadline(self.deadline)
+    }
+
+    fn mv(&self, req: ApiRequest, version: &str) -> ApiRequest {
+        if self.use_microversions { req.header(OPENSTACK_API_VERSION.clone(), &format!("volume {version}")) } else { req }
+    }
+
+    pub async fn create_volume(&self, spec: &CreateVolume) -> Result<Volume> {
+        let mut v = Map::new();
+        v.insert("size".into(), json!(spec.size_gib));
+        v.insert("name".into(), json!(spec.name));
+        opt(&mut v, "description", &spec.description);
+        opt(&mut v, "volume_type", &spec.volume_type);
+        opt(&mut v, "availability_zone", &spec.availability_zone);
+        opt(&mut v, "snapshot_id", &spec.snapshot_id);
+        opt(&mut v, "source_volid", &spec.source_volume_id);
+        if !spec.metadata.is_empty() {
+            v.insert("metadata".into(), json!(spec.metadata));
+        }
+        let mut body = json!({ "volume": Value::Object(v) });
+        if !spec.scheduler_hints.is_empty() {
+            body["OS-SCH-HNT:scheduler_hints"] = json!(spec.scheduler_hints);
+        }
+        let resp = self.session.send(self.req(Method::POST, "volumes", "volume_create").json(body)).await?;
+        Ok(resp.json::<VolumeEnvelope>()?.volume)
+    }
+
+    pub async fn get_volume(&self, id: &str) -> Result<Volume> {
+        let resp = self.session.send(self.req(Method::GET, format!("volumes/{}", seg(id)), "volume_get")).await?;
+        Ok(resp.json::<VolumeEnvelope>()?.volume)
+    }
+
+    pub async fn list_volumes(&self, q: &ListVolumes) -> Result<Page<Volume>> {
+        let mut req = self.mv(self.req(Method::GET, "volumes/detail", "volume_list"), MV_LIST_BY_NAME);
+        if let Some(n) = &q.name {
+            req = req.query("name", n);
+        }
+        if let Some(l) = q.limit {
+            req = req.query("limit", l);
+        }
+        if let Some(m) = &q.marker {
+            req = req.query("marker", m);
+        }
+        #[derive(Deserialize)]
+        struct L {
+            volumes: Vec<Volume>,
+            #[serde(default)]
+            volumes_links: Vec<Link>,
+        }
+        let l: L = self.session.send(req).await?.json()?;
+        let next = next_marker(&l.volumes_links);
+        // Cinder's name filter matches exactly from 3.34 on; older
+        // servers (or ignore-volume-microversion) may return more
+        let items = match &q.name {
+            Some(n) => l.volumes.into_iter().filter(|v| &v.name == n).collect(),
+            None => l.volumes,
+        };
+        Ok(Page { items, next_marker: next })
+    }
+
+    /// All volumes named `name` (following pagination).
+    pub async fn volumes_named(&self, name: &str) -> Result<Vec<Volume>> {
+        let mut out = Vec::new();
+        let mut marker = None;
+        loop {
+            let page = self.list_volumes(&ListVolumes { name: Some(name.to_string()), limit: None, marker }).await?;
+            out.extend(page.items);
+            match page.next_marker {
+                Some(m) => marker = Some(m),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    pub async fn delete_volume(&self, id: &str) -> Result<()> {
+        self.session.send(self.req(Method::DELETE, format!("volumes/{}", seg(id)), "volume_delete")).await?;
+        Ok(())
+    }
+
+    /// Grows a volume; `in_use` selects microversion 3.42 (online extend).
+    pub async fn extend_volume(&self, id: &str, new_size_gib: u64, in_use: bool) -> Result<()> {
+        let mut req = self
+            .req(Method::POST, format!("volumes/{}/action", seg(id)), "volume_expand")
+            .json(json!({ "os-extend": { "new_size": new_size_gib } }));
+        if in_use {
+            req = self.mv(req, MV_EXTEND_IN_USE);
+        }
+        self.session.send(req).await?;
+        Ok(())
+    }
+
+    /// Merges `metadata` into the volume's metadata.
+    pub async fn update_volume_metadata(&self, id: &str, metadata: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>> {
+        let resp = self
+            .session
+            .send(
+                self.req(Method::POST, format!("volumes/{}/metadata", seg(id)), "volume_metadata_update")
+                    .json(json!({ "metadata": metadata })),
+            )
+            .await?;
+        Ok(resp.json::<MetadataEnvelope>()?.metadata)
+    }
+
+    pub async fn get_volume_metadata(&self, id: &str) -> Result<BTreeMap<String, String>> {
+        let resp = self.session.send(self.req(Method::GET, format!("volumes/{}/metadata", seg(id)), "volume_metadata_get")).await?;
+        Ok(resp.json::<MetadataEnvelope>()?.metadata)
+    }
+
+    /// Changes the volume type, migrating the data if the backend must.
+    pub async fn retype_volume(&self, id: &str, new_type: &str) -> Result<()> {
+        let body = json!({ "os-retype": { "new_type": new_type, "migration_policy": "on-demand" } });
+        self.session.send(self.req(Method::POST, format!("volumes/{}/action", seg(id)), "volume_retype").json(body)).await?;
+        Ok(())
+    }
+
+    pub async fn set_bootable(&self, id: &str, bootable: bool) -> Result<()> {
+        let body = json!({ "os-set_bootable": { "bootable": bootable } });
+        self.session.send(self.req(Method::POST, format!("volumes/{}/action", seg(id)), "volume_set_bootable").json(body)).await?;
+        Ok(())
+    }
+
+    /// Admin only: forces a volume's status (`os-reset_status`).
+    pub async fn reset_volume_status(&self, id: &str, status: &str) -> Result<()> {
+        let body = json!({ "os-reset_status": { "status": status } });
+        self.session.send(self.req(Method::POST, format!("volumes/{}/action", seg(id)), "volume_reset_status").json(body)).await?;
+        Ok(())
+    }
+
+    pub async fn create_snapshot(&self, spec: &CreateSnapshot) -> Result<Snapshot> {
+        let mut s = Map::new();
+        s.insert("volume_id".into(), json!(spec.volume_id));
+        s.insert("name".into(), json!(spec.name));
+        s.insert("force".into(), json!(spec.force));
+        opt(&mut s, "description", &spec.description);
+        if !spec.metadata.is_empty() {
+            s.insert("metadata".into(), json!(spec.metadata));
+        }
+        let resp = self
+            .session
+            .send(self.req(Method::POST, "snapshots", "snapshot_create").json(json!({ "snapshot": Value::Object(s) })))
+            .await?;
+        Ok(resp.json::<SnapshotEnvelope>()?.snapshot)
+    }
+
+    pub async fn get_snapshot(&self, id: &str) -> Result<Snapshot> {
+        let resp = self.session.send(self.req(Method::GET, format!("snapshots/{}", seg(id)), "snapshot_get")).await?;
+        Ok(resp.json::<SnapshotEnvelope>()?.snapshot)
+    }
+
+    pub async fn list_snapshots(&self, q: &ListSnapshots) -> Result<Page<Snapshot>> {
+        let mut req = self.mv(self.req(Method::GET, "snapshots/detail", "snapshot_list"), MV_LIST_BY_NAME);
+        if let Some(n) = &q.name {
+            req = req.query("name", n);
+        }
+        if let Some(v) = &q.volume_id {
+            req = req.query("volume_id", v);
+        }
+        if let Some(l) = q.limit {
+            req = req.query("limit", l);
+        }
+        if let Some(m) = &q.marker {
+            req = req.query("marker", m);
+        }
+        #[derive(Deserialize)]
+        struct L {
+            snapshots: Vec<Snapshot>,
+            #[serde(default)]
+            snapshots_links: Vec<Link>,
+        }
+        let l: L = self.session.send(req).await?.json()?;
+        let next = next_marker(&l.snapshots_links);
+        let items = l
+            .snapshots
+            .into_iter()
+            .filter(|s| q.name.as_ref().is_none_or(|n| &s.name == n) && q.volume_id.as_ref().is_none_or(|v| &s.volume_id == v))
+            .collect();
+        Ok(Page { items, next_marker: next })
+    }
+
+    pub async fn delete_snapshot(&self, id: &str) -> Result<()> {
+        self.session.send(self.req(Method::DELETE, format!("snapshots/{}", seg(id)), "snapshot_delete")).await?;
+        Ok(())
+    }
+
+    pub async fn list_volume_types(&self) -> Result<Vec<VolumeType>> {
+        #[derive(Deserialize)]
+        struct L {
+            volume_types: Vec<VolumeType>,
+        }
+        Ok(self.session.send(self.req(Method::GET, "types", "volume_type_list")).await?.json::<L>()?.volume_types)
+    }
+
+    /// A volume type by id or name.
+    pub async fn get_volume_type(&self, id_or_name: &str) -> Result<VolumeType> {
+        #[derive(Deserialize)]
+        struct E {
+            volume_type: VolumeType,
+        }
+        match self.session.send(self.req(Method::GET, format!("types/{}", seg(id_or_name)), "volume_type_get")).await {
+            Ok(r) => Ok(r.json::<E>()?.volume_type),
+            Err(e) if e.is_not_found() => {
+                let all = self.list_volume_types().await?;
+                all.into_iter().find(|t| t.name == id_or_name).ok_or(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Admin only: creates a volume type with extra specs.
+    pub async fn create_volume_type(&self, name: &str, extra_specs: &BTreeMap<String, String>) -> Result<VolumeType> {
+        #[derive(Deserialize)]
+        struct E {
+            volume_type: VolumeType,
+        }
+        let body = json!({ "volume_type": { "name": name, "extra_specs": extra_specs } });
+        Ok(self.session.send(self.req(Method::POST, "types", "volume_type_create").json(body)).await?.json::<E>()?.volume_type)
+    }
+
+    pub async fn absolute_limits(&self) -> Result<AbsoluteLimits> {
+        #[derive(Deserialize)]
+        struct Limits {
+            absolute: AbsoluteLimits,
+        }
+        #[derive(Deserialize)]
+        struct E {
+            limits: Limits,
+        }
+        Ok(self.session.send(self.req(Method::GET, "limits", "limits_get")).await?.json::<E>()?.limits.absolute)
+    }
+}
+
+#[derive(Deserialize)]
+struct VolumeEnvelope {
+    volume: Volume,
+}
+
+#[derive(Deserialize)]
+struct SnapshotEnvelope {
+    snapshot: Snapshot,
+}
+
+#[derive(Deserialize)]
+struct MetadataEnvelope {
+    metadata: BTreeMap<String, String>,
+}
+
+fn opt(m: &mut Map<String, Value>, key: &str, v: &Option<String>) {
+    if let Some(v) = v {
+        m.insert(key.into(), json!(v));
+    }
+}
+
+/// Percent-encodes an id used as a path segment, so that an id supplied by
+/// a user cannot walk to another URL.
+pub(crate) fn seg(id: &str) -> String {
+    if id.is_empty() || id.chars().all(|c| c == '.') {
+        return id.replace('.', "%2E");
+    }
+    url::form_urlencoded::byte_serialize(id.as_bytes()).collect::<String>().replace('+', "%20")
+}
+
+pub(crate) fn null_as_default<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// Cinder reports `bootable` as the string "true"/"false".
+fn bool_or_string<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<bool, D::Error> {
+    Ok(match Value::deserialize(d)? {
+        Value::Bool(b) => b,
+        Value::String(s) => s.eq_ignore_ascii_case("true"),
+        _ => false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_json_shapes() {
+        let v: Volume = serde_json::from_value(json!({
+            "id": "v1", "name": null, "status": "in-use", "size": 2, "bootable": "true",
+            "availability_zone": "nova", "metadata": {}, "attachments": [{"server_id": "s1", "device": "/dev/vdb"}],
+            "multiattach": false
+        }))
+        .unwrap();
+        assert_eq!(v.status, VolumeStatus::InUse);
+        assert!(v.bootable);
+        assert_eq!(v.attached_servers().collect::<Vec<_>>(), vec!["s1"]);
+        assert_eq!(VolumeStatus::parse("error_extending"), VolumeStatus::ErrorExtending);
+        assert!(VolumeStatus::parse("error_extending").is_error());
+        assert_eq!(VolumeStatus::parse("weird"), VolumeStatus::Other("weird".into()));
+    }
+
+    #[test]
+    fn multiattach_spec() {
+        let t = |v: &str| VolumeType { id: "t".into(), name: "t".into(), extra_specs: [("multiattach".into(), v.into())].into(), is_public: None };
+        assert!(t("<is> True").multiattach());
+        assert!(t("true").multiattach());
+        assert!(!t("<is> False").multiattach());
+    }
+
+    #[test]
+    fn ids_cannot_escape_their_segment() {
+        assert_eq!(seg("../../admin"), "..%2F..%2Fadmin");
+        assert_eq!(seg("a b"), "a%20b");
+        assert_eq!(seg(".."), "%2E%2E");
+    }
+}

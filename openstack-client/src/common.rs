@@ -1,0 +1,75 @@
+//! Pieces the service clients share: microversion headers, pagination,
+//! and polling a resource until it settles.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use http::HeaderName;
+
+use crate::error::{Error, Result};
+
+pub(crate) static OPENSTACK_API_VERSION: HeaderName = HeaderName::from_static("openstack-api-version");
+pub(crate) static NOVA_API_VERSION: HeaderName = HeaderName::from_static("x-openstack-nova-api-version");
+pub(crate) static MANILA_API_VERSION: HeaderName = HeaderName::from_static("x-openstack-manila-api-version");
+
+/// A page of a marker-paginated listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// Pass as `marker` to get the next page; `None` on the last page.
+    pub next_marker: Option<String>,
+}
+
+/// The `marker` query parameter of a `rel=next` link, as Cinder, Nova and
+/// Manila return them.
+pub(crate) fn next_marker(links: &[Link]) -> Option<String> {
+    let next = links.iter().find(|l| l.rel == "next")?;
+    let url = url::Url::parse(&next.href).ok()?;
+    url.query_pairs().find(|(k, _)| k == "marker").map(|(_, v)| v.into_owned())
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(crate) struct Link {
+    pub href: String,
+    pub rel: String,
+}
+
+/// What one look at a resource found.
+#[derive(Debug)]
+pub enum Poll<T> {
+    Ready(T),
+    Pending(String),
+}
+
+/// Calls `check` until it is ready, fails, or `deadline` passes: first
+/// every `initial`, growing by half each time up to `max`.
+pub async fn poll_until<T, F, Fut>(
+    operation: &'static str,
+    deadline: Instant,
+    initial: Duration,
+    max: Duration,
+    mut check: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Poll<T>>>,
+{
+    let started = Instant::now();
+    let mut delay = initial;
+    loop {
+        let last_state = match check().await? {
+            Poll::Ready(v) => return Ok(v),
+            Poll::Pending(state) => state,
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Error::Timeout {
+                operation,
+                elapsed: started.elapsed(),
+                last: Some(Box::new(Error::StillPending { operation, state: last_state })),
+            });
+        }
+        tokio::time::sleep(delay.min(deadline - now)).await;
+        delay = (delay + delay / 2).min(max);
+    }
+}

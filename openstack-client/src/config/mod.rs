@@ -1,0 +1,672 @@
+//! Configuration compatible with the upstream plugins: cloud.conf (gcfg INI)
+//! and clouds.yaml (+ secure.yaml).
+//!
+//! Loading parses and type-checks every section; the credentials of a cloud
+//! are resolved (and missing keys reported) when that cloud is asked for,
+//! so a node plugin whose cloud.conf has only `[BlockStorage]` and
+//! `[Metadata]` loads fine.
+
+pub mod clouds_yaml;
+pub mod gcfg;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use url::Url;
+
+use crate::secret::SecretString;
+use crate::service::{Interface, ServiceType};
+
+pub use clouds_yaml::CloudsYamlSearch;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{} is empty", path.display())]
+    Empty { path: PathBuf },
+    #[error("no cloud configuration file was given")]
+    NoFiles,
+    #[error("syntax error in {0}")]
+    Syntax(#[from] gcfg::ParseError),
+    #[error("{}:{line}: [{section}] {key}: {message}", file.display())]
+    InvalidValue { file: PathBuf, line: usize, section: String, key: String, message: String },
+    #[error("[{section}] lacks {key}{}", hint.as_ref().map(|h| format!(" ({h})")).unwrap_or_default())]
+    MissingKey { section: String, key: String, hint: Option<String> },
+    #[error("cloud {name:?} is not defined (defined: {})", if available.is_empty() { "none".to_string() } else { available.join(", ") })]
+    UnknownCloud { name: String, available: Vec<String> },
+    #[error("{}: {message}", path.display())]
+    CloudsYaml { path: PathBuf, message: String },
+    #[error("no clouds.yaml found (searched {})", searched.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
+    CloudsYamlNotFound { searched: Vec<PathBuf> },
+}
+
+/// An unknown key or section: worth a warning, not a failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigWarning {
+    pub file: PathBuf,
+    pub line: usize,
+    pub section: String,
+    pub key: Option<String>,
+}
+
+impl fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.key {
+            Some(k) => write!(f, "{}:{}: unknown key {k:?} in [{}], ignored", self.file.display(), self.line, self.section),
+            None => write!(f, "{}:{}: unknown section [{}], ignored", self.file.display(), self.line, self.section),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DomainRef {
+    Id(String),
+    Name(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UserRef {
+    Id(String),
+    Name { name: String, domain: DomainRef },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProjectRef {
+    Id(String),
+    Name { name: String, domain: DomainRef },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthMethod {
+    Password { user: UserRef, password: SecretString },
+    ApplicationCredentialId { id: String, secret: SecretString },
+    ApplicationCredentialName { name: String, user: UserRef, secret: SecretString },
+    Token { token: SecretString },
+}
+
+impl AuthMethod {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AuthMethod::Password { .. } => "password",
+            AuthMethod::ApplicationCredentialId { .. } | AuthMethod::ApplicationCredentialName { .. } => {
+                "application credential"
+            }
+            AuthMethod::Token { .. } => "token",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    Project(ProjectRef),
+    Trust(String),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsOptions {
+    pub ca_file: Option<PathBuf>,
+    pub insecure: bool,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+/// Everything needed to open a Keystone session against one cloud.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloudConfig {
+    /// `""` for `[Global]`, else the subsection or clouds.yaml name.
+    pub name: String,
+    pub auth_url: Url,
+    pub auth: AuthMethod,
+    /// None for application credentials (they carry their own scope).
+    pub scope: Option<Scope>,
+    pub region: Option<String>,
+    pub interface: Interface,
+    pub tls: TlsOptions,
+    pub endpoint_overrides: BTreeMap<ServiceType, Url>,
+}
+
+/// `[BlockStorage]`
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlockStorageOptions {
+    pub node_volume_attach_limit: Option<i64>,
+    pub rescan_on_resize: bool,
+    pub ignore_volume_az: bool,
+    pub ignore_volume_microversion: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetadataSource {
+    ConfigDrive,
+    MetadataService,
+}
+
+/// `[Metadata]`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataOptions {
+    pub search_order: Vec<MetadataSource>,
+    pub request_timeout: Option<Duration>,
+}
+
+impl Default for MetadataOptions {
+    fn default() -> Self {
+        Self { search_order: vec![MetadataSource::ConfigDrive, MetadataSource::MetadataService], request_timeout: None }
+    }
+}
+
+/// `[KeyManager]`
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyManagerOptions {
+    pub key_id: Option<String>,
+}
+
+/// Where clouds.yaml is looked for, and the process environment that
+/// selects a cloud. Tests build one by hand; binaries use `from_process`.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigEnv {
+    pub clouds_yaml: CloudsYamlSearch,
+    /// `OS_CLOUD`
+    pub os_cloud: Option<String>,
+}
+
+impl ConfigEnv {
+    pub fn from_process() -> Self {
+        Self { clouds_yaml: CloudsYamlSearch::from_process(), os_cloud: std::env::var("OS_CLOUD").ok().filter(|s| !s.is_empty()) }
+    }
+}
+
+/// A parsed cloud.conf (one or more files merged, later wins).
+#[derive(Debug, Clone, Default)]
+pub struct CloudConf {
+    document: gcfg::Document,
+    env: ConfigEnv,
+    pub block_storage: BlockStorageOptions,
+    pub metadata: MetadataOptions,
+    pub key_manager: KeyManagerOptions,
+    pub warnings: Vec<ConfigWarning>,
+}
+
+const GLOBAL_KEYS: &[&str] = &[
+    "auth-url",
+    "username",
+    "user-id",
+    "password",
+    "tenant-id",
+    "tenant-name",
+    "project-id",
+    "project-name",
+    "tenant-domain-id",
+    "tenant-domain-name",
+    "project-domain-id",
+    "project-domain-name",
+    "user-domain-id",
+    "user-domain-name",
+    "domain-id",
+    "domain-name",
+    "region",
+    "os-endpoint-type",
+    "ca-file",
+    "tls-insecure",
+    "cert-file",
+    "key-file",
+    "trust-id",
+    "trustee-id",
+    "trustee-password",
+    "application-credential-id",
+    "application-credential-name",
+    "application-credential-secret",
+    "token",
+    "use-clouds",
+    "clouds-file",
+    "cloud",
+];
+const BLOCK_STORAGE_KEYS: &[&str] =
+    &["node-volume-attach-limit", "rescan-on-resize", "ignore-volume-az", "ignore-volume-microversion"];
+const METADATA_KEYS: &[&str] = &["search-order", "request-timeout"];
+const KEY_MANAGER_KEYS: &[&str] = &["key-id"];
+/// Sections that belong to the cloud controller manager, which commonly
+/// shares the file: accepted silently.
+const FOREIGN_SECTIONS: &[&str] = &["loadbalancer", "loadbalancerclass", "networking", "route"];
+
+impl CloudConf {
+    /// Reads and merges the given files in order.
+    pub fn load(paths: &[PathBuf], env: ConfigEnv) -> Result<Self, ConfigError> {
+        if paths.is_empty() {
+            return Err(ConfigError::NoFiles);
+        }
+        let mut texts = Vec::with_capacity(paths.len());
+        for p in paths {
+            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Io { path: p.clone(), source })?;
+            texts.push((p.clone(), text));
+        }
+        Self::from_texts(&texts, env)
+    }
+
+    /// Parses file contents already read (tests, fuzzing).
+    pub fn from_texts(files: &[(PathBuf, String)], env: ConfigEnv) -> Result<Self, ConfigError> {
+        let mut document = gcfg::Document::default();
+        for (path, text) in files {
+            if text.trim().is_empty() {
+                return Err(ConfigError::Empty { path: path.clone() });
+            }
+            document.parse_into(path, text)?;
+        }
+        let mut conf = CloudConf { document, env, ..Default::default() };
+        conf.check_known()?;
+        Ok(conf)
+    }
+
+    fn check_known(&mut self) -> Result<(), ConfigError> {
+        let mut warnings = Vec::new();
+        for s in &self.document.sections {
+            let known: &[&str] = match s.name.as_str() {
+                "global" => GLOBAL_KEYS,
+                "blockstorage" => BLOCK_STORAGE_KEYS,
+                "metadata" => METADATA_KEYS,
+                "keymanager" => KEY_MANAGER_KEYS,
+                n if FOREIGN_SECTIONS.contains(&n) => continue,
+                _ => {
+                    warnings.push(ConfigWarning { file: s.file.clone(), line: s.line, section: display_section(s), key: None });
+                    continue;
+                }
+            };
+            for e in &s.entries {
+                if !known.contains(&e.key.as_str()) {
+                    warnings.push(ConfigWarning {
+                        file: e.file.clone(),
+                        line: e.line,
+                        section: display_section(s),
+                        key: Some(e.key.clone()),
+                    });
+                }
+            }
+            // type-check values of every Global section now, so a bad
+            // boolean fails at start-up rather than on first use
+            if s.name == "global" {
+                for key in ["tls-insecure", "use-clouds"] {
+                    if let Some(e) = s.get(key) {
+                        parse_bool(s, e)?;
+                    }
+                }
+                if let Some(e) = s.get("os-endpoint-type") {
+                    e.value.parse::<Interface>().map_err(|m| invalid(s, e, m))?;
+                }
+                if let Some(e) = s.get("auth-url") {
+                    parse_auth_url(&e.value).map_err(|m| invalid(s, e, m))?;
+                }
+            }
+        }
+        self.warnings = warnings;
+        for w in &self.warnings {
+            tracing::warn!("{w}");
+        }
+        if let Some(s) = self.document.section("blockstorage", None) {
+            let mut bs = BlockStorageOptions::default();
+            if let Some(e) = s.get("node-volume-attach-limit") {
+                bs.node_volume_attach_limit =
+                    Some(e.value.trim().parse::<i64>().map_err(|_| invalid(s, e, "not an integer".into()))?);
+            }
+            bs.rescan_on_resize = opt_bool(s, "rescan-on-resize")?;
+            bs.ignore_volume_az = opt_bool(s, "ignore-volume-az")?;
+            bs.ignore_volume_microversion = opt_bool(s, "ignore-volume-microversion")?;
+            self.block_storage = bs;
+        }
+        if let Some(s) = self.document.section("metadata", None) {
+            let mut md = MetadataOptions::default();
+            if let Some(e) = s.get("search-order") {
+                md.search_order = parse_search_order(&e.value).map_err(|m| invalid(s, e, m))?;
+            }
+            if let Some(e) = s.get("request-timeout") {
+                md.request_timeout = Some(parse_go_duration(&e.value).map_err(|m| invalid(s, e, m))?);
+            }
+            self.metadata = md;
+        }
+        if let Some(s) = self.document.section("keymanager", None) {
+            self.key_manager.key_id = s.get("key-id").map(|e| e.value.trim().to_string()).filter(|v| !v.is_empty());
+        }
+        Ok(())
+    }
+
+    /// Names of the clouds defined by `[Global]` (`""`) and
+    /// `[Global "name"]` sections.
+    pub fn cloud_names(&self) -> Vec<String> {
+        self.document.sections_named("global").map(|s| s.subsection.clone().unwrap_or_default()).collect()
+    }
+
+    /// Resolves the credentials of one cloud: `""` is `[Global]`.
+    pub fn cloud(&self, name: &str) -> Result<CloudConfig, ConfigError> {
+        let sub = if name.is_empty() { None } else { Some(name) };
+        let section = self.document.section("global", sub).ok_or_else(|| ConfigError::UnknownCloud {
+            name: name.to_string(),
+            available: self.cloud_names().into_iter().map(|n| if n.is_empty() { "[Global]".into() } else { n }).collect(),
+        })?;
+        let mut inputs = AuthInputs::default();
+        if opt_bool(section, "use-clouds")? {
+            let clouds_file = section.get("clouds-file").map(|e| PathBuf::from(e.value.trim()));
+            let cloud = section
+                .get("cloud")
+                .map(|e| e.value.clone())
+                .or_else(|| self.env.os_cloud.clone())
+                .ok_or_else(|| ConfigError::MissingKey {
+                    section: display_section(section),
+                    key: "cloud".into(),
+                    hint: Some("use-clouds = true needs the clouds.yaml entry to use, or OS_CLOUD".into()),
+                })?;
+            inputs = clouds_yaml::load_cloud(&self.env.clouds_yaml, clouds_file.as_deref(), &cloud)?;
+        }
+        // explicit INI values win over clouds.yaml
+        inputs.overlay_ini(section);
+        inputs.resolve(name, &display_section(section))
+    }
+}
+
+fn display_section(s: &gcfg::Section) -> String {
+    let canonical = match s.name.as_str() {
+        "global" => "Global",
+        "blockstorage" => "BlockStorage",
+        "metadata" => "Metadata",
+        "keymanager" => "KeyManager",
+        _ => s.written_name.as_str(),
+    };
+    match &s.subsection {
+        Some(sub) => format!("{canonical} \"{sub}\""),
+        None => canonical.to_string(),
+    }
+}
+
+fn invalid(s: &gcfg::Section, e: &gcfg::Entry, message: String) -> ConfigError {
+    ConfigError::InvalidValue { file: e.file.clone(), line: e.line, section: display_section(s), key: e.key.clone(), message }
+}
+
+fn parse_bool(s: &gcfg::Section, e: &gcfg::Entry) -> Result<bool, ConfigError> {
+    match e.value.trim().to_ascii_lowercase().as_str() {
+        "true" | "yes" | "on" | "1" => Ok(true),
+        "false" | "no" | "off" | "0" | "" => Ok(false),
+        other => Err(invalid(s, e, format!("{other:?} is not a boolean (true/false)"))),
+    }
+}
+
+fn opt_bool(s: &gcfg::Section, key: &str) -> Result<bool, ConfigError> {
+    s.get(key).map(|e| parse_bool(s, e)).transpose().map(|b| b.unwrap_or(false))
+}
+
+fn parse_auth_url(v: &str) -> Result<Url, String> {
+    let url = Url::parse(v.trim()).map_err(|e| format!("{v:?} is not a URL: {e}"))?;
+    match url.scheme() {
+        "http" | "https" if url.host().is_some() => Ok(url),
+        _ => Err(format!("{v:?} is not an http(s) URL")),
+    }
+}
+
+fn parse_search_order(v: &str) -> Result<Vec<MetadataSource>, String> {
+    let mut out = Vec::new();
+    for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let src = match item {
+            "configDrive" => MetadataSource::ConfigDrive,
+            "metadataService" => MetadataSource::MetadataService,
+            other => return Err(format!("{other:?} is not configDrive or metadataService")),
+        };
+        if out.contains(&src) {
+            return Err(format!("{item} is listed twice"));
+        }
+        out.push(src);
+    }
+    if out.is_empty() {
+        return Err("the search order is empty".into());
+    }
+    Ok(out)
+}
+
+/// Go's `time.ParseDuration` format (`90s`, `1m30s`, `500ms`).
+pub fn parse_go_duration(v: &str) -> Result<Duration, String> {
+    let s = v.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    while !rest.is_empty() {
+        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(|| format!("{s:?} lacks a unit"))?;
+        let n: f64 = rest[..num_end].parse().map_err(|_| format!("{s:?} is not a duration"))?;
+        rest = &rest[num_end..];
+        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let mult = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            u => return Err(format!("{s:?}: unknown unit {u:?}")),
+        };
+        total += n * mult;
+        rest = &rest[unit_end..];
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+/// Credentials gathered from clouds.yaml and/or an INI section before they
+/// are checked and turned into a [`CloudConfig`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AuthInputs {
+    pub auth_url: Option<String>,
+    pub username: Option<String>,
+    pub user_id: Option<String>,
+    pub password: Option<SecretString>,
+    pub project_id: Option<String>,
+    pub project_name: Option<String>,
+    pub project_domain_id: Option<String>,
+    pub project_domain_name: Option<String>,
+    pub user_domain_id: Option<String>,
+    pub user_domain_name: Option<String>,
+    pub domain_id: Option<String>,
+    pub domain_name: Option<String>,
+    pub region: Option<String>,
+    pub interface: Option<String>,
+    pub ca_file: Option<String>,
+    pub insecure: Option<bool>,
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
+    pub trust_id: Option<String>,
+    pub app_cred_id: Option<String>,
+    pub app_cred_name: Option<String>,
+    pub app_cred_secret: Option<SecretString>,
+    pub token: Option<SecretString>,
+    pub endpoint_overrides: BTreeMap<ServiceType, String>,
+}
+
+impl AuthInputs {
+    fn overlay_ini(&mut self, s: &gcfg::Section) {
+        let get = |k: &str| s.get(k).map(|e| e.value.clone()).filter(|v| !v.is_empty());
+        let set = |slot: &mut Option<String>, v: Option<String>| {
+            if v.is_some() {
+                *slot = v;
+            }
+        };
+        set(&mut self.auth_url, get("auth-url"));
+        set(&mut self.username, get("username"));
+        set(&mut self.user_id, get("user-id"));
+        set(&mut self.project_id, get("tenant-id").or_else(|| get("project-id")));
+        set(&mut self.project_name, get("tenant-name").or_else(|| get("project-name")));
+        set(&mut self.project_domain_id, get("tenant-domain-id").or_else(|| get("project-domain-id")));
+        set(&mut self.project_domain_name, get("tenant-domain-name").or_else(|| get("project-domain-name")));
+        set(&mut self.user_domain_id, get("user-domain-id"));
+        set(&mut self.user_domain_name, get("user-domain-name"));
+        set(&mut self.domain_id, get("domain-id"));
+        set(&mut self.domain_name, get("domain-name"));
+        set(&mut self.region, get("region"));
+        set(&mut self.interface, get("os-endpoint-type"));
+        set(&mut self.ca_file, get("ca-file"));
+        set(&mut self.cert_file, get("cert-file"));
+        set(&mut self.key_file, get("key-file"));
+        set(&mut self.trust_id, get("trust-id"));
+        set(&mut self.app_cred_id, get("application-credential-id"));
+        set(&mut self.app_cred_name, get("application-credential-name"));
+        if let Some(v) = get("tls-insecure") {
+            self.insecure = Some(matches!(v.to_ascii_lowercase().as_str(), "true" | "yes" | "on" | "1"));
+        }
+        if let Some(v) = get("password") {
+            self.password = Some(SecretString::new(v));
+        }
+        if let Some(v) = get("application-credential-secret") {
+            self.app_cred_secret = Some(SecretString::new(v));
+        }
+        if let Some(v) = get("token") {
+            self.token = Some(SecretString::new(v));
+        }
+        // a trust is used by the trustee: its id and password stand in
+        // for the user
+        if self.trust_id.is_some() {
+            if let Some(v) = get("trustee-id") {
+                self.user_id = Some(v);
+            }
+            if let Some(v) = get("trustee-password") {
+                self.password = Some(SecretString::new(v));
+            }
+        }
+    }
+
+    pub(crate) fn resolve(self, name: &str, section: &str) -> Result<CloudConfig, ConfigError> {
+        let missing = |key: &str, hint: Option<&str>| ConfigError::MissingKey {
+            section: section.to_string(),
+            key: key.to_string(),
+            hint: hint.map(str::to_string),
+        };
+        let bad = |key: &str, message: String| ConfigError::InvalidValue {
+            file: PathBuf::new(),
+            line: 0,
+            section: section.to_string(),
+            key: key.to_string(),
+            message,
+        };
+        let auth_url_raw = self.auth_url.clone().ok_or_else(|| missing("auth-url", None))?;
+        let auth_url = parse_auth_url(&auth_url_raw).map_err(|m| bad("auth-url", m))?;
+        let user_domain = self
+            .user_domain_id
+            .clone()
+            .map(DomainRef::Id)
+            .or_else(|| self.user_domain_name.clone().map(DomainRef::Name))
+            .or_else(|| self.domain_id.clone().map(DomainRef::Id))
+            .or_else(|| self.domain_name.clone().map(DomainRef::Name));
+        let user = || -> Result<UserRef, ConfigError> {
+            if let Some(id) = &self.user_id {
+                return Ok(UserRef::Id(id.clone()));
+            }
+            let name = self.username.clone().ok_or_else(|| missing("username", Some("or user-id")))?;
+            let domain = user_domain.clone().ok_or_else(|| {
+                missing("user-domain-name", Some("a user given by name needs user-domain-name or user-domain-id"))
+            })?;
+            Ok(UserRef::Name { name, domain })
+        };
+
+        let auth = if let Some(secret) = self.app_cred_secret.clone() {
+            if let Some(id) = &self.app_cred_id {
+                AuthMethod::ApplicationCredentialId { id: id.clone(), secret }
+            } else if let Some(n) = &self.app_cred_name {
+                AuthMethod::ApplicationCredentialName { name: n.clone(), user: user()?, secret }
+            } else {
+                return Err(missing("application-credential-id", Some("or application-credential-name")));
+            }
+        } else if self.app_cred_id.is_some() || self.app_cred_name.is_some() {
+            return Err(missing("application-credential-secret", None));
+        } else if let Some(token) = self.token.clone() {
+            AuthMethod::Token { token }
+        } else {
+            let password = self.password.clone().ok_or_else(|| missing("password", None))?;
+            AuthMethod::Password { user: user()?, password }
+        };
+
+        let scope = match (&auth, &self.trust_id) {
+            (AuthMethod::ApplicationCredentialId { .. } | AuthMethod::ApplicationCredentialName { .. }, _) => None,
+            (_, Some(trust)) => Some(Scope::Trust(trust.clone())),
+            _ => {
+                if let Some(id) = &self.project_id {
+                    Some(Scope::Project(ProjectRef::Id(id.clone())))
+                } else if let Some(pname) = &self.project_name {
+                    let domain = self
+                        .project_domain_id
+                        .clone()
+                        .map(DomainRef::Id)
+                        .or_else(|| self.project_domain_name.clone().map(DomainRef::Name))
+                        .or_else(|| user_domain.clone())
+                        .ok_or_else(|| {
+                            missing("tenant-domain-name", Some("a project given by name needs its domain"))
+                        })?;
+                    Some(Scope::Project(ProjectRef::Name { name: pname.clone(), domain }))
+                } else {
+                    return Err(missing("tenant-id", Some("or tenant-name: the project to scope the token to")));
+                }
+            }
+        };
+
+        let interface = match &self.interface {
+            Some(i) => i.parse::<Interface>().map_err(|m| bad("os-endpoint-type", m))?,
+            None => Interface::Public,
+        };
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return Err(missing(
+                if self.cert_file.is_some() { "key-file" } else { "cert-file" },
+                Some("a TLS client certificate needs both cert-file and key-file"),
+            ));
+        }
+        let mut endpoint_overrides = BTreeMap::new();
+        for (svc, raw) in &self.endpoint_overrides {
+            let url = Url::parse(raw).map_err(|e| bad(&format!("{svc}_endpoint_override"), e.to_string()))?;
+            endpoint_overrides.insert(*svc, url);
+        }
+        Ok(CloudConfig {
+            name: name.to_string(),
+            auth_url,
+            auth,
+            scope,
+            region: self.region.clone(),
+            interface,
+            tls: TlsOptions {
+                ca_file: self.ca_file.as_ref().map(PathBuf::from),
+                insecure: self.insecure.unwrap_or(false),
+                cert_file: self.cert_file.as_ref().map(PathBuf::from),
+                key_file: self.key_file.as_ref().map(PathBuf::from),
+            },
+            endpoint_overrides,
+        })
+    }
+}
+
+/// Writes an upstream-style cloud.conf for the given password credentials
+/// (used by the emulator and the test cloud to describe themselves).
+pub fn render_cloud_conf(
+    auth_url: &str,
+    username: &str,
+    password: &str,
+    project: &str,
+    domain: &str,
+    region: &str,
+) -> String {
+    format!(
+        "[Global]\nauth-url = {}\nusername = {}\npassword = {}\ntenant-name = {}\nuser-domain-name = {}\ntenant-domain-name = {}\nregion = {}\n",
+        quote(auth_url),
+        quote(username),
+        quote(password),
+        quote(project),
+        quote(domain),
+        quote(domain),
+        quote(region)
+    )
+}
+
+fn quote(v: &str) -> String {
+    format!("\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// Finds the first existing file among candidates.
+pub(crate) fn first_existing(candidates: &[PathBuf]) -> Option<&Path> {
+    candidates.iter().map(PathBuf::as_path).find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,472 @@
+//! Manila v2: shares, export locations, access rules, snapshots, share
+//! types and user messages, at a microversion negotiated with the server.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::Method;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokio::sync::OnceCell;
+
+use crate::cinder::{null_as_default, seg, status_enum};
+use crate::common::MANILA_API_VERSION;
+use crate::error::{Error, Result};
+use crate::service::ServiceType;
+use crate::session::{ApiRequest, Session, unversioned_root};
+
+/// A Manila API microversion `2.N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Microversion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Microversion {
+    pub const fn new(major: u32, minor: u32) -> Self {
+        Self { major, minor }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        let (a, b) = s.trim().split_once('.')?;
+        Some(Self { major: a.parse().ok()?, minor: b.parse().ok()? })
+    }
+}
+
+impl fmt::Display for Microversion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// Oldest server this client works with (share `metadata` filters,
+/// `cephx` access keys, consistent export locations).
+pub const MIN_MICROVERSION: Microversion = Microversion::new(2, 37);
+/// Newest behaviour this client knows how to read.
+pub const MAX_MICROVERSION: Microversion = Microversion::new(2, 65);
+/// `GET /share-access-rules` exists from here on.
+const MV_ACCESS_RULES_API: Microversion = Microversion::new(2, 45);
+
+status_enum!(
+    /// Manila's share statuses.
+    ShareStatus {
+        Creating => "creating",
+        CreatingFromSnapshot => "creating_from_snapshot",
+        Available => "available",
+        Error => "error",
+        Deleting => "deleting",
+        ErrorDeleting => "error_deleting",
+        Extending => "extending",
+        ExtendingError => "extending_error",
+        Shrinking => "shrinking",
+        ShrinkingError => "shrinking_error",
+        ShrinkingPossibleDataLossError => "shrinking_possible_data_loss_error",
+        Migrating => "migrating",
+    }
+);
+
+impl ShareStatus {
+    pub fn is_error(&self) -> bool {
+        self.as_str().contains("error")
+    }
+}
+
+status_enum!(
+    /// Access rule states.
+    AccessRuleState {
+        QueuedToApply => "queued_to_apply",
+        Applying => "applying",
+        Active => "active",
+        Error => "error",
+        QueuedToDeny => "queued_to_deny",
+        Denying => "denying",
+    }
+);
+
+status_enum!(
+    /// Share snapshot statuses.
+    ShareSnapshotStatus {
+        Creating => "creating",
+        Available => "available",
+        Error => "error",
+        Deleting => "deleting",
+        ErrorDeleting => "error_deleting",
+    }
+);
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Share {
+    pub id: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub name: String,
+    pub status: ShareStatus,
+    pub size: u64,
+    pub share_proto: String,
+    #[serde(default)]
+    pub share_type: Option<String>,
+    #[serde(default)]
+    pub share_type_name: Option<String>,
+    #[serde(default)]
+    pub share_network_id: Option<String>,
+    #[serde(default)]
+    pub availability_zone: Option<String>,
+    #[serde(default)]
+    pub snapshot_id: Option<String>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ExportLocation {
+    pub id: String,
+    pub path: String,
+    #[serde(default)]
+    pub preferred: bool,
+    #[serde(default)]
+    pub is_admin_only: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct AccessRule {
+    pub id: String,
+    pub access_type: String,
+    pub access_to: String,
+    pub access_level: String,
+    #[serde(default = "unknown_state")]
+    pub state: AccessRuleState,
+    /// The cephx secret; present once a `cephx` rule is active.
+    #[serde(default)]
+    pub access_key: Option<String>,
+}
+
+fn unknown_state() -> AccessRuleState {
+    AccessRuleState::Other("unknown".into())
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ShareSnapshot {
+    pub id: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub name: String,
+    pub share_id: String,
+    pub status: ShareSnapshotStatus,
+    pub size: u64,
+    #[serde(default)]
+    pub created_at: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ShareType {
+    pub id: String,
+    pub name: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub extra_specs: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct UserMessage {
+    pub id: String,
+    #[serde(default)]
+    pub resource_id: Option<String>,
+    #[serde(default)]
+    pub action_id: Option<String>,
+    #[serde(default)]
+    pub detail_id: Option<String>,
+    pub user_message: String,
+    #[serde(default)]
+    pub message_level: Option<String>,
+    #[serde(default)]
+    pub created_at: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CreateShare {
+    /// `NFS`, `CEPHFS`, ...
+    pub protocol: String,
+    pub size_gib: u64,
+    pub name: String,
+    pub description: Option<String>,
+    pub share_type: Option<String>,
+    pub share_network_id: Option<String>,
+    pub availability_zone: Option<String>,
+    pub snapshot_id: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantAccess {
+    /// `ip`, `cephx`, `user`, `cert`
+    pub access_type: String,
+    pub access_to: String,
+    /// `rw` or `ro`
+    pub access_level: String,
+}
+
+/// The Manila v2 API. Cheap to clone; clones share the negotiated
+/// microversion.
+#[derive(Debug, Clone)]
+pub struct SharedFileSystems {
+    session: Session,
+    deadline: Option<Instant>,
+    version: Arc<OnceCell<Microversion>>,
+}
+
+impl SharedFileSystems {
+    pub fn new(session: Session) -> Self {
+        Self { session, deadline: None, version: Arc::new(OnceCell::new()) }
+    }
+
+    pub fn with_deadline(&self, deadline: Instant) -> Self {
+        Self { deadline: Some(deadline), ..self.clone() }
+    }
+
+    /// The microversion in use: the highest both sides support, found once
+    /// from the server's version document.
+    pub async fn microversion(&self) -> Result<Microversion> {
+        self.version.get_or_try_init(|| self.negotiate()).await.copied()
+    }
+
+    async fn negotiate(&self) -> Result<Microversion> {
+        let op = "version_discovery";
+        let endpoint = self.session.endpoint(ServiceType::SharedFileSystem).await?;
+        let mut req = ApiRequest::new(ServiceType::SharedFileSystem, Method::GET, "", op).deadline(self.deadline);
+        req.absolute_base = Some(unversioned_root(&endpoint));
+        #[derive(Deserialize)]
+        struct V {
+            id: String,
+            #[serde(default)]
+            version: String,
+            #[serde(default)]
+            min_version: String,
+        }
+        #[derive(Deserialize)]
+        struct Doc {
+            versions: Vec<V>,
+        }
+        let doc: Doc = self.session.send(req).await?.json()?;
+        let v2 = doc
+            .versions
+            .iter()
+            .find(|v| v.id.starts_with("v2"))
+            .ok_or_else(|| Error::Unsupported { operation: op, message: "the server offers no v2 API".into() })?;
+        let server_max = Microversion::parse(&v2.version)
+            .ok_or_else(|| Error::Unsupported { operation: op, message: "the server supports no microversions".into() })?;
+        let server_min = Microversion::parse(&v2.min_version).unwrap_or(Microversion::new(2, 0));
+        if server_max < MIN_MICROVERSION || server_min > MAX_MICROVERSION {
+            return Err(Error::Unsupported {
+                operation: op,
+                message: format!(
+                    "Manila supports microversions {server_min}..{server_max}, this client needs {MIN_MICROVERSION}..{MAX_MICROVERSION}"
+                ),
+            });
+        }
+        let chosen = server_max.min(MAX_MICROVERSION);
+        tracing::debug!(%chosen, %server_max, "negotiated the Manila microversion");
+        Ok(chosen)
+    }
+
+    async fn req(&self, method: Method, path: impl Into<String>, op: &'static str) -> Result<ApiRequest> {
+        let v = self.microversion().await?;
+        Ok(ApiRequest::new(ServiceType::SharedFileSystem, method, path, op)
+            .deadline(self.deadline)
+            .header(MANILA_API_VERSION.clone(), &v.to_string()))
+    }
+
+    pub async fn create_share(&self, spec: &CreateShare) -> Result<Share> {
+        let mut s = Map::new();
+        s.insert("share_proto".into(), json!(spec.protocol));
+        s.insert("size".into(), json!(spec.size_gib));
+        s.insert("name".into(), json!(spec.name));
+        for (k, v) in [
+            ("description", &spec.description),
+            ("share_type", &spec.share_type),
+            ("share_network_id", &spec.share_network_id),
+            ("availability_zone", &spec.availability_zone),
+            ("snapshot_id", &spec.snapshot_id),
+        ] {
+            if let Some(v) = v {
+                s.insert(k.into(), json!(v));
+            }
+        }
+        if !spec.metadata.is_empty() {
+            s.insert("metadata".into(), json!(spec.metadata));
+        }
+        let req = self.req(Method::POST, "shares", "share_create").await?.json(json!({ "share": Value::Object(s) }));
+        Ok(self.session.send(req).await?.json::<ShareEnvelope>()?.share)
+    }
+
+    pub async fn get_share(&self, id: &str) -> Result<Share> {
+        let req = self.req(Method::GET, format!("shares/{}", seg(id)), "share_get").await?;
+        Ok(self.session.send(req).await?.json::<ShareEnvelope>()?.share)
+    }
+
+    pub async fn list_shares_named(&self, name: &str) -> Result<Vec<Share>> {
+        #[derive(Deserialize)]
+        struct L {
+            shares: Vec<Share>,
+        }
+        let req = self.req(Method::GET, "shares/detail", "share_list").await?.query("name", name);
+        let l: L = self.session.send(req).await?.json()?;
+        Ok(l.shares.into_iter().filter(|s| s.name == name).collect())
+    }
+
+    pub async fn delete_share(&self, id: &str) -> Result<()> {
+        let req = self.req(Method::DELETE, format!("shares/{}", seg(id)), "share_delete").await?;
+        self.session.send(req).await?;
+        Ok(())
+    }
+
+    async fn action(&self, id: &str, op: &'static str, body: Value) -> Result<crate::session::ApiResponse> {
+        let req = self.req(Method::POST, format!("shares/{}/action", seg(id)), op).await?.json(body);
+        self.session.send(req).await
+    }
+
+    pub async fn extend_share(&self, id: &str, new_size_gib: u64) -> Result<()> {
+        self.action(id, "share_extend", json!({ "extend": { "new_size": new_size_gib } })).await.map(|_| ())
+    }
+
+    pub async fn shrink_share(&self, id: &str, new_size_gib: u64) -> Result<()> {
+        self.action(id, "share_shrink", json!({ "shrink": { "new_size": new_size_gib } })).await.map(|_| ())
+    }
+
+    /// Export locations visible to this user (admin-only ones are hidden
+    /// from non-admins by the server).
+    pub async fn list_export_locations(&self, share_id: &str) -> Result<Vec<ExportLocation>> {
+        #[derive(Deserialize)]
+        struct L {
+            export_locations: Vec<ExportLocation>,
+        }
+        let req = self.req(Method::GET, format!("shares/{}/export_locations", seg(share_id)), "export_location_list").await?;
+        Ok(self.session.send(req).await?.json::<L>()?.export_locations)
+    }
+
+    pub async fn grant_access(&self, share_id: &str, grant: &GrantAccess) -> Result<AccessRule> {
+        #[derive(Deserialize)]
+        struct E {
+            access: AccessRule,
+        }
+        let body = json!({ "allow_access": {
+            "access_type": grant.access_type, "access_to": grant.access_to, "access_level": grant.access_level
+        }});
+        Ok(self.action(share_id, "access_grant", body).await?.json::<E>()?.access)
+    }
+
+    pub async fn revoke_access(&self, share_id: &str, access_id: &str) -> Result<()> {
+        self.action(share_id, "access_revoke", json!({ "deny_access": { "access_id": access_id } })).await.map(|_| ())
+    }
+
+    pub async fn list_access_rules(&self, share_id: &str) -> Result<Vec<AccessRule>> {
+        #[derive(Deserialize)]
+        struct L {
+            access_list: Vec<AccessRule>,
+        }
+        if self.microversion().await? >= MV_ACCESS_RULES_API {
+            let req = self.req(Method::GET, "share-access-rules", "access_list").await?.query("share_id", share_id);
+            Ok(self.session.send(req).await?.json::<L>()?.access_list)
+        } else {
+            Ok(self.action(share_id, "access_list", json!({ "access_list": null })).await?.json::<L>()?.access_list)
+        }
+    }
+
+    /// One access rule by id (microversion 2.45+), else from the share's
+    /// list.
+    pub async fn get_access_rule(&self, share_id: &str, access_id: &str) -> Result<AccessRule> {
+        if self.microversion().await? >= MV_ACCESS_RULES_API {
+            #[derive(Deserialize)]
+            struct E {
+                access: AccessRule,
+            }
+            let req = self.req(Method::GET, format!("share-access-rules/{}", seg(access_id)), "access_get").await?;
+            return Ok(self.session.send(req).await?.json::<E>()?.access);
+        }
+        self.list_access_rules(share_id).await?.into_iter().find(|r| r.id == access_id).ok_or_else(|| {
+            Error::NotFound(crate::error::ApiError {
+                operation: "access_get",
+                status: Some(404),
+                request_id: None,
+                message: format!("access rule {access_id} not found on share {share_id}"),
+            })
+        })
+    }
+
+    pub async fn create_snapshot(&self, share_id: &str, name: &str, description: Option<&str>) -> Result<ShareSnapshot> {
+        let mut s = json!({ "share_id": share_id, "name": name, "force": false });
+        if let Some(d) = description {
+            s["description"] = json!(d);
+        }
+        let req = self.req(Method::POST, "snapshots", "share_snapshot_create").await?.json(json!({ "snapshot": s }));
+        Ok(self.session.send(req).await?.json::<SnapshotEnvelope>()?.snapshot)
+    }
+
+    pub async fn get_snapshot(&self, id: &str) -> Result<ShareSnapshot> {
+        let req = self.req(Method::GET, format!("snapshots/{}", seg(id)), "share_snapshot_get").await?;
+        Ok(self.session.send(req).await?.json::<SnapshotEnvelope>()?.snapshot)
+    }
+
+    pub async fn list_snapshots_named(&self, name: &str) -> Result<Vec<ShareSnapshot>> {
+        #[derive(Deserialize)]
+        struct L {
+            snapshots: Vec<ShareSnapshot>,
+        }
+        let req = self.req(Method::GET, "snapshots/detail", "share_snapshot_list").await?.query("name", name);
+        let l: L = self.session.send(req).await?.json()?;
+        Ok(l.snapshots.into_iter().filter(|s| s.name == name).collect())
+    }
+
+    pub async fn delete_snapshot(&self, id: &str) -> Result<()> {
+        let req = self.req(Method::DELETE, format!("snapshots/{}", seg(id)), "share_snapshot_delete").await?;
+        self.session.send(req).await?;
+        Ok(())
+    }
+
+    pub async fn list_share_types(&self) -> Result<Vec<ShareType>> {
+        #[derive(Deserialize)]
+        struct L {
+            share_types: Vec<ShareType>,
+        }
+        let req = self.req(Method::GET, "types", "share_type_list").await?;
+        Ok(self.session.send(req).await?.json::<L>()?.share_types)
+    }
+
+    /// User messages about a resource, newest first: they say why a share
+    /// went to `error`.
+    pub async fn list_user_messages(&self, resource_id: &str) -> Result<Vec<UserMessage>> {
+        #[derive(Deserialize)]
+        struct L {
+            messages: Vec<UserMessage>,
+        }
+        let req = self
+            .req(Method::GET, "messages", "message_list")
+            .await?
+            .query("resource_id", resource_id)
+            .query("sort_key", "created_at")
+            .query("sort_dir", "desc");
+        Ok(self.session.send(req).await?.json::<L>()?.messages)
+    }
+}
+
+#[derive(Deserialize)]
+struct ShareEnvelope {
+    share: Share,
+}
+
+#[derive(Deserialize)]
+struct SnapshotEnvelope {
+    snapshot: ShareSnapshot,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn microversion_order() {
+        assert!(Microversion::parse("2.9").unwrap() < Microversion::parse("2.37").unwrap());
+        assert_eq!(Microversion::parse("2.65").unwrap().to_string(), "2.65");
+        assert!(Microversion::parse("x").is_none());
+    }
+}

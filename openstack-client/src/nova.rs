@@ -1,0 +1,180 @@
+//! Nova: servers and their volume attachments.
+
+use std::time::Instant;
+
+use http::Method;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::cinder::seg;
+use crate::common::{NOVA_API_VERSION, OPENSTACK_API_VERSION};
+use crate::error::Result;
+use crate::service::ServiceType;
+use crate::session::{ApiRequest, Session};
+
+/// Attaching a multiattach volume needs this microversion.
+pub const MV_MULTIATTACH: &str = "2.60";
+/// `networks: "none"` on server create needs this microversion.
+pub const MV_NETWORKS_NONE: &str = "2.37";
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Server {
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default, rename = "OS-EXT-AZ:availability_zone")]
+    pub availability_zone: Option<String>,
+    #[serde(default, rename = "OS-EXT-STS:task_state")]
+    pub task_state: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ServerVolumeAttachment {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(rename = "volumeId")]
+    pub volume_id: String,
+    #[serde(rename = "serverId", default)]
+    pub server_id: Option<String>,
+    #[serde(default)]
+    pub device: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Flavor {
+    pub id: String,
+    pub name: String,
+}
+
+/// A server booted from an existing bootable volume, with no network.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CreateServer {
+    pub name: String,
+    pub flavor_ref: String,
+    pub boot_volume_id: String,
+    pub availability_zone: Option<String>,
+}
+
+/// The Nova v2.1 API. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Compute {
+    session: Session,
+    deadline: Option<Instant>,
+}
+
+impl Compute {
+    pub fn new(session: Session) -> Self {
+        Self { session, deadline: None }
+    }
+
+    pub fn with_deadline(&self, deadline: Instant) -> Self {
+        Self { deadline: Some(deadline), ..self.clone() }
+    }
+
+    fn req(&self, method: Method, path: impl Into<String>, op: &'static str, mv: Option<&str>) -> ApiRequest {
+        let mut r = ApiRequest::new(ServiceType::Compute, method, path, op).deadline(self.deadline);
+        if let Some(v) = mv {
+            r = r.header(NOVA_API_VERSION.clone(), v).header(OPENSTACK_API_VERSION.clone(), &format!("compute {v}"));
+        }
+        r
+    }
+
+    pub async fn get_server(&self, id: &str) -> Result<Server> {
+        #[derive(Deserialize)]
+        struct E {
+            server: Server,
+        }
+        Ok(self.session.send(self.req(Method::GET, format!("servers/{}", seg(id)), "server_get", None)).await?.json::<E>()?.server)
+    }
+
+    pub async fn list_volume_attachments(&self, server_id: &str) -> Result<Vec<ServerVolumeAttachment>> {
+        #[derive(Deserialize)]
+        struct L {
+            #[serde(rename = "volumeAttachments")]
+            volume_attachments: Vec<ServerVolumeAttachment>,
+        }
+        let r = self
+            .session
+            .send(self.req(Method::GET, format!("servers/{}/os-volume_attachments", seg(server_id)), "volume_attachment_list", None))
+            .await?;
+        Ok(r.json::<L>()?.volume_attachments)
+    }
+
+    /// Asks Nova to attach; the attachment completes asynchronously.
+    pub async fn attach_volume(&self, server_id: &str, volume_id: &str, multiattach: bool) -> Result<ServerVolumeAttachment> {
+        #[derive(Deserialize)]
+        struct E {
+            #[serde(rename = "volumeAttachment")]
+            volume_attachment: ServerVolumeAttachment,
+        }
+        let req = self
+            .req(
+                Method::POST,
+                format!("servers/{}/os-volume_attachments", seg(server_id)),
+                "volume_attach",
+                multiattach.then_some(MV_MULTIATTACH),
+            )
+            .json(json!({ "volumeAttachment": { "volumeId": volume_id } }));
+        Ok(self.session.send(req).await?.json::<E>()?.volume_attachment)
+    }
+
+    /// Asks Nova to detach; completes asynchronously.
+    pub async fn detach_volume(&self, server_id: &str, volume_id: &str) -> Result<()> {
+        self.session
+            .send(self.req(
+                Method::DELETE,
+                format!("servers/{}/os-volume_attachments/{}", seg(server_id), seg(volume_id)),
+                "volume_detach",
+                None,
+            ))
+            .await?;
+        Ok(())
+    }
+
+    pub async fn create_server(&self, spec: &CreateServer) -> Result<Server> {
+        let mut server = json!({
+            "name": spec.name,
+            "flavorRef": spec.flavor_ref,
+            "networks": "none",
+            "block_device_mapping_v2": [{
+                "boot_index": 0,
+                "uuid": spec.boot_volume_id,
+                "source_type": "volume",
+                "destination_type": "volume",
+                "delete_on_termination": false
+            }]
+        });
+        if let Some(az) = &spec.availability_zone {
+            server["availability_zone"] = json!(az);
+        }
+        #[derive(Deserialize)]
+        struct Created {
+            id: String,
+        }
+        #[derive(Deserialize)]
+        struct E {
+            server: Created,
+        }
+        let r = self
+            .session
+            .send(self.req(Method::POST, "servers", "server_create", Some(MV_NETWORKS_NONE)).json(json!({ "server": server })))
+            .await?;
+        let id = r.json::<E>()?.server.id;
+        self.get_server(&id).await
+    }
+
+    pub async fn delete_server(&self, id: &str) -> Result<()> {
+        self.session.send(self.req(Method::DELETE, format!("servers/{}", seg(id)), "server_delete", None)).await?;
+        Ok(())
+    }
+
+    pub async fn list_flavors(&self) -> Result<Vec<Flavor>> {
+        #[derive(Deserialize)]
+        struct L {
+            flavors: Vec<Flavor>,
+        }
+        Ok(self.session.send(self.req(Method::GET, "flavors", "flavor_list", None)).await?.json::<L>()?.flavors)
+    }
+}
