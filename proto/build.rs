@@ -52,7 +52,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     for (m, f) in EXTRA_SECRET_FIELDS {
-        if !redacted.iter().any(|(msg, fields)| msg.full_name() == *m && fields.iter().any(|x| x == f)) {
+        if !redacted
+            .iter()
+            .any(|(msg, fields)| msg.full_name() == *m && fields.iter().any(|x| x == f))
+        {
             return Err(format!("listed secret field {m}.{f} does not exist").into());
         }
     }
@@ -60,7 +63,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     let mut per_package: std::collections::BTreeMap<String, String> = Default::default();
     for (msg, fields) in &redacted {
-        let code = per_package.entry(msg.package_name().to_string()).or_default();
+        let code = per_package
+            .entry(msg.package_name().to_string())
+            .or_default();
         write_redacted_debug(code, msg, fields)?;
     }
     for pkg in ["csi.v1", "v2"] {
@@ -68,7 +73,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::fs::write(out_dir.join(format!("{pkg}.redacted_debug.rs")), code)?;
     }
 
-    let skip: Vec<String> = redacted.iter().map(|(m, _)| format!(".{}", m.full_name())).collect();
+    let skip: Vec<String> = redacted
+        .iter()
+        .map(|(m, _)| format!(".{}", m.full_name()))
+        .collect();
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
@@ -96,7 +104,10 @@ fn write_redacted_debug(
         write!(path, "{}::", snake_case(p))?;
     }
     writeln!(out, "impl ::core::fmt::Debug for {path}{name} {{")?;
-    writeln!(out, "    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {{")?;
+    writeln!(
+        out,
+        "    fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {{"
+    )?;
     writeln!(out, "        let mut s = f.debug_struct({name:?});")?;
     let mut seen_oneofs = Vec::new();
     for field in msg.fields() {
@@ -139,7 +150,8 @@ fn snake_case(s: &str) -> String {
 
 fn rust_ident(name: &str) -> String {
     match name {
-        "type" | "match" | "ref" | "mod" | "fn" | "struct" | "enum" | "use" | "impl" | "self" | "loop" => {
+        "type" | "match" | "ref" | "mod" | "fn" | "struct" | "enum" | "use" | "impl" | "self"
+        | "loop" => {
             format!("r#{name}")
         }
         _ => name.to_string(),

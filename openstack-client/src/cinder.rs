@@ -156,7 +156,9 @@ pub struct Volume {
 impl Volume {
     /// Servers this volume is attached to.
     pub fn attached_servers(&self) -> impl Iterator<Item = &str> {
-        self.attachments.iter().filter_map(|a| a.server_id.as_deref())
+        self.attachments
+            .iter()
+            .filter_map(|a| a.server_id.as_deref())
     }
 }
 
@@ -189,9 +191,12 @@ pub struct VolumeType {
 impl VolumeType {
     /// `multiattach="<is> True"` in the extra specs.
     pub fn multiattach(&self) -> bool {
-        self.extra_specs
-            .get("multiattach")
-            .is_some_and(|v| v.trim().trim_start_matches("<is>").trim().eq_ignore_ascii_case("true"))
+        self.extra_specs.get("multiattach").is_some_and(|v| {
+            v.trim()
+                .trim_start_matches("<is>")
+                .trim()
+                .eq_ignore_ascii_case("true")
+        })
     }
 }
 
@@ -262,12 +267,19 @@ pub struct BlockStorage {
 
 impl BlockStorage {
     pub fn new(session: Session) -> Self {
-        Self { session, deadline: None, use_microversions: true }
+        Self {
+            session,
+            deadline: None,
+            use_microversions: true,
+        }
     }
 
     /// The same client, bounding every call (retries included) by `deadline`.
     pub fn with_deadline(&self, deadline: Instant) -> Self {
-        Self { deadline: Some(deadline), ..self.clone() }
+        Self {
+            deadline: Some(deadline),
+            ..self.clone()
+        }
     }
 
     /// `[BlockStorage] ignore-volume-microversion`: for clouds whose Cinder
@@ -286,7 +298,11 @@ impl BlockStorage {
     }
 
     fn mv(&self, req: ApiRequest, version: &str) -> ApiRequest {
-        if self.use_microversions { req.header(OPENSTACK_API_VERSION.clone(), &format!("volume {version}")) } else { req }
+        if self.use_microversions {
+            req.header(OPENSTACK_API_VERSION.clone(), &format!("volume {version}"))
+        } else {
+            req
+        }
     }
 
     pub async fn create_volume(&self, spec: &CreateVolume) -> Result<Volume> {
@@ -305,17 +321,29 @@ impl BlockStorage {
         if !spec.scheduler_hints.is_empty() {
             body["OS-SCH-HNT:scheduler_hints"] = json!(spec.scheduler_hints);
         }
-        let resp = self.session.send(self.req(Method::POST, "volumes", "volume_create").json(body)).await?;
+        let resp = self
+            .session
+            .send(
+                self.req(Method::POST, "volumes", "volume_create")
+                    .json(body),
+            )
+            .await?;
         Ok(resp.json::<VolumeEnvelope>()?.volume)
     }
 
     pub async fn get_volume(&self, id: &str) -> Result<Volume> {
-        let resp = self.session.send(self.req(Method::GET, format!("volumes/{}", seg(id)), "volume_get")).await?;
+        let resp = self
+            .session
+            .send(self.req(Method::GET, format!("volumes/{}", seg(id)), "volume_get"))
+            .await?;
         Ok(resp.json::<VolumeEnvelope>()?.volume)
     }
 
     pub async fn list_volumes(&self, q: &ListVolumes) -> Result<Page<Volume>> {
-        let mut req = self.mv(self.req(Method::GET, "volumes/detail", "volume_list"), MV_LIST_BY_NAME);
+        let mut req = self.mv(
+            self.req(Method::GET, "volumes/detail", "volume_list"),
+            MV_LIST_BY_NAME,
+        );
         if let Some(n) = &q.name {
             req = req.query("name", n);
         }
@@ -339,7 +367,10 @@ impl BlockStorage {
             Some(n) => l.volumes.into_iter().filter(|v| &v.name == n).collect(),
             None => l.volumes,
         };
-        Ok(Page { items, next_marker: next })
+        Ok(Page {
+            items,
+            next_marker: next,
+        })
     }
 
     /// All volumes named `name` (following pagination).
@@ -347,7 +378,13 @@ impl BlockStorage {
         let mut out = Vec::new();
         let mut marker = None;
         loop {
-            let page = self.list_volumes(&ListVolumes { name: Some(name.to_string()), limit: None, marker }).await?;
+            let page = self
+                .list_volumes(&ListVolumes {
+                    name: Some(name.to_string()),
+                    limit: None,
+                    marker,
+                })
+                .await?;
             out.extend(page.items);
             match page.next_marker {
                 Some(m) => marker = Some(m),
@@ -357,14 +394,24 @@ impl BlockStorage {
     }
 
     pub async fn delete_volume(&self, id: &str) -> Result<()> {
-        self.session.send(self.req(Method::DELETE, format!("volumes/{}", seg(id)), "volume_delete")).await?;
+        self.session
+            .send(self.req(
+                Method::DELETE,
+                format!("volumes/{}", seg(id)),
+                "volume_delete",
+            ))
+            .await?;
         Ok(())
     }
 
     /// Grows a volume; `in_use` selects microversion 3.42 (online extend).
     pub async fn extend_volume(&self, id: &str, new_size_gib: u64, in_use: bool) -> Result<()> {
         let mut req = self
-            .req(Method::POST, format!("volumes/{}/action", seg(id)), "volume_expand")
+            .req(
+                Method::POST,
+                format!("volumes/{}/action", seg(id)),
+                "volume_expand",
+            )
             .json(json!({ "os-extend": { "new_size": new_size_gib } }));
         if in_use {
             req = self.mv(req, MV_EXTEND_IN_USE);
@@ -374,39 +421,82 @@ impl BlockStorage {
     }
 
     /// Merges `metadata` into the volume's metadata.
-    pub async fn update_volume_metadata(&self, id: &str, metadata: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>> {
+    pub async fn update_volume_metadata(
+        &self,
+        id: &str,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<BTreeMap<String, String>> {
         let resp = self
             .session
             .send(
-                self.req(Method::POST, format!("volumes/{}/metadata", seg(id)), "volume_metadata_update")
-                    .json(json!({ "metadata": metadata })),
+                self.req(
+                    Method::POST,
+                    format!("volumes/{}/metadata", seg(id)),
+                    "volume_metadata_update",
+                )
+                .json(json!({ "metadata": metadata })),
             )
             .await?;
         Ok(resp.json::<MetadataEnvelope>()?.metadata)
     }
 
     pub async fn get_volume_metadata(&self, id: &str) -> Result<BTreeMap<String, String>> {
-        let resp = self.session.send(self.req(Method::GET, format!("volumes/{}/metadata", seg(id)), "volume_metadata_get")).await?;
+        let resp = self
+            .session
+            .send(self.req(
+                Method::GET,
+                format!("volumes/{}/metadata", seg(id)),
+                "volume_metadata_get",
+            ))
+            .await?;
         Ok(resp.json::<MetadataEnvelope>()?.metadata)
     }
 
     /// Changes the volume type, migrating the data if the backend must.
     pub async fn retype_volume(&self, id: &str, new_type: &str) -> Result<()> {
-        let body = json!({ "os-retype": { "new_type": new_type, "migration_policy": "on-demand" } });
-        self.session.send(self.req(Method::POST, format!("volumes/{}/action", seg(id)), "volume_retype").json(body)).await?;
+        let body =
+            json!({ "os-retype": { "new_type": new_type, "migration_policy": "on-demand" } });
+        self.session
+            .send(
+                self.req(
+                    Method::POST,
+                    format!("volumes/{}/action", seg(id)),
+                    "volume_retype",
+                )
+                .json(body),
+            )
+            .await?;
         Ok(())
     }
 
     pub async fn set_bootable(&self, id: &str, bootable: bool) -> Result<()> {
         let body = json!({ "os-set_bootable": { "bootable": bootable } });
-        self.session.send(self.req(Method::POST, format!("volumes/{}/action", seg(id)), "volume_set_bootable").json(body)).await?;
+        self.session
+            .send(
+                self.req(
+                    Method::POST,
+                    format!("volumes/{}/action", seg(id)),
+                    "volume_set_bootable",
+                )
+                .json(body),
+            )
+            .await?;
         Ok(())
     }
 
     /// Admin only: forces a volume's status (`os-reset_status`).
     pub async fn reset_volume_status(&self, id: &str, status: &str) -> Result<()> {
         let body = json!({ "os-reset_status": { "status": status } });
-        self.session.send(self.req(Method::POST, format!("volumes/{}/action", seg(id)), "volume_reset_status").json(body)).await?;
+        self.session
+            .send(
+                self.req(
+                    Method::POST,
+                    format!("volumes/{}/action", seg(id)),
+                    "volume_reset_status",
+                )
+                .json(body),
+            )
+            .await?;
         Ok(())
     }
 
@@ -421,18 +511,31 @@ impl BlockStorage {
         }
         let resp = self
             .session
-            .send(self.req(Method::POST, "snapshots", "snapshot_create").json(json!({ "snapshot": Value::Object(s) })))
+            .send(
+                self.req(Method::POST, "snapshots", "snapshot_create")
+                    .json(json!({ "snapshot": Value::Object(s) })),
+            )
             .await?;
         Ok(resp.json::<SnapshotEnvelope>()?.snapshot)
     }
 
     pub async fn get_snapshot(&self, id: &str) -> Result<Snapshot> {
-        let resp = self.session.send(self.req(Method::GET, format!("snapshots/{}", seg(id)), "snapshot_get")).await?;
+        let resp = self
+            .session
+            .send(self.req(
+                Method::GET,
+                format!("snapshots/{}", seg(id)),
+                "snapshot_get",
+            ))
+            .await?;
         Ok(resp.json::<SnapshotEnvelope>()?.snapshot)
     }
 
     pub async fn list_snapshots(&self, q: &ListSnapshots) -> Result<Page<Snapshot>> {
-        let mut req = self.mv(self.req(Method::GET, "snapshots/detail", "snapshot_list"), MV_LIST_BY_NAME);
+        let mut req = self.mv(
+            self.req(Method::GET, "snapshots/detail", "snapshot_list"),
+            MV_LIST_BY_NAME,
+        );
         if let Some(n) = &q.name {
             req = req.query("name", n);
         }
@@ -456,13 +559,25 @@ impl BlockStorage {
         let items = l
             .snapshots
             .into_iter()
-            .filter(|s| q.name.as_ref().is_none_or(|n| &s.name == n) && q.volume_id.as_ref().is_none_or(|v| &s.volume_id == v))
+            .filter(|s| {
+                q.name.as_ref().is_none_or(|n| &s.name == n)
+                    && q.volume_id.as_ref().is_none_or(|v| &s.volume_id == v)
+            })
             .collect();
-        Ok(Page { items, next_marker: next })
+        Ok(Page {
+            items,
+            next_marker: next,
+        })
     }
 
     pub async fn delete_snapshot(&self, id: &str) -> Result<()> {
-        self.session.send(self.req(Method::DELETE, format!("snapshots/{}", seg(id)), "snapshot_delete")).await?;
+        self.session
+            .send(self.req(
+                Method::DELETE,
+                format!("snapshots/{}", seg(id)),
+                "snapshot_delete",
+            ))
+            .await?;
         Ok(())
     }
 
@@ -471,7 +586,12 @@ impl BlockStorage {
         struct L {
             volume_types: Vec<VolumeType>,
         }
-        Ok(self.session.send(self.req(Method::GET, "types", "volume_type_list")).await?.json::<L>()?.volume_types)
+        Ok(self
+            .session
+            .send(self.req(Method::GET, "types", "volume_type_list"))
+            .await?
+            .json::<L>()?
+            .volume_types)
     }
 
     /// A volume type by id or name.
@@ -480,7 +600,15 @@ impl BlockStorage {
         struct E {
             volume_type: VolumeType,
         }
-        match self.session.send(self.req(Method::GET, format!("types/{}", seg(id_or_name)), "volume_type_get")).await {
+        match self
+            .session
+            .send(self.req(
+                Method::GET,
+                format!("types/{}", seg(id_or_name)),
+                "volume_type_get",
+            ))
+            .await
+        {
             Ok(r) => Ok(r.json::<E>()?.volume_type),
             Err(e) if e.is_not_found() => {
                 let all = self.list_volume_types().await?;
@@ -491,13 +619,25 @@ impl BlockStorage {
     }
 
     /// Admin only: creates a volume type with extra specs.
-    pub async fn create_volume_type(&self, name: &str, extra_specs: &BTreeMap<String, String>) -> Result<VolumeType> {
+    pub async fn create_volume_type(
+        &self,
+        name: &str,
+        extra_specs: &BTreeMap<String, String>,
+    ) -> Result<VolumeType> {
         #[derive(Deserialize)]
         struct E {
             volume_type: VolumeType,
         }
         let body = json!({ "volume_type": { "name": name, "extra_specs": extra_specs } });
-        Ok(self.session.send(self.req(Method::POST, "types", "volume_type_create").json(body)).await?.json::<E>()?.volume_type)
+        Ok(self
+            .session
+            .send(
+                self.req(Method::POST, "types", "volume_type_create")
+                    .json(body),
+            )
+            .await?
+            .json::<E>()?
+            .volume_type)
     }
 
     pub async fn absolute_limits(&self) -> Result<AbsoluteLimits> {
@@ -509,7 +649,13 @@ impl BlockStorage {
         struct E {
             limits: Limits,
         }
-        Ok(self.session.send(self.req(Method::GET, "limits", "limits_get")).await?.json::<E>()?.limits.absolute)
+        Ok(self
+            .session
+            .send(self.req(Method::GET, "limits", "limits_get"))
+            .await?
+            .json::<E>()?
+            .limits
+            .absolute)
     }
 }
 
@@ -540,7 +686,9 @@ pub(crate) fn seg(id: &str) -> String {
     if id.is_empty() || id.chars().all(|c| c == '.') {
         return id.replace('.', "%2E");
     }
-    url::form_urlencoded::byte_serialize(id.as_bytes()).collect::<String>().replace('+', "%20")
+    url::form_urlencoded::byte_serialize(id.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
 }
 
 pub(crate) fn null_as_default<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
@@ -575,14 +723,25 @@ mod tests {
         assert_eq!(v.status, VolumeStatus::InUse);
         assert!(v.bootable);
         assert_eq!(v.attached_servers().collect::<Vec<_>>(), vec!["s1"]);
-        assert_eq!(VolumeStatus::parse("error_extending"), VolumeStatus::ErrorExtending);
+        assert_eq!(
+            VolumeStatus::parse("error_extending"),
+            VolumeStatus::ErrorExtending
+        );
         assert!(VolumeStatus::parse("error_extending").is_error());
-        assert_eq!(VolumeStatus::parse("weird"), VolumeStatus::Other("weird".into()));
+        assert_eq!(
+            VolumeStatus::parse("weird"),
+            VolumeStatus::Other("weird".into())
+        );
     }
 
     #[test]
     fn multiattach_spec() {
-        let t = |v: &str| VolumeType { id: "t".into(), name: "t".into(), extra_specs: [("multiattach".into(), v.into())].into(), is_public: None };
+        let t = |v: &str| VolumeType {
+            id: "t".into(),
+            name: "t".into(),
+            extra_specs: [("multiattach".into(), v.into())].into(),
+            is_public: None,
+        };
         assert!(t("<is> True").multiattach());
         assert!(t("true").multiattach());
         assert!(!t("<is> False").multiattach());

@@ -8,9 +8,12 @@ use http::HeaderName;
 
 use crate::error::{Error, Result};
 
-pub(crate) static OPENSTACK_API_VERSION: HeaderName = HeaderName::from_static("openstack-api-version");
-pub(crate) static NOVA_API_VERSION: HeaderName = HeaderName::from_static("x-openstack-nova-api-version");
-pub(crate) static MANILA_API_VERSION: HeaderName = HeaderName::from_static("x-openstack-manila-api-version");
+pub(crate) static OPENSTACK_API_VERSION: HeaderName =
+    HeaderName::from_static("openstack-api-version");
+pub(crate) static NOVA_API_VERSION: HeaderName =
+    HeaderName::from_static("x-openstack-nova-api-version");
+pub(crate) static MANILA_API_VERSION: HeaderName =
+    HeaderName::from_static("x-openstack-manila-api-version");
 
 /// A page of a marker-paginated listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,7 +28,9 @@ pub struct Page<T> {
 pub(crate) fn next_marker(links: &[Link]) -> Option<String> {
     let next = links.iter().find(|l| l.rel == "next")?;
     let url = url::Url::parse(&next.href).ok()?;
-    url.query_pairs().find(|(k, _)| k == "marker").map(|(_, v)| v.into_owned())
+    url.query_pairs()
+        .find(|(k, _)| k == "marker")
+        .map(|(_, v)| v.into_owned())
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -66,7 +71,10 @@ where
             return Err(Error::Timeout {
                 operation,
                 elapsed: started.elapsed(),
-                last: Some(Box::new(Error::StillPending { operation, state: last_state })),
+                last: Some(Box::new(Error::StillPending {
+                    operation,
+                    state: last_state,
+                })),
             });
         }
         tokio::time::sleep(delay.min(deadline - now)).await;

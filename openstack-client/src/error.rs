@@ -47,25 +47,50 @@ pub enum Error {
     #[error("over quota: {0}")]
     OverQuota(ApiError),
     #[error("rate limited{}: {error}", retry_after.map(|d| format!(" (retry after {}s)", d.as_secs())).unwrap_or_default())]
-    RateLimited { error: ApiError, retry_after: Option<Duration> },
+    RateLimited {
+        error: ApiError,
+        retry_after: Option<Duration>,
+    },
     #[error("service unavailable: {0}")]
     Unavailable(ApiError),
     #[error("{operation}: timed out after {elapsed:?}{}", last.as_ref().map(|e| format!(" (last error: {e})")).unwrap_or_default())]
-    Timeout { operation: &'static str, elapsed: Duration, last: Option<Box<Error>> },
+    Timeout {
+        operation: &'static str,
+        elapsed: Duration,
+        last: Option<Box<Error>>,
+    },
     #[error("configuration: {0}")]
     Config(#[from] ConfigError),
     #[error("TLS setup: {0}")]
     Tls(String),
     #[error("no {service} endpoint in the service catalog (interface {interface}{})", region.as_ref().map(|r| format!(", region {r}")).unwrap_or_default())]
-    EndpointNotFound { service: &'static str, interface: String, region: Option<String> },
+    EndpointNotFound {
+        service: &'static str,
+        interface: String,
+        region: Option<String>,
+    },
     #[error("{operation}: unexpected response: {message}")]
-    InvalidResponse { operation: &'static str, message: String },
+    InvalidResponse {
+        operation: &'static str,
+        message: String,
+    },
     #[error("{operation}: {message}")]
-    Unsupported { operation: &'static str, message: String },
+    Unsupported {
+        operation: &'static str,
+        message: String,
+    },
     #[error("{operation}: still {state}")]
-    StillPending { operation: &'static str, state: String },
+    StillPending {
+        operation: &'static str,
+        state: String,
+    },
     #[error("{operation}: resource {id} went to status {status}{}", detail.as_ref().map(|d| format!(": {d}")).unwrap_or_default())]
-    ResourceFailed { operation: &'static str, id: String, status: String, detail: Option<String> },
+    ResourceFailed {
+        operation: &'static str,
+        id: String,
+        status: String,
+        detail: Option<String>,
+    },
 }
 
 impl Error {
@@ -115,7 +140,10 @@ impl Error {
             }
             429 => Error::RateLimited { error, retry_after },
             500..=599 => Error::Unavailable(error),
-            _ => Error::InvalidResponse { operation: error.operation, message: format!("HTTP {status}: {}", error.message) },
+            _ => Error::InvalidResponse {
+                operation: error.operation,
+                message: format!("HTTP {status}: {}", error.message),
+            },
         }
     }
 }
@@ -142,14 +170,22 @@ pub(crate) fn error_message_from_body(body: &[u8]) -> String {
     }
     let text = String::from_utf8_lossy(body);
     let text = text.trim();
-    if text.is_empty() { "(empty body)".to_string() } else { truncate(text, MAX) }
+    if text.is_empty() {
+        "(empty body)".to_string()
+    } else {
+        truncate(text, MAX)
+    }
 }
 
 fn message_in(v: &serde_json::Value) -> Option<&str> {
     let obj = v.as_object()?;
     ["message", "description", "faultstring", "title"]
         .iter()
-        .find_map(|k| obj.get(*k).and_then(|m| m.as_str()).filter(|m| !m.is_empty()))
+        .find_map(|k| {
+            obj.get(*k)
+                .and_then(|m| m.as_str())
+                .filter(|m| !m.is_empty())
+        })
 }
 
 fn truncate(s: &str, max: usize) -> String {
@@ -170,7 +206,9 @@ mod tests {
     #[test]
     fn messages_from_each_service_shape() {
         assert_eq!(
-            error_message_from_body(br#"{"itemNotFound": {"code": 404, "message": "Volume x could not be found."}}"#),
+            error_message_from_body(
+                br#"{"itemNotFound": {"code": 404, "message": "Volume x could not be found."}}"#
+            ),
             "Volume x could not be found."
         );
         assert_eq!(
@@ -178,20 +216,45 @@ mod tests {
             "The request you have made requires authentication."
         );
         assert_eq!(
-            error_message_from_body(br#"{"code": 404, "title": "Not Found", "description": "Secret not found."}"#),
+            error_message_from_body(
+                br#"{"code": 404, "title": "Not Found", "description": "Secret not found."}"#
+            ),
             "Secret not found."
         );
-        assert_eq!(error_message_from_body(b"  gateway down \n"), "gateway down");
+        assert_eq!(
+            error_message_from_body(b"  gateway down \n"),
+            "gateway down"
+        );
         assert_eq!(error_message_from_body(b""), "(empty body)");
     }
 
     #[test]
     fn status_classification() {
-        let e = || ApiError { operation: "op", status: Some(0), request_id: None, message: "m".into() };
-        assert!(matches!(Error::from_status(404, e(), None), Error::NotFound(_)));
-        assert!(matches!(Error::from_status(413, e(), None), Error::OverQuota(_)));
-        assert!(matches!(Error::from_status(429, e(), Some(Duration::from_secs(1))), Error::RateLimited { .. }));
-        assert!(matches!(Error::from_status(503, e(), None), Error::Unavailable(_)));
-        assert!(matches!(Error::from_status(409, e(), None), Error::Conflict(_)));
+        let e = || ApiError {
+            operation: "op",
+            status: Some(0),
+            request_id: None,
+            message: "m".into(),
+        };
+        assert!(matches!(
+            Error::from_status(404, e(), None),
+            Error::NotFound(_)
+        ));
+        assert!(matches!(
+            Error::from_status(413, e(), None),
+            Error::OverQuota(_)
+        ));
+        assert!(matches!(
+            Error::from_status(429, e(), Some(Duration::from_secs(1))),
+            Error::RateLimited { .. }
+        ));
+        assert!(matches!(
+            Error::from_status(503, e(), None),
+            Error::Unavailable(_)
+        ));
+        assert!(matches!(
+            Error::from_status(409, e(), None),
+            Error::Conflict(_)
+        ));
     }
 }

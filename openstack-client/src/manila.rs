@@ -31,7 +31,10 @@ impl Microversion {
 
     pub fn parse(s: &str) -> Option<Self> {
         let (a, b) = s.trim().split_once('.')?;
-        Some(Self { major: a.parse().ok()?, minor: b.parse().ok()? })
+        Some(Self {
+            major: a.parse().ok()?,
+            minor: b.parse().ok()?,
+        })
     }
 }
 
@@ -217,23 +220,34 @@ pub struct SharedFileSystems {
 
 impl SharedFileSystems {
     pub fn new(session: Session) -> Self {
-        Self { session, deadline: None, version: Arc::new(OnceCell::new()) }
+        Self {
+            session,
+            deadline: None,
+            version: Arc::new(OnceCell::new()),
+        }
     }
 
     pub fn with_deadline(&self, deadline: Instant) -> Self {
-        Self { deadline: Some(deadline), ..self.clone() }
+        Self {
+            deadline: Some(deadline),
+            ..self.clone()
+        }
     }
 
     /// The microversion in use: the highest both sides support, found once
     /// from the server's version document.
     pub async fn microversion(&self) -> Result<Microversion> {
-        self.version.get_or_try_init(|| self.negotiate()).await.copied()
+        self.version
+            .get_or_try_init(|| self.negotiate())
+            .await
+            .copied()
     }
 
     async fn negotiate(&self) -> Result<Microversion> {
         let op = "version_discovery";
         let endpoint = self.session.endpoint(ServiceType::SharedFileSystem).await?;
-        let mut req = ApiRequest::new(ServiceType::SharedFileSystem, Method::GET, "", op).deadline(self.deadline);
+        let mut req = ApiRequest::new(ServiceType::SharedFileSystem, Method::GET, "", op)
+            .deadline(self.deadline);
         req.absolute_base = Some(unversioned_root(&endpoint));
         #[derive(Deserialize)]
         struct V {
@@ -252,9 +266,14 @@ impl SharedFileSystems {
             .versions
             .iter()
             .find(|v| v.id.starts_with("v2"))
-            .ok_or_else(|| Error::Unsupported { operation: op, message: "the server offers no v2 API".into() })?;
-        let server_max = Microversion::parse(&v2.version)
-            .ok_or_else(|| Error::Unsupported { operation: op, message: "the server supports no microversions".into() })?;
+            .ok_or_else(|| Error::Unsupported {
+                operation: op,
+                message: "the server offers no v2 API".into(),
+            })?;
+        let server_max = Microversion::parse(&v2.version).ok_or_else(|| Error::Unsupported {
+            operation: op,
+            message: "the server supports no microversions".into(),
+        })?;
         let server_min = Microversion::parse(&v2.min_version).unwrap_or(Microversion::new(2, 0));
         if server_max < MIN_MICROVERSION || server_min > MAX_MICROVERSION {
             return Err(Error::Unsupported {
@@ -269,11 +288,18 @@ impl SharedFileSystems {
         Ok(chosen)
     }
 
-    async fn req(&self, method: Method, path: impl Into<String>, op: &'static str) -> Result<ApiRequest> {
+    async fn req(
+        &self,
+        method: Method,
+        path: impl Into<String>,
+        op: &'static str,
+    ) -> Result<ApiRequest> {
         let v = self.microversion().await?;
-        Ok(ApiRequest::new(ServiceType::SharedFileSystem, method, path, op)
-            .deadline(self.deadline)
-            .header(MANILA_API_VERSION.clone(), &v.to_string()))
+        Ok(
+            ApiRequest::new(ServiceType::SharedFileSystem, method, path, op)
+                .deadline(self.deadline)
+                .header(MANILA_API_VERSION.clone(), &v.to_string()),
+        )
     }
 
     pub async fn create_share(&self, spec: &CreateShare) -> Result<Share> {
@@ -295,12 +321,17 @@ impl SharedFileSystems {
         if !spec.metadata.is_empty() {
             s.insert("metadata".into(), json!(spec.metadata));
         }
-        let req = self.req(Method::POST, "shares", "share_create").await?.json(json!({ "share": Value::Object(s) }));
+        let req = self
+            .req(Method::POST, "shares", "share_create")
+            .await?
+            .json(json!({ "share": Value::Object(s) }));
         Ok(self.session.send(req).await?.json::<ShareEnvelope>()?.share)
     }
 
     pub async fn get_share(&self, id: &str) -> Result<Share> {
-        let req = self.req(Method::GET, format!("shares/{}", seg(id)), "share_get").await?;
+        let req = self
+            .req(Method::GET, format!("shares/{}", seg(id)), "share_get")
+            .await?;
         Ok(self.session.send(req).await?.json::<ShareEnvelope>()?.share)
     }
 
@@ -309,28 +340,57 @@ impl SharedFileSystems {
         struct L {
             shares: Vec<Share>,
         }
-        let req = self.req(Method::GET, "shares/detail", "share_list").await?.query("name", name);
+        let req = self
+            .req(Method::GET, "shares/detail", "share_list")
+            .await?
+            .query("name", name);
         let l: L = self.session.send(req).await?.json()?;
         Ok(l.shares.into_iter().filter(|s| s.name == name).collect())
     }
 
     pub async fn delete_share(&self, id: &str) -> Result<()> {
-        let req = self.req(Method::DELETE, format!("shares/{}", seg(id)), "share_delete").await?;
+        let req = self
+            .req(
+                Method::DELETE,
+                format!("shares/{}", seg(id)),
+                "share_delete",
+            )
+            .await?;
         self.session.send(req).await?;
         Ok(())
     }
 
-    async fn action(&self, id: &str, op: &'static str, body: Value) -> Result<crate::session::ApiResponse> {
-        let req = self.req(Method::POST, format!("shares/{}/action", seg(id)), op).await?.json(body);
+    async fn action(
+        &self,
+        id: &str,
+        op: &'static str,
+        body: Value,
+    ) -> Result<crate::session::ApiResponse> {
+        let req = self
+            .req(Method::POST, format!("shares/{}/action", seg(id)), op)
+            .await?
+            .json(body);
         self.session.send(req).await
     }
 
     pub async fn extend_share(&self, id: &str, new_size_gib: u64) -> Result<()> {
-        self.action(id, "share_extend", json!({ "extend": { "new_size": new_size_gib } })).await.map(|_| ())
+        self.action(
+            id,
+            "share_extend",
+            json!({ "extend": { "new_size": new_size_gib } }),
+        )
+        .await
+        .map(|_| ())
     }
 
     pub async fn shrink_share(&self, id: &str, new_size_gib: u64) -> Result<()> {
-        self.action(id, "share_shrink", json!({ "shrink": { "new_size": new_size_gib } })).await.map(|_| ())
+        self.action(
+            id,
+            "share_shrink",
+            json!({ "shrink": { "new_size": new_size_gib } }),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Export locations visible to this user (admin-only ones are hidden
@@ -340,7 +400,13 @@ impl SharedFileSystems {
         struct L {
             export_locations: Vec<ExportLocation>,
         }
-        let req = self.req(Method::GET, format!("shares/{}/export_locations", seg(share_id)), "export_location_list").await?;
+        let req = self
+            .req(
+                Method::GET,
+                format!("shares/{}/export_locations", seg(share_id)),
+                "export_location_list",
+            )
+            .await?;
         Ok(self.session.send(req).await?.json::<L>()?.export_locations)
     }
 
@@ -352,11 +418,21 @@ impl SharedFileSystems {
         let body = json!({ "allow_access": {
             "access_type": grant.access_type, "access_to": grant.access_to, "access_level": grant.access_level
         }});
-        Ok(self.action(share_id, "access_grant", body).await?.json::<E>()?.access)
+        Ok(self
+            .action(share_id, "access_grant", body)
+            .await?
+            .json::<E>()?
+            .access)
     }
 
     pub async fn revoke_access(&self, share_id: &str, access_id: &str) -> Result<()> {
-        self.action(share_id, "access_revoke", json!({ "deny_access": { "access_id": access_id } })).await.map(|_| ())
+        self.action(
+            share_id,
+            "access_revoke",
+            json!({ "deny_access": { "access_id": access_id } }),
+        )
+        .await
+        .map(|_| ())
     }
 
     pub async fn list_access_rules(&self, share_id: &str) -> Result<Vec<AccessRule>> {
@@ -365,10 +441,17 @@ impl SharedFileSystems {
             access_list: Vec<AccessRule>,
         }
         if self.microversion().await? >= MV_ACCESS_RULES_API {
-            let req = self.req(Method::GET, "share-access-rules", "access_list").await?.query("share_id", share_id);
+            let req = self
+                .req(Method::GET, "share-access-rules", "access_list")
+                .await?
+                .query("share_id", share_id);
             Ok(self.session.send(req).await?.json::<L>()?.access_list)
         } else {
-            Ok(self.action(share_id, "access_list", json!({ "access_list": null })).await?.json::<L>()?.access_list)
+            Ok(self
+                .action(share_id, "access_list", json!({ "access_list": null }))
+                .await?
+                .json::<L>()?
+                .access_list)
         }
     }
 
@@ -380,31 +463,65 @@ impl SharedFileSystems {
             struct E {
                 access: AccessRule,
             }
-            let req = self.req(Method::GET, format!("share-access-rules/{}", seg(access_id)), "access_get").await?;
+            let req = self
+                .req(
+                    Method::GET,
+                    format!("share-access-rules/{}", seg(access_id)),
+                    "access_get",
+                )
+                .await?;
             return Ok(self.session.send(req).await?.json::<E>()?.access);
         }
-        self.list_access_rules(share_id).await?.into_iter().find(|r| r.id == access_id).ok_or_else(|| {
-            Error::NotFound(crate::error::ApiError {
-                operation: "access_get",
-                status: Some(404),
-                request_id: None,
-                message: format!("access rule {access_id} not found on share {share_id}"),
+        self.list_access_rules(share_id)
+            .await?
+            .into_iter()
+            .find(|r| r.id == access_id)
+            .ok_or_else(|| {
+                Error::NotFound(crate::error::ApiError {
+                    operation: "access_get",
+                    status: Some(404),
+                    request_id: None,
+                    message: format!("access rule {access_id} not found on share {share_id}"),
+                })
             })
-        })
     }
 
-    pub async fn create_snapshot(&self, share_id: &str, name: &str, description: Option<&str>) -> Result<ShareSnapshot> {
+    pub async fn create_snapshot(
+        &self,
+        share_id: &str,
+        name: &str,
+        description: Option<&str>,
+    ) -> Result<ShareSnapshot> {
         let mut s = json!({ "share_id": share_id, "name": name, "force": false });
         if let Some(d) = description {
             s["description"] = json!(d);
         }
-        let req = self.req(Method::POST, "snapshots", "share_snapshot_create").await?.json(json!({ "snapshot": s }));
-        Ok(self.session.send(req).await?.json::<SnapshotEnvelope>()?.snapshot)
+        let req = self
+            .req(Method::POST, "snapshots", "share_snapshot_create")
+            .await?
+            .json(json!({ "snapshot": s }));
+        Ok(self
+            .session
+            .send(req)
+            .await?
+            .json::<SnapshotEnvelope>()?
+            .snapshot)
     }
 
     pub async fn get_snapshot(&self, id: &str) -> Result<ShareSnapshot> {
-        let req = self.req(Method::GET, format!("snapshots/{}", seg(id)), "share_snapshot_get").await?;
-        Ok(self.session.send(req).await?.json::<SnapshotEnvelope>()?.snapshot)
+        let req = self
+            .req(
+                Method::GET,
+                format!("snapshots/{}", seg(id)),
+                "share_snapshot_get",
+            )
+            .await?;
+        Ok(self
+            .session
+            .send(req)
+            .await?
+            .json::<SnapshotEnvelope>()?
+            .snapshot)
     }
 
     pub async fn list_snapshots_named(&self, name: &str) -> Result<Vec<ShareSnapshot>> {
@@ -412,13 +529,22 @@ impl SharedFileSystems {
         struct L {
             snapshots: Vec<ShareSnapshot>,
         }
-        let req = self.req(Method::GET, "snapshots/detail", "share_snapshot_list").await?.query("name", name);
+        let req = self
+            .req(Method::GET, "snapshots/detail", "share_snapshot_list")
+            .await?
+            .query("name", name);
         let l: L = self.session.send(req).await?.json()?;
         Ok(l.snapshots.into_iter().filter(|s| s.name == name).collect())
     }
 
     pub async fn delete_snapshot(&self, id: &str) -> Result<()> {
-        let req = self.req(Method::DELETE, format!("snapshots/{}", seg(id)), "share_snapshot_delete").await?;
+        let req = self
+            .req(
+                Method::DELETE,
+                format!("snapshots/{}", seg(id)),
+                "share_snapshot_delete",
+            )
+            .await?;
         self.session.send(req).await?;
         Ok(())
     }

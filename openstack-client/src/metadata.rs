@@ -47,7 +47,10 @@ pub enum MetadataError {
     #[error("cannot mount config drive {}: {message}", device.display())]
     Mount { device: PathBuf, message: String },
     #[error("cannot read {}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("metadata service {url}: {message}")]
     Service { url: String, message: String },
     #[error("{origin}: malformed meta_data.json: {message}")]
@@ -72,7 +75,8 @@ impl MetadataReader {
     pub fn new(options: MetadataOptions) -> Self {
         Self {
             options,
-            service_url: Url::parse("http://169.254.169.254/").unwrap_or_else(|_| unreachable_url()),
+            service_url: Url::parse("http://169.254.169.254/")
+                .unwrap_or_else(|_| unreachable_url()),
             config_drive_label: "config-2".into(),
             by_label_dir: PathBuf::from("/dev/disk/by-label"),
         }
@@ -85,9 +89,14 @@ impl MetadataReader {
             let result = match source {
                 MetadataSource::ConfigDrive => {
                     let this = self.clone();
-                    tokio::task::spawn_blocking(move || this.read_config_drive()).await.unwrap_or_else(|e| {
-                        Err(MetadataError::Mount { device: PathBuf::new(), message: format!("worker failed: {e}") })
-                    })
+                    tokio::task::spawn_blocking(move || this.read_config_drive())
+                        .await
+                        .unwrap_or_else(|e| {
+                            Err(MetadataError::Mount {
+                                device: PathBuf::new(),
+                                message: format!("worker failed: {e}"),
+                            })
+                        })
                 }
                 MetadataSource::MetadataService => self.read_metadata_service().await,
             };
@@ -106,12 +115,29 @@ impl MetadataReader {
         let url = self
             .service_url
             .join(META_DATA_PATH)
-            .map_err(|e| MetadataError::Service { url: self.service_url.to_string(), message: e.to_string() })?;
-        let err = |message: String| MetadataError::Service { url: url.to_string(), message };
-        let timeout = self.options.request_timeout.unwrap_or(Duration::from_secs(10));
+            .map_err(|e| MetadataError::Service {
+                url: self.service_url.to_string(),
+                message: e.to_string(),
+            })?;
+        let err = |message: String| MetadataError::Service {
+            url: url.to_string(),
+            message,
+        };
+        let timeout = self
+            .options
+            .request_timeout
+            .unwrap_or(Duration::from_secs(10));
         // the link-local service must never be reached through a proxy
-        let client = reqwest::Client::builder().no_proxy().timeout(timeout).build().map_err(|e| err(e.to_string()))?;
-        let resp = client.get(url.clone()).send().await.map_err(|e| err(e.to_string()))?;
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| err(e.to_string()))?;
+        let resp = client
+            .get(url.clone())
+            .send()
+            .await
+            .map_err(|e| err(e.to_string()))?;
         if !resp.status().is_success() {
             return Err(err(format!("HTTP {}", resp.status())));
         }
@@ -126,7 +152,10 @@ impl MetadataReader {
         let dir = tempfile::Builder::new()
             .prefix("config-drive-")
             .tempdir()
-            .map_err(|source| MetadataError::Io { path: std::env::temp_dir(), source })?;
+            .map_err(|source| MetadataError::Io {
+                path: std::env::temp_dir(),
+                source,
+            })?;
         mount_read_only(&device, dir.path())?;
         let path = dir.path().join(META_DATA_PATH);
         let read = std::fs::read(&path);
@@ -136,7 +165,10 @@ impl MetadataReader {
             tracing::error!(dir = %dir.path().display(), error = %e, "cannot unmount the config drive");
             let _ = dir.keep();
         }
-        let bytes = read.map_err(|source| MetadataError::Io { path: path.clone(), source })?;
+        let bytes = read.map_err(|source| MetadataError::Io {
+            path: path.clone(),
+            source,
+        })?;
         parse(&bytes, &device.display().to_string())
     }
 
@@ -146,7 +178,13 @@ impl MetadataReader {
             return Ok(link);
         }
         let out = std::process::Command::new("blkid")
-            .args(["-l", "-t", &format!("LABEL={}", self.config_drive_label), "-o", "device"])
+            .args([
+                "-l",
+                "-t",
+                &format!("LABEL={}", self.config_drive_label),
+                "-o",
+                "device",
+            ])
             .output();
         if let Ok(out) = out
             && out.status.success()
@@ -156,7 +194,10 @@ impl MetadataReader {
                 return Ok(PathBuf::from(dev));
             }
         }
-        Err(MetadataError::ConfigDriveNotFound { label: self.config_drive_label.clone(), by_label: self.by_label_dir.clone() })
+        Err(MetadataError::ConfigDriveNotFound {
+            label: self.config_drive_label.clone(),
+            by_label: self.by_label_dir.clone(),
+        })
     }
 }
 
@@ -176,14 +217,23 @@ fn mount_read_only(device: &Path, target: &Path) -> Result<(), MetadataError> {
             Err(e) => last = format!("{fstype}: {e}"),
         }
     }
-    Err(MetadataError::Mount { device: device.to_path_buf(), message: last })
+    Err(MetadataError::Mount {
+        device: device.to_path_buf(),
+        message: last,
+    })
 }
 
 fn parse(bytes: &[u8], origin: &str) -> Result<InstanceMetadata, MetadataError> {
-    let md: InstanceMetadata = serde_json::from_slice(bytes)
-        .map_err(|e| MetadataError::Malformed { origin: origin.to_string(), message: e.to_string() })?;
+    let md: InstanceMetadata =
+        serde_json::from_slice(bytes).map_err(|e| MetadataError::Malformed {
+            origin: origin.to_string(),
+            message: e.to_string(),
+        })?;
     if md.uuid.trim().is_empty() {
-        return Err(MetadataError::Malformed { origin: origin.to_string(), message: "uuid is empty".into() });
+        return Err(MetadataError::Malformed {
+            origin: origin.to_string(),
+            message: "uuid is empty".into(),
+        });
     }
     Ok(md)
 }
@@ -201,6 +251,11 @@ mod tests {
         .unwrap();
         assert_eq!(md.devices[0].serial.as_deref(), Some("vol"));
         assert!(parse(br#"{"uuid":""}"#, "t").is_err());
-        assert!(parse(b"nope", "t").unwrap_err().to_string().contains("malformed"));
+        assert!(
+            parse(b"nope", "t")
+                .unwrap_err()
+                .to_string()
+                .contains("malformed")
+        );
     }
 }

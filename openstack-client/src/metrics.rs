@@ -39,7 +39,11 @@ impl Default for ApiMetrics {
             // 5 ms .. ~82 s
             Histogram::new(exponential_buckets(0.005, 2.0, 15))
         }
-        Self { requests: Family::default(), errors: Family::default(), duration: Family::new_with_constructor(histogram) }
+        Self {
+            requests: Family::default(),
+            errors: Family::default(),
+            duration: Family::new_with_constructor(histogram),
+        }
     }
 }
 
@@ -63,12 +67,30 @@ impl ApiMetrics {
     }
 
     /// `status` is the HTTP status, or `error` for a transport failure.
-    pub(crate) fn observe(&self, service: &'static str, request: &'static str, status: Option<u16>, elapsed: Duration) {
-        let status_label = status.map(|s| s.to_string()).unwrap_or_else(|| "error".to_string());
-        self.requests.get_or_create(&CallLabels { service, request, status: status_label }).inc();
+    pub(crate) fn observe(
+        &self,
+        service: &'static str,
+        request: &'static str,
+        status: Option<u16>,
+        elapsed: Duration,
+    ) {
+        let status_label = status
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "error".to_string());
+        self.requests
+            .get_or_create(&CallLabels {
+                service,
+                request,
+                status: status_label,
+            })
+            .inc();
         if status.is_none_or(|s| s >= 400) {
-            self.errors.get_or_create(&OperationLabels { service, request }).inc();
+            self.errors
+                .get_or_create(&OperationLabels { service, request })
+                .inc();
         }
-        self.duration.get_or_create(&OperationLabels { service, request }).observe(elapsed.as_secs_f64());
+        self.duration
+            .get_or_create(&OperationLabels { service, request })
+            .observe(elapsed.as_secs_f64());
     }
 }

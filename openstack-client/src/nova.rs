@@ -66,17 +66,31 @@ pub struct Compute {
 
 impl Compute {
     pub fn new(session: Session) -> Self {
-        Self { session, deadline: None }
+        Self {
+            session,
+            deadline: None,
+        }
     }
 
     pub fn with_deadline(&self, deadline: Instant) -> Self {
-        Self { deadline: Some(deadline), ..self.clone() }
+        Self {
+            deadline: Some(deadline),
+            ..self.clone()
+        }
     }
 
-    fn req(&self, method: Method, path: impl Into<String>, op: &'static str, mv: Option<&str>) -> ApiRequest {
+    fn req(
+        &self,
+        method: Method,
+        path: impl Into<String>,
+        op: &'static str,
+        mv: Option<&str>,
+    ) -> ApiRequest {
         let mut r = ApiRequest::new(ServiceType::Compute, method, path, op).deadline(self.deadline);
         if let Some(v) = mv {
-            r = r.header(NOVA_API_VERSION.clone(), v).header(OPENSTACK_API_VERSION.clone(), &format!("compute {v}"));
+            r = r
+                .header(NOVA_API_VERSION.clone(), v)
+                .header(OPENSTACK_API_VERSION.clone(), &format!("compute {v}"));
         }
         r
     }
@@ -86,10 +100,23 @@ impl Compute {
         struct E {
             server: Server,
         }
-        Ok(self.session.send(self.req(Method::GET, format!("servers/{}", seg(id)), "server_get", None)).await?.json::<E>()?.server)
+        Ok(self
+            .session
+            .send(self.req(
+                Method::GET,
+                format!("servers/{}", seg(id)),
+                "server_get",
+                None,
+            ))
+            .await?
+            .json::<E>()?
+            .server)
     }
 
-    pub async fn list_volume_attachments(&self, server_id: &str) -> Result<Vec<ServerVolumeAttachment>> {
+    pub async fn list_volume_attachments(
+        &self,
+        server_id: &str,
+    ) -> Result<Vec<ServerVolumeAttachment>> {
         #[derive(Deserialize)]
         struct L {
             #[serde(rename = "volumeAttachments")]
@@ -97,13 +124,23 @@ impl Compute {
         }
         let r = self
             .session
-            .send(self.req(Method::GET, format!("servers/{}/os-volume_attachments", seg(server_id)), "volume_attachment_list", None))
+            .send(self.req(
+                Method::GET,
+                format!("servers/{}/os-volume_attachments", seg(server_id)),
+                "volume_attachment_list",
+                None,
+            ))
             .await?;
         Ok(r.json::<L>()?.volume_attachments)
     }
 
     /// Asks Nova to attach; the attachment completes asynchronously.
-    pub async fn attach_volume(&self, server_id: &str, volume_id: &str, multiattach: bool) -> Result<ServerVolumeAttachment> {
+    pub async fn attach_volume(
+        &self,
+        server_id: &str,
+        volume_id: &str,
+        multiattach: bool,
+    ) -> Result<ServerVolumeAttachment> {
         #[derive(Deserialize)]
         struct E {
             #[serde(rename = "volumeAttachment")]
@@ -125,7 +162,11 @@ impl Compute {
         self.session
             .send(self.req(
                 Method::DELETE,
-                format!("servers/{}/os-volume_attachments/{}", seg(server_id), seg(volume_id)),
+                format!(
+                    "servers/{}/os-volume_attachments/{}",
+                    seg(server_id),
+                    seg(volume_id)
+                ),
                 "volume_detach",
                 None,
             ))
@@ -159,14 +200,29 @@ impl Compute {
         }
         let r = self
             .session
-            .send(self.req(Method::POST, "servers", "server_create", Some(MV_NETWORKS_NONE)).json(json!({ "server": server })))
+            .send(
+                self.req(
+                    Method::POST,
+                    "servers",
+                    "server_create",
+                    Some(MV_NETWORKS_NONE),
+                )
+                .json(json!({ "server": server })),
+            )
             .await?;
         let id = r.json::<E>()?.server.id;
         self.get_server(&id).await
     }
 
     pub async fn delete_server(&self, id: &str) -> Result<()> {
-        self.session.send(self.req(Method::DELETE, format!("servers/{}", seg(id)), "server_delete", None)).await?;
+        self.session
+            .send(self.req(
+                Method::DELETE,
+                format!("servers/{}", seg(id)),
+                "server_delete",
+                None,
+            ))
+            .await?;
         Ok(())
     }
 
@@ -175,6 +231,11 @@ impl Compute {
         struct L {
             flavors: Vec<Flavor>,
         }
-        Ok(self.session.send(self.req(Method::GET, "flavors", "flavor_list", None)).await?.json::<L>()?.flavors)
+        Ok(self
+            .session
+            .send(self.req(Method::GET, "flavors", "flavor_list", None))
+            .await?
+            .json::<L>()?
+            .flavors)
     }
 }

@@ -105,9 +105,18 @@ mod tests {
 
     #[test]
     fn aliases_parse() {
-        assert_eq!("volumev3".parse::<ServiceType>(), Ok(ServiceType::BlockStorage));
-        assert_eq!("sharev2".parse::<ServiceType>(), Ok(ServiceType::SharedFileSystem));
-        assert_eq!("key_manager".parse::<ServiceType>(), Ok(ServiceType::KeyManager));
+        assert_eq!(
+            "volumev3".parse::<ServiceType>(),
+            Ok(ServiceType::BlockStorage)
+        );
+        assert_eq!(
+            "sharev2".parse::<ServiceType>(),
+            Ok(ServiceType::SharedFileSystem)
+        );
+        assert_eq!(
+            "key_manager".parse::<ServiceType>(),
+            Ok(ServiceType::KeyManager)
+        );
         assert!("image".parse::<ServiceType>().is_err());
         assert_eq!("internalURL".parse::<Interface>(), Ok(Interface::Internal));
     }

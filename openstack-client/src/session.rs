@@ -34,7 +34,11 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        Self { min_delay: Duration::from_millis(100), max_delay: Duration::from_secs(5), max_attempts: 6 }
+        Self {
+            min_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(5),
+            max_attempts: 6,
+        }
     }
 }
 
@@ -140,7 +144,12 @@ pub(crate) enum RequestBody {
 }
 
 impl ApiRequest {
-    pub fn new(service: ServiceType, method: Method, path: impl Into<String>, operation: &'static str) -> Self {
+    pub fn new(
+        service: ServiceType,
+        method: Method,
+        path: impl Into<String>,
+        operation: &'static str,
+    ) -> Self {
         Self {
             service,
             method,
@@ -177,7 +186,10 @@ impl ApiRequest {
     }
 
     fn idempotent(&self) -> bool {
-        matches!(self.method, Method::GET | Method::HEAD | Method::PUT | Method::DELETE)
+        matches!(
+            self.method,
+            Method::GET | Method::HEAD | Method::PUT | Method::DELETE
+        )
     }
 }
 
@@ -197,9 +209,18 @@ impl ApiResponse {
 }
 
 fn request_id(headers: &HeaderMap) -> Option<String> {
-    ["x-openstack-request-id", "x-compute-request-id", "openstack-request-id"]
-        .iter()
-        .find_map(|h| headers.get(*h).and_then(|v| v.to_str().ok()).map(str::to_string))
+    [
+        "x-openstack-request-id",
+        "x-compute-request-id",
+        "openstack-request-id",
+    ]
+    .iter()
+    .find_map(|h| {
+        headers
+            .get(*h)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    })
 }
 
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
@@ -273,12 +294,19 @@ impl Session {
             let want_iface = cfg.interface.as_str();
             let region = cfg.region.as_deref();
             let found = service.catalog_aliases().iter().find_map(|alias| {
-                token.catalog.iter().filter(|e| e.service_type == *alias).find_map(|e| {
-                    e.endpoints.iter().find(|ep| {
-                        ep.interface == want_iface
-                            && region.is_none_or(|r| ep.region.as_deref() == Some(r) || ep.region_id.as_deref() == Some(r))
+                token
+                    .catalog
+                    .iter()
+                    .filter(|e| e.service_type == *alias)
+                    .find_map(|e| {
+                        e.endpoints.iter().find(|ep| {
+                            ep.interface == want_iface
+                                && region.is_none_or(|r| {
+                                    ep.region.as_deref() == Some(r)
+                                        || ep.region_id.as_deref() == Some(r)
+                                })
+                        })
                     })
-                })
             });
             let ep = found.ok_or_else(|| Error::EndpointNotFound {
                 service: service.as_str(),
@@ -290,7 +318,11 @@ impl Session {
                 message: format!("{} endpoint {:?} is not a URL: {e}", service, ep.url),
             })?
         };
-        Ok(versioned_endpoint(service, raw, token.project_id.as_deref()))
+        Ok(versioned_endpoint(
+            service,
+            raw,
+            token.project_id.as_deref(),
+        ))
     }
 
     async fn token(&self, deadline: Option<Instant>) -> Result<Arc<Token>> {
@@ -319,12 +351,20 @@ impl Session {
         let url = tokens_url(&cfg.auth_url);
         let body = auth_body(cfg);
         let operation = "token_issue";
-        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.inner.options.default_timeout);
+        let deadline =
+            deadline.unwrap_or_else(|| Instant::now() + self.inner.options.default_timeout);
         let span = tracing::debug_span!("keystone_auth", auth = cfg.auth.kind(), cloud = %cfg.name);
         let resp = async {
             let started = Instant::now();
             let remaining = deadline.saturating_duration_since(started);
-            let result = self.inner.http.post(url.clone()).json(&body).timeout(remaining).send().await;
+            let result = self
+                .inner
+                .http
+                .post(url.clone())
+                .json(&body)
+                .timeout(remaining)
+                .send()
+                .await;
             match result {
                 Err(e) => {
                     self.observe(ServiceType::Identity, operation, None, started.elapsed());
@@ -333,8 +373,16 @@ impl Session {
                 Ok(r) => {
                     let status = r.status().as_u16();
                     let headers = r.headers().clone();
-                    let body = r.bytes().await.map_err(|e| transport_error(operation, &e, started.elapsed()))?;
-                    self.observe(ServiceType::Identity, operation, Some(status), started.elapsed());
+                    let body = r
+                        .bytes()
+                        .await
+                        .map_err(|e| transport_error(operation, &e, started.elapsed()))?;
+                    self.observe(
+                        ServiceType::Identity,
+                        operation,
+                        Some(status),
+                        started.elapsed(),
+                    );
                     Ok((status, headers, body))
                 }
             }
@@ -347,15 +395,24 @@ impl Session {
                 operation,
                 status: Some(status),
                 request_id: request_id(&headers),
-                message: format!("Keystone at {url} refused {} authentication: {}", cfg.auth.kind(), error_message_from_body(&body)),
+                message: format!(
+                    "Keystone at {url} refused {} authentication: {}",
+                    cfg.auth.kind(),
+                    error_message_from_body(&body)
+                ),
             };
             return Err(Error::from_status(status, err, retry_after(&headers)));
         }
-        self.inner.auths.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner
+            .auths
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let value = headers
             .get("x-subject-token")
             .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| Error::InvalidResponse { operation, message: "no X-Subject-Token header".into() })?;
+            .ok_or_else(|| Error::InvalidResponse {
+                operation,
+                message: "no X-Subject-Token header".into(),
+            })?;
         #[derive(Deserialize)]
         struct IdOnly {
             id: String,
@@ -374,10 +431,18 @@ impl Session {
         struct Envelope {
             token: TokenBody,
         }
-        let env: Envelope = serde_json::from_slice(&body)
-            .map_err(|e| Error::InvalidResponse { operation, message: format!("cannot decode token: {e}") })?;
-        let expires_at = time::OffsetDateTime::parse(&env.token.expires_at, &time::format_description::well_known::Rfc3339)
-            .map_err(|e| Error::InvalidResponse { operation, message: format!("bad expires_at {:?}: {e}", env.token.expires_at) })?;
+        let env: Envelope = serde_json::from_slice(&body).map_err(|e| Error::InvalidResponse {
+            operation,
+            message: format!("cannot decode token: {e}"),
+        })?;
+        let expires_at = time::OffsetDateTime::parse(
+            &env.token.expires_at,
+            &time::format_description::well_known::Rfc3339,
+        )
+        .map_err(|e| Error::InvalidResponse {
+            operation,
+            message: format!("bad expires_at {:?}: {e}", env.token.expires_at),
+        })?;
         let now = Instant::now();
         let lifetime = (expires_at - time::OffsetDateTime::now_utc()).max(time::Duration::ZERO);
         let lifetime = Duration::from_secs_f64(lifetime.as_seconds_f64());
@@ -392,7 +457,13 @@ impl Session {
         })
     }
 
-    fn observe(&self, service: ServiceType, op: &'static str, status: Option<u16>, elapsed: Duration) {
+    fn observe(
+        &self,
+        service: ServiceType,
+        op: &'static str,
+        status: Option<u16>,
+        elapsed: Duration,
+    ) {
         if let Some(m) = &self.inner.options.metrics {
             m.observe(service.as_str(), op, status, elapsed);
         }
@@ -404,7 +475,9 @@ impl Session {
     /// reached the service.
     pub(crate) async fn send(&self, req: ApiRequest) -> Result<ApiResponse> {
         let started = Instant::now();
-        let deadline = req.deadline.unwrap_or(started + self.inner.options.default_timeout);
+        let deadline = req
+            .deadline
+            .unwrap_or(started + self.inner.options.default_timeout);
         let span = tracing::debug_span!(
             "openstack_request",
             service = req.service.as_str(),
@@ -413,10 +486,17 @@ impl Session {
             status = tracing::field::Empty,
             request_id = tracing::field::Empty,
         );
-        self.send_inner(req, started, deadline).instrument(span).await
+        self.send_inner(req, started, deadline)
+            .instrument(span)
+            .await
     }
 
-    async fn send_inner(&self, req: ApiRequest, started: Instant, deadline: Instant) -> Result<ApiResponse> {
+    async fn send_inner(
+        &self,
+        req: ApiRequest,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<ApiResponse> {
         let policy = &self.inner.options.retry;
         let mut backoff = backon::ExponentialBuilder::default()
             .with_min_delay(policy.min_delay)
@@ -435,7 +515,11 @@ impl Session {
             let url = join_url(&base, &req.path, &req.query);
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(Error::Timeout { operation: req.operation, elapsed: started.elapsed(), last: None });
+                return Err(Error::Timeout {
+                    operation: req.operation,
+                    elapsed: started.elapsed(),
+                    last: None,
+                });
             }
             let mut builder = self
                 .inner
@@ -475,10 +559,16 @@ impl Session {
                         span.record("request_id", r.as_str());
                     }
                     if status < 400 {
-                        return Ok(ApiResponse { body, operation: req.operation });
+                        return Ok(ApiResponse {
+                            body,
+                            operation: req.operation,
+                        });
                     }
                     if status == 401 && !reauthenticated {
-                        tracing::info!(operation = req.operation, "token rejected (401), re-authenticating once");
+                        tracing::info!(
+                            operation = req.operation,
+                            "token rejected (401), re-authenticating once"
+                        );
                         self.invalidate(&token).await;
                         reauthenticated = true;
                         continue;
@@ -503,14 +593,21 @@ impl Session {
                 return Err(err);
             }
             let hinted = match &err {
-                Error::RateLimited { retry_after: Some(d), .. } => Some(*d),
+                Error::RateLimited {
+                    retry_after: Some(d),
+                    ..
+                } => Some(*d),
                 _ => None,
             };
             let Some(delay) = backoff.next().map(|d| hinted.map_or(d, |h| h.max(d))) else {
                 return Err(err);
             };
             if Instant::now() + delay >= deadline {
-                return Err(Error::Timeout { operation: req.operation, elapsed: started.elapsed(), last: Some(Box::new(err)) });
+                return Err(Error::Timeout {
+                    operation: req.operation,
+                    elapsed: started.elapsed(),
+                    last: Some(Box::new(err)),
+                });
             }
             tracing::debug!(operation = req.operation, delay_ms = delay.as_millis() as u64, error = %err, "retrying");
             tokio::time::sleep(delay).await;
@@ -520,7 +617,11 @@ impl Session {
 
 fn transport_error(operation: &'static str, e: &reqwest::Error, elapsed: Duration) -> Error {
     if e.is_timeout() {
-        return Error::Timeout { operation, elapsed, last: None };
+        return Error::Timeout {
+            operation,
+            elapsed,
+            last: None,
+        };
     }
     // the chain carries the useful part ("connection refused")
     let mut message = e.to_string();
@@ -530,13 +631,22 @@ fn transport_error(operation: &'static str, e: &reqwest::Error, elapsed: Duratio
         message.push_str(&s.to_string());
         source = s.source();
     }
-    Error::Unavailable(ApiError { operation, status: None, request_id: None, message })
+    Error::Unavailable(ApiError {
+        operation,
+        status: None,
+        request_id: None,
+        message,
+    })
 }
 
 fn tokens_url(auth_url: &Url) -> Url {
     let mut u = auth_url.clone();
     let path = u.path().trim_end_matches('/').to_string();
-    let base = if path.ends_with("/v3") { path } else { format!("{path}/v3") };
+    let base = if path.ends_with("/v3") {
+        path
+    } else {
+        format!("{path}/v3")
+    };
     u.set_path(&format!("{base}/auth/tokens"));
     u
 }
@@ -569,11 +679,15 @@ fn auth_body(cfg: &CloudConfig) -> serde_json::Value {
             "methods": ["application_credential"],
             "application_credential": { "name": name, "secret": secret.expose(), "user": user_json(user) }
         }),
-        AuthMethod::Token { token } => json!({ "methods": ["token"], "token": { "id": token.expose() } }),
+        AuthMethod::Token { token } => {
+            json!({ "methods": ["token"], "token": { "id": token.expose() } })
+        }
     };
     let mut auth = json!({ "identity": identity });
     match &cfg.scope {
-        Some(Scope::Project(ProjectRef::Id(id))) => auth["scope"] = json!({ "project": { "id": id } }),
+        Some(Scope::Project(ProjectRef::Id(id))) => {
+            auth["scope"] = json!({ "project": { "id": id } })
+        }
         Some(Scope::Project(ProjectRef::Name { name, domain })) => {
             auth["scope"] = json!({ "project": { "name": name, "domain": domain_json(domain) } })
         }
@@ -587,7 +701,10 @@ fn auth_body(cfg: &CloudConfig) -> serde_json::Value {
 /// catalogs list Cinder as `.../v3/<project>` or unversioned, Barbican
 /// unversioned, Manila as `.../v2[/<project>]`.
 fn versioned_endpoint(service: ServiceType, mut url: Url, project_id: Option<&str>) -> Url {
-    let segments: Vec<String> = url.path_segments().map(|s| s.map(str::to_string).collect()).unwrap_or_default();
+    let segments: Vec<String> = url
+        .path_segments()
+        .map(|s| s.map(str::to_string).collect())
+        .unwrap_or_default();
     let has = |v: &str| segments.iter().any(|s| s == v);
     let mut extra: Vec<String> = Vec::new();
     match service {
@@ -618,10 +735,16 @@ pub(crate) fn unversioned_root(url: &Url) -> Url {
     let segs: Vec<&str> = url.path_segments().map(|s| s.collect()).unwrap_or_default();
     let keep: Vec<&str> = segs
         .iter()
-        .take_while(|s| !(s.starts_with('v') && s[1..].chars().next().is_some_and(|c| c.is_ascii_digit())))
+        .take_while(|s| {
+            !(s.starts_with('v') && s[1..].chars().next().is_some_and(|c| c.is_ascii_digit()))
+        })
         .copied()
         .collect();
-    let path = if keep.is_empty() { "/".to_string() } else { format!("/{}/", keep.join("/")) };
+    let path = if keep.is_empty() {
+        "/".to_string()
+    } else {
+        format!("/{}/", keep.join("/"))
+    };
     u.set_path(&path);
     u.set_query(None);
     u
@@ -632,7 +755,11 @@ fn join_url(base: &Url, path: &str, query: &[(String, String)]) -> Url {
     let joined = if path.is_empty() {
         base.path().to_string()
     } else {
-        format!("{}/{}", base.path().trim_end_matches('/'), path.trim_start_matches('/'))
+        format!(
+            "{}/{}",
+            base.path().trim_end_matches('/'),
+            path.trim_start_matches('/')
+        )
     };
     u.set_path(&joined);
     if !query.is_empty() {
@@ -651,36 +778,51 @@ fn build_tls(tls: &TlsOptions) -> Result<rustls::ClientConfig> {
         .map_err(|e| Error::Tls(e.to_string()))?;
     let builder = if tls.insecure {
         tracing::warn!("tls-insecure is set: server certificates are NOT verified");
-        builder.dangerous().with_custom_certificate_verifier(Arc::new(insecure::AcceptAnyCertificate(provider)))
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(insecure::AcceptAnyCertificate(provider)))
     } else {
         let mut roots = rustls::RootCertStore::empty();
         let native = rustls_native_certs::load_native_certs();
         roots.add_parsable_certificates(native.certs);
         if let Some(ca) = &tls.ca_file {
-            let pem = std::fs::read(ca).map_err(|e| Error::Tls(format!("cannot read ca-file {}: {e}", ca.display())))?;
+            let pem = std::fs::read(ca)
+                .map_err(|e| Error::Tls(format!("cannot read ca-file {}: {e}", ca.display())))?;
             let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
                 .collect::<std::result::Result<_, _>>()
                 .map_err(|e| Error::Tls(format!("ca-file {}: {e}", ca.display())))?;
             if certs.is_empty() {
-                return Err(Error::Tls(format!("ca-file {} holds no PEM certificate", ca.display())));
+                return Err(Error::Tls(format!(
+                    "ca-file {} holds no PEM certificate",
+                    ca.display()
+                )));
             }
             for c in certs {
-                roots.add(c).map_err(|e| Error::Tls(format!("ca-file {}: {e}", ca.display())))?;
+                roots
+                    .add(c)
+                    .map_err(|e| Error::Tls(format!("ca-file {}: {e}", ca.display())))?;
             }
         }
         builder.with_root_certificates(roots)
     };
     match (&tls.cert_file, &tls.key_file) {
         (Some(cert), Some(key)) => {
-            let cert_pem = std::fs::read(cert).map_err(|e| Error::Tls(format!("cannot read cert-file {}: {e}", cert.display())))?;
-            let key_pem = std::fs::read(key).map_err(|e| Error::Tls(format!("cannot read key-file {}: {e}", key.display())))?;
+            let cert_pem = std::fs::read(cert).map_err(|e| {
+                Error::Tls(format!("cannot read cert-file {}: {e}", cert.display()))
+            })?;
+            let key_pem = std::fs::read(key)
+                .map_err(|e| Error::Tls(format!("cannot read key-file {}: {e}", key.display())))?;
             let chain: Vec<_> = rustls_pemfile::certs(&mut cert_pem.as_slice())
                 .collect::<std::result::Result<_, _>>()
                 .map_err(|e| Error::Tls(format!("cert-file {}: {e}", cert.display())))?;
             let key_der = rustls_pemfile::private_key(&mut key_pem.as_slice())
                 .map_err(|e| Error::Tls(format!("key-file {}: {e}", key.display())))?
-                .ok_or_else(|| Error::Tls(format!("key-file {} holds no private key", key.display())))?;
-            builder.with_client_auth_cert(chain, key_der).map_err(|e| Error::Tls(format!("client certificate: {e}")))
+                .ok_or_else(|| {
+                    Error::Tls(format!("key-file {} holds no private key", key.display()))
+                })?;
+            builder
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|e| Error::Tls(format!("client certificate: {e}")))
         }
         _ => Ok(builder.with_no_client_auth()),
     }
@@ -717,7 +859,12 @@ mod insecure {
             cert: &CertificateDer<'_>,
             dss: &DigitallySignedStruct,
         ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
         }
 
         fn verify_tls13_signature(
@@ -726,7 +873,12 @@ mod insecure {
             cert: &CertificateDer<'_>,
             dss: &DigitallySignedStruct,
         ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
         }
 
         fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -743,30 +895,57 @@ mod tests {
     fn endpoint_versioning() {
         let u = |s: &str| Url::parse(s).unwrap();
         assert_eq!(
-            versioned_endpoint(ServiceType::BlockStorage, u("http://h/volume"), Some("p1")).as_str(),
+            versioned_endpoint(ServiceType::BlockStorage, u("http://h/volume"), Some("p1"))
+                .as_str(),
             "http://h/volume/v3/p1"
         );
         assert_eq!(
-            versioned_endpoint(ServiceType::BlockStorage, u("http://h:8776/v3/p1"), Some("p1")).as_str(),
+            versioned_endpoint(
+                ServiceType::BlockStorage,
+                u("http://h:8776/v3/p1"),
+                Some("p1")
+            )
+            .as_str(),
             "http://h:8776/v3/p1"
         );
-        assert_eq!(versioned_endpoint(ServiceType::KeyManager, u("http://h:9311"), None).as_str(), "http://h:9311/v1");
-        assert_eq!(versioned_endpoint(ServiceType::Compute, u("http://h/compute/v2.1"), None).as_str(), "http://h/compute/v2.1");
-        assert_eq!(unversioned_root(&u("http://h/share/v2/p1")).as_str(), "http://h/share/");
-        assert_eq!(unversioned_root(&u("http://h:8786/v2")).as_str(), "http://h:8786/");
+        assert_eq!(
+            versioned_endpoint(ServiceType::KeyManager, u("http://h:9311"), None).as_str(),
+            "http://h:9311/v1"
+        );
+        assert_eq!(
+            versioned_endpoint(ServiceType::Compute, u("http://h/compute/v2.1"), None).as_str(),
+            "http://h/compute/v2.1"
+        );
+        assert_eq!(
+            unversioned_root(&u("http://h/share/v2/p1")).as_str(),
+            "http://h/share/"
+        );
+        assert_eq!(
+            unversioned_root(&u("http://h:8786/v2")).as_str(),
+            "http://h:8786/"
+        );
     }
 
     #[test]
     fn token_url() {
         let u = |s: &str| Url::parse(s).unwrap();
-        assert_eq!(tokens_url(&u("http://k:5000")).as_str(), "http://k:5000/v3/auth/tokens");
-        assert_eq!(tokens_url(&u("http://k/identity/v3/")).as_str(), "http://k/identity/v3/auth/tokens");
+        assert_eq!(
+            tokens_url(&u("http://k:5000")).as_str(),
+            "http://k:5000/v3/auth/tokens"
+        );
+        assert_eq!(
+            tokens_url(&u("http://k/identity/v3/")).as_str(),
+            "http://k/identity/v3/auth/tokens"
+        );
     }
 
     #[test]
     fn url_join_and_query() {
         let base = Url::parse("http://h/volume/v3/p").unwrap();
         let q = vec![("name".to_string(), "a b&c".to_string())];
-        assert_eq!(join_url(&base, "volumes/detail", &q).as_str(), "http://h/volume/v3/p/volumes/detail?name=a+b%26c");
+        assert_eq!(
+            join_url(&base, "volumes/detail", &q).as_str(),
+            "http://h/volume/v3/p/volumes/detail?name=a+b%26c"
+        );
     }
 }

@@ -72,18 +72,90 @@ mod tests {
     fn every_request_with_secrets_redacts_them() {
         let secret = || [("s".to_string(), "TOPSECRET".to_string())].into();
         let printed = [
-            format!("{:?}", csi::DeleteVolumeRequest { secrets: secret(), ..Default::default() }),
-            format!("{:?}", csi::ControllerPublishVolumeRequest { secrets: secret(), ..Default::default() }),
-            format!("{:?}", csi::ControllerUnpublishVolumeRequest { secrets: secret(), ..Default::default() }),
-            format!("{:?}", csi::ValidateVolumeCapabilitiesRequest { secrets: secret(), ..Default::default() }),
-            format!("{:?}", csi::CreateSnapshotRequest { secrets: secret(), ..Default::default() }),
-            format!("{:?}", csi::DeleteSnapshotRequest { secrets: secret(), ..Default::default() }),
-            format!("{:?}", csi::ListSnapshotsRequest { secrets: secret(), ..Default::default() }),
-            format!("{:?}", csi::ControllerExpandVolumeRequest { secrets: secret(), ..Default::default() }),
-            format!("{:?}", csi::ControllerModifyVolumeRequest { secrets: secret(), ..Default::default() }),
-            format!("{:?}", csi::NodePublishVolumeRequest { secrets: secret(), ..Default::default() }),
-            format!("{:?}", csi::NodeExpandVolumeRequest { secrets: secret(), ..Default::default() }),
-            format!("{:?}", csi::CreateVolumeGroupSnapshotRequest { secrets: secret(), ..Default::default() }),
+            format!(
+                "{:?}",
+                csi::DeleteVolumeRequest {
+                    secrets: secret(),
+                    ..Default::default()
+                }
+            ),
+            format!(
+                "{:?}",
+                csi::ControllerPublishVolumeRequest {
+                    secrets: secret(),
+                    ..Default::default()
+                }
+            ),
+            format!(
+                "{:?}",
+                csi::ControllerUnpublishVolumeRequest {
+                    secrets: secret(),
+                    ..Default::default()
+                }
+            ),
+            format!(
+                "{:?}",
+                csi::ValidateVolumeCapabilitiesRequest {
+                    secrets: secret(),
+                    ..Default::default()
+                }
+            ),
+            format!(
+                "{:?}",
+                csi::CreateSnapshotRequest {
+                    secrets: secret(),
+                    ..Default::default()
+                }
+            ),
+            format!(
+                "{:?}",
+                csi::DeleteSnapshotRequest {
+                    secrets: secret(),
+                    ..Default::default()
+                }
+            ),
+            format!(
+                "{:?}",
+                csi::ListSnapshotsRequest {
+                    secrets: secret(),
+                    ..Default::default()
+                }
+            ),
+            format!(
+                "{:?}",
+                csi::ControllerExpandVolumeRequest {
+                    secrets: secret(),
+                    ..Default::default()
+                }
+            ),
+            format!(
+                "{:?}",
+                csi::ControllerModifyVolumeRequest {
+                    secrets: secret(),
+                    ..Default::default()
+                }
+            ),
+            format!(
+                "{:?}",
+                csi::NodePublishVolumeRequest {
+                    secrets: secret(),
+                    ..Default::default()
+                }
+            ),
+            format!(
+                "{:?}",
+                csi::NodeExpandVolumeRequest {
+                    secrets: secret(),
+                    ..Default::default()
+                }
+            ),
+            format!(
+                "{:?}",
+                csi::CreateVolumeGroupSnapshotRequest {
+                    secrets: secret(),
+                    ..Default::default()
+                }
+            ),
         ];
         for p in printed {
             assert!(!p.contains("TOPSECRET"), "{p}");
@@ -92,8 +164,13 @@ mod tests {
 
     #[test]
     fn kms_plaintext_and_ciphertext_are_redacted() {
-        let enc = kms::EncryptRequest { plaintext: b"seed-bytes-XYZ".to_vec(), uid: "u1".into() };
-        let dec = kms::DecryptResponse { plaintext: b"seed-bytes-XYZ".to_vec() };
+        let enc = kms::EncryptRequest {
+            plaintext: b"seed-bytes-XYZ".to_vec(),
+            uid: "u1".into(),
+        };
+        let dec = kms::DecryptResponse {
+            plaintext: b"seed-bytes-XYZ".to_vec(),
+        };
         for p in [format!("{enc:?}"), format!("{dec:?}")] {
             assert!(!p.contains("seed"), "{p}");
             // bytes print as decimal lists: make sure none leaked either

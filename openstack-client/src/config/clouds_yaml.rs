@@ -44,23 +44,35 @@ impl CloudsYamlSearch {
 
 /// Resolves cloud `cloud` from clouds.yaml alone (tools that take
 /// `OS_CLOUD` rather than a cloud.conf).
-pub fn cloud_from_clouds_yaml(env: &ConfigEnv, cloud: Option<&str>) -> Result<CloudConfig, ConfigError> {
-    let name = cloud.map(str::to_string).or_else(|| env.os_cloud.clone()).ok_or_else(|| ConfigError::MissingKey {
-        section: "clouds.yaml".into(),
-        key: "cloud".into(),
-        hint: Some("set OS_CLOUD or name the cloud".into()),
-    })?;
+pub fn cloud_from_clouds_yaml(
+    env: &ConfigEnv,
+    cloud: Option<&str>,
+) -> Result<CloudConfig, ConfigError> {
+    let name = cloud
+        .map(str::to_string)
+        .or_else(|| env.os_cloud.clone())
+        .ok_or_else(|| ConfigError::MissingKey {
+            section: "clouds.yaml".into(),
+            key: "cloud".into(),
+            hint: Some("set OS_CLOUD or name the cloud".into()),
+        })?;
     let inputs = load_cloud(&env.clouds_yaml, None, &name)?;
     inputs.resolve(&name, &format!("clouds.yaml cloud {name:?}"))
 }
 
-pub(crate) fn load_cloud(search: &CloudsYamlSearch, file: Option<&Path>, cloud: &str) -> Result<AuthInputs, ConfigError> {
+pub(crate) fn load_cloud(
+    search: &CloudsYamlSearch,
+    file: Option<&Path>,
+    cloud: &str,
+) -> Result<AuthInputs, ConfigError> {
     let candidates = match file {
         Some(f) => vec![f.to_path_buf()],
         None => search.candidates("clouds.yaml", search.explicit_file.as_ref()),
     };
     let path = first_existing(&candidates)
-        .ok_or_else(|| ConfigError::CloudsYamlNotFound { searched: candidates.clone() })?
+        .ok_or_else(|| ConfigError::CloudsYamlNotFound {
+            searched: candidates.clone(),
+        })?
         .to_path_buf();
     let mut root = read_yaml(&path)?;
     // secure.yaml sits beside clouds.yaml or in the usual places
@@ -73,21 +85,41 @@ pub(crate) fn load_cloud(search: &CloudsYamlSearch, file: Option<&Path>, cloud: 
         let overlay = read_yaml(secure)?;
         merge(&mut root, overlay);
     }
-    let yaml_err = |message: String| ConfigError::CloudsYaml { path: path.clone(), message };
-    let clouds = root.get("clouds").and_then(Value::as_mapping).ok_or_else(|| yaml_err("no `clouds:` mapping".into()))?;
-    let entry = clouds.get(cloud).and_then(Value::as_mapping).ok_or_else(|| ConfigError::UnknownCloud {
-        name: cloud.to_string(),
-        available: clouds.keys().filter_map(|k| k.as_str().map(str::to_string)).collect(),
-    })?;
+    let yaml_err = |message: String| ConfigError::CloudsYaml {
+        path: path.clone(),
+        message,
+    };
+    let clouds = root
+        .get("clouds")
+        .and_then(Value::as_mapping)
+        .ok_or_else(|| yaml_err("no `clouds:` mapping".into()))?;
+    let entry = clouds
+        .get(cloud)
+        .and_then(Value::as_mapping)
+        .ok_or_else(|| ConfigError::UnknownCloud {
+            name: cloud.to_string(),
+            available: clouds
+                .keys()
+                .filter_map(|k| k.as_str().map(str::to_string))
+                .collect(),
+        })?;
     inputs_from_entry(entry).map_err(yaml_err)
 }
 
 fn read_yaml(path: &Path) -> Result<Value, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.to_path_buf(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     if text.trim().is_empty() {
-        return Err(ConfigError::Empty { path: path.to_path_buf() });
+        return Err(ConfigError::Empty {
+            path: path.to_path_buf(),
+        });
     }
-    serde_yaml::from_str(&text).map_err(|e| ConfigError::CloudsYaml { path: path.to_path_buf(), message: e.to_string() })
+    serde_yaml::from_str(&text).map_err(|e| ConfigError::CloudsYaml {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
 }
 
 fn merge(base: &mut Value, overlay: Value) {
@@ -158,7 +190,11 @@ fn inputs_from_entry(entry: &Mapping) -> Result<AuthInputs, String> {
     match auth_type.as_str() {
         "password" | "v3password" => {}
         "v3applicationcredential" | "applicationcredential" | "v3token" | "token" => {}
-        other => return Err(format!("auth_type {other:?} is not supported (password, v3applicationcredential, token)")),
+        other => {
+            return Err(format!(
+                "auth_type {other:?} is not supported (password, v3applicationcredential, token)"
+            ));
+        }
     }
     for (k, v) in entry {
         let Some(k) = k.as_str() else { continue };

@@ -59,7 +59,11 @@ impl Document {
         let mut current: Option<usize> = None;
         for (idx, raw) in text.lines().enumerate() {
             let line_no = idx + 1;
-            let err = |message: String| ParseError { file: file.to_path_buf(), line: line_no, message };
+            let err = |message: String| ParseError {
+                file: file.to_path_buf(),
+                line: line_no,
+                message,
+            };
             let line = raw.trim();
             if line.is_empty() || line.starts_with(';') || line.starts_with('#') {
                 continue;
@@ -83,12 +87,29 @@ impl Document {
         Ok(())
     }
 
-    fn section_index(&mut self, written_name: String, sub: Option<String>, file: &Path, line: usize) -> usize {
+    fn section_index(
+        &mut self,
+        written_name: String,
+        sub: Option<String>,
+        file: &Path,
+        line: usize,
+    ) -> usize {
         let name = written_name.to_ascii_lowercase();
-        if let Some(i) = self.sections.iter().position(|s| s.name == name && s.subsection == sub) {
+        if let Some(i) = self
+            .sections
+            .iter()
+            .position(|s| s.name == name && s.subsection == sub)
+        {
             return i;
         }
-        self.sections.push(Section { name, written_name, subsection: sub, entries: Vec::new(), file: file.to_path_buf(), line });
+        self.sections.push(Section {
+            name,
+            written_name,
+            subsection: sub,
+            entries: Vec::new(),
+            file: file.to_path_buf(),
+            line,
+        });
         self.sections.len() - 1
     }
 
@@ -97,7 +118,9 @@ impl Document {
     }
 
     pub fn section(&self, name: &str, sub: Option<&str>) -> Option<&Section> {
-        self.sections.iter().find(|s| s.name == name && s.subsection.as_deref() == sub)
+        self.sections
+            .iter()
+            .find(|s| s.name == name && s.subsection.as_deref() == sub)
     }
 }
 
@@ -105,7 +128,9 @@ fn parse_section_header(rest: &str) -> Result<(String, Option<String>), String> 
     let close = find_unquoted(rest, ']').ok_or("section header lacks ']'")?;
     let trailing = rest[close + 1..].trim();
     if !trailing.is_empty() && !trailing.starts_with(';') && !trailing.starts_with('#') {
-        return Err(format!("unexpected text after section header: {trailing:?}"));
+        return Err(format!(
+            "unexpected text after section header: {trailing:?}"
+        ));
     }
     let inner = rest[..close].trim();
     let (name, sub) = match inner.find(|c: char| c.is_whitespace()) {
@@ -119,7 +144,11 @@ fn parse_section_header(rest: &str) -> Result<(String, Option<String>), String> 
             (&inner[..sp], Some(unescape(unquoted)?))
         }
     };
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.') {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+    {
         return Err(format!("invalid section name {name:?}"));
     }
     Ok((name.to_string(), sub))
@@ -134,7 +163,10 @@ fn parse_assignment(line: &str) -> Result<(String, String), String> {
             (line[..end].trim(), None)
         }
     };
-    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') || !key.starts_with(|c: char| c.is_ascii_alphabetic()) {
+    if key.is_empty()
+        || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        || !key.starts_with(|c: char| c.is_ascii_alphabetic())
+    {
         return Err(format!("invalid key name {key:?}"));
     }
     let value = match value {
@@ -241,7 +273,9 @@ mod tests {
     }
 
     fn value(d: &Document, sec: &str, sub: Option<&str>, key: &str) -> Option<String> {
-        d.section(sec, sub).and_then(|s| s.get(key)).map(|e| e.value.clone())
+        d.section(sec, sub)
+            .and_then(|s| s.get(key))
+            .map(|e| e.value.clone())
     }
 
     #[test]
@@ -252,28 +286,101 @@ mod tests {
             want: Result<&'static str, &'static str>,
         }
         let cases = [
-            Case { text: "[Global]\npassword = plain", key: "password", want: Ok("plain") },
-            Case { text: "[Global]\npassword = \"semi;colon#hash\"", key: "password", want: Ok("semi;colon#hash") },
-            Case { text: "[Global]\npassword = trailing ; comment", key: "password", want: Ok("trailing") },
-            Case { text: "[Global]\npassword = a # comment", key: "password", want: Ok("a") },
-            Case { text: "[Global]\npassword = \"esc\\\"aped\\\\\"", key: "password", want: Ok("esc\"aped\\") },
-            Case { text: "[Global]\npassword = inner  spaces kept  ", key: "password", want: Ok("inner  spaces kept") },
-            Case { text: "[Global]\npassword = pre\"  quoted  \"post", key: "password", want: Ok("pre  quoted  post") },
-            Case { text: "[Global]\npassword =", key: "password", want: Ok("") },
-            Case { text: "[global]\nPassWord = x", key: "password", want: Ok("x") },
-            Case { text: "[Global]\ntls-insecure", key: "tls-insecure", want: Ok("true") },
-            Case { text: "[Global]\npassword = \"open", key: "password", want: Err("unterminated") },
-            Case { text: "password = x", key: "password", want: Err("before any [section]") },
-            Case { text: "[Global\npassword = x", key: "password", want: Err("lacks ']'") },
-            Case { text: "[Global]\n= x", key: "password", want: Err("invalid key name") },
-            Case { text: "[Global]\npass word = x", key: "password", want: Err("invalid key name") },
-            Case { text: "[Global]\npassword = bad\\q", key: "password", want: Err("unknown escape") },
-            Case { text: "[Global region]\npassword = x", key: "password", want: Err("must be quoted") },
+            Case {
+                text: "[Global]\npassword = plain",
+                key: "password",
+                want: Ok("plain"),
+            },
+            Case {
+                text: "[Global]\npassword = \"semi;colon#hash\"",
+                key: "password",
+                want: Ok("semi;colon#hash"),
+            },
+            Case {
+                text: "[Global]\npassword = trailing ; comment",
+                key: "password",
+                want: Ok("trailing"),
+            },
+            Case {
+                text: "[Global]\npassword = a # comment",
+                key: "password",
+                want: Ok("a"),
+            },
+            Case {
+                text: "[Global]\npassword = \"esc\\\"aped\\\\\"",
+                key: "password",
+                want: Ok("esc\"aped\\"),
+            },
+            Case {
+                text: "[Global]\npassword = inner  spaces kept  ",
+                key: "password",
+                want: Ok("inner  spaces kept"),
+            },
+            Case {
+                text: "[Global]\npassword = pre\"  quoted  \"post",
+                key: "password",
+                want: Ok("pre  quoted  post"),
+            },
+            Case {
+                text: "[Global]\npassword =",
+                key: "password",
+                want: Ok(""),
+            },
+            Case {
+                text: "[global]\nPassWord = x",
+                key: "password",
+                want: Ok("x"),
+            },
+            Case {
+                text: "[Global]\ntls-insecure",
+                key: "tls-insecure",
+                want: Ok("true"),
+            },
+            Case {
+                text: "[Global]\npassword = \"open",
+                key: "password",
+                want: Err("unterminated"),
+            },
+            Case {
+                text: "password = x",
+                key: "password",
+                want: Err("before any [section]"),
+            },
+            Case {
+                text: "[Global\npassword = x",
+                key: "password",
+                want: Err("lacks ']'"),
+            },
+            Case {
+                text: "[Global]\n= x",
+                key: "password",
+                want: Err("invalid key name"),
+            },
+            Case {
+                text: "[Global]\npass word = x",
+                key: "password",
+                want: Err("invalid key name"),
+            },
+            Case {
+                text: "[Global]\npassword = bad\\q",
+                key: "password",
+                want: Err("unknown escape"),
+            },
+            Case {
+                text: "[Global region]\npassword = x",
+                key: "password",
+                want: Err("must be quoted"),
+            },
         ];
         for c in cases {
             let got = parse(c.text);
             match (got, c.want) {
-                (Ok(d), Ok(w)) => assert_eq!(value(&d, "global", None, c.key).as_deref(), Some(w), "{:?}", c.text),
+                (Ok(d), Ok(w)) => assert_eq!(
+                    value(&d, "global", None, c.key).as_deref(),
+                    Some(w),
+                    "{:?}",
+                    c.text
+                ),
                 (Err(e), Err(w)) => assert!(e.to_string().contains(w), "{:?}: {e}", c.text),
                 (got, want) => panic!("{:?}: got {got:?}, want {want:?}", c.text),
             }
@@ -288,12 +395,25 @@ mod tests {
             "[Global]\nusername = a\n[Global \"region-one\"]\nusername = one\n[BlockStorage]\nrescan-on-resize = false\n",
         )
         .unwrap();
-        d.parse_into(Path::new("b.conf"), "[Global]\nusername = b\n[BlockStorage]\nrescan-on-resize = true\n")
-            .unwrap();
+        d.parse_into(
+            Path::new("b.conf"),
+            "[Global]\nusername = b\n[BlockStorage]\nrescan-on-resize = true\n",
+        )
+        .unwrap();
         assert_eq!(value(&d, "global", None, "username").as_deref(), Some("b"));
-        assert_eq!(value(&d, "global", Some("region-one"), "username").as_deref(), Some("one"));
-        let e = d.section("blockstorage", None).unwrap().get("rescan-on-resize").unwrap();
-        assert_eq!((e.value.as_str(), e.file.to_str(), e.line), ("true", Some("b.conf"), 4));
+        assert_eq!(
+            value(&d, "global", Some("region-one"), "username").as_deref(),
+            Some("one")
+        );
+        let e = d
+            .section("blockstorage", None)
+            .unwrap()
+            .get("rescan-on-resize")
+            .unwrap();
+        assert_eq!(
+            (e.value.as_str(), e.file.to_str(), e.line),
+            ("true", Some("b.conf"), 4)
+        );
         assert_eq!(d.sections_named("global").count(), 2);
     }
 

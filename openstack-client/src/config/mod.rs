@@ -24,7 +24,10 @@ pub use clouds_yaml::CloudsYamlSearch;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{} is empty", path.display())]
     Empty { path: PathBuf },
     #[error("no cloud configuration file was given")]
@@ -32,11 +35,24 @@ pub enum ConfigError {
     #[error("syntax error in {0}")]
     Syntax(#[from] gcfg::ParseError),
     #[error("{}:{line}: [{section}] {key}: {message}", file.display())]
-    InvalidValue { file: PathBuf, line: usize, section: String, key: String, message: String },
+    InvalidValue {
+        file: PathBuf,
+        line: usize,
+        section: String,
+        key: String,
+        message: String,
+    },
     #[error("[{section}] lacks {key}{}", hint.as_ref().map(|h| format!(" ({h})")).unwrap_or_default())]
-    MissingKey { section: String, key: String, hint: Option<String> },
+    MissingKey {
+        section: String,
+        key: String,
+        hint: Option<String>,
+    },
     #[error("cloud {name:?} is not defined (defined: {})", if available.is_empty() { "none".to_string() } else { available.join(", ") })]
-    UnknownCloud { name: String, available: Vec<String> },
+    UnknownCloud {
+        name: String,
+        available: Vec<String>,
+    },
     #[error("{}: {message}", path.display())]
     CloudsYaml { path: PathBuf, message: String },
     #[error("no clouds.yaml found (searched {})", searched.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
@@ -55,8 +71,20 @@ pub struct ConfigWarning {
 impl fmt::Display for ConfigWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.key {
-            Some(k) => write!(f, "{}:{}: unknown key {k:?} in [{}], ignored", self.file.display(), self.line, self.section),
-            None => write!(f, "{}:{}: unknown section [{}], ignored", self.file.display(), self.line, self.section),
+            Some(k) => write!(
+                f,
+                "{}:{}: unknown key {k:?} in [{}], ignored",
+                self.file.display(),
+                self.line,
+                self.section
+            ),
+            None => write!(
+                f,
+                "{}:{}: unknown section [{}], ignored",
+                self.file.display(),
+                self.line,
+                self.section
+            ),
         }
     }
 }
@@ -81,19 +109,30 @@ pub enum ProjectRef {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthMethod {
-    Password { user: UserRef, password: SecretString },
-    ApplicationCredentialId { id: String, secret: SecretString },
-    ApplicationCredentialName { name: String, user: UserRef, secret: SecretString },
-    Token { token: SecretString },
+    Password {
+        user: UserRef,
+        password: SecretString,
+    },
+    ApplicationCredentialId {
+        id: String,
+        secret: SecretString,
+    },
+    ApplicationCredentialName {
+        name: String,
+        user: UserRef,
+        secret: SecretString,
+    },
+    Token {
+        token: SecretString,
+    },
 }
 
 impl AuthMethod {
     pub fn kind(&self) -> &'static str {
         match self {
             AuthMethod::Password { .. } => "password",
-            AuthMethod::ApplicationCredentialId { .. } | AuthMethod::ApplicationCredentialName { .. } => {
-                "application credential"
-            }
+            AuthMethod::ApplicationCredentialId { .. }
+            | AuthMethod::ApplicationCredentialName { .. } => "application credential",
             AuthMethod::Token { .. } => "token",
         }
     }
@@ -152,7 +191,10 @@ pub struct MetadataOptions {
 
 impl Default for MetadataOptions {
     fn default() -> Self {
-        Self { search_order: vec![MetadataSource::ConfigDrive, MetadataSource::MetadataService], request_timeout: None }
+        Self {
+            search_order: vec![MetadataSource::ConfigDrive, MetadataSource::MetadataService],
+            request_timeout: None,
+        }
     }
 }
 
@@ -173,7 +215,10 @@ pub struct ConfigEnv {
 
 impl ConfigEnv {
     pub fn from_process() -> Self {
-        Self { clouds_yaml: CloudsYamlSearch::from_process(), os_cloud: std::env::var("OS_CLOUD").ok().filter(|s| !s.is_empty()) }
+        Self {
+            clouds_yaml: CloudsYamlSearch::from_process(),
+            os_cloud: std::env::var("OS_CLOUD").ok().filter(|s| !s.is_empty()),
+        }
     }
 }
 
@@ -222,8 +267,12 @@ const GLOBAL_KEYS: &[&str] = &[
     "clouds-file",
     "cloud",
 ];
-const BLOCK_STORAGE_KEYS: &[&str] =
-    &["node-volume-attach-limit", "rescan-on-resize", "ignore-volume-az", "ignore-volume-microversion"];
+const BLOCK_STORAGE_KEYS: &[&str] = &[
+    "node-volume-attach-limit",
+    "rescan-on-resize",
+    "ignore-volume-az",
+    "ignore-volume-microversion",
+];
 const METADATA_KEYS: &[&str] = &["search-order", "request-timeout"];
 const KEY_MANAGER_KEYS: &[&str] = &["key-id"];
 /// Sections that belong to the cloud controller manager, which commonly
@@ -238,7 +287,10 @@ impl CloudConf {
         }
         let mut texts = Vec::with_capacity(paths.len());
         for p in paths {
-            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Io { path: p.clone(), source })?;
+            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Io {
+                path: p.clone(),
+                source,
+            })?;
             texts.push((p.clone(), text));
         }
         Self::from_texts(&texts, env)
@@ -253,7 +305,11 @@ impl CloudConf {
             }
             document.parse_into(path, text)?;
         }
-        let mut conf = CloudConf { document, env, ..Default::default() };
+        let mut conf = CloudConf {
+            document,
+            env,
+            ..Default::default()
+        };
         conf.check_known()?;
         Ok(conf)
     }
@@ -268,7 +324,12 @@ impl CloudConf {
                 "keymanager" => KEY_MANAGER_KEYS,
                 n if FOREIGN_SECTIONS.contains(&n) => continue,
                 _ => {
-                    warnings.push(ConfigWarning { file: s.file.clone(), line: s.line, section: display_section(s), key: None });
+                    warnings.push(ConfigWarning {
+                        file: s.file.clone(),
+                        line: s.line,
+                        section: display_section(s),
+                        key: None,
+                    });
                     continue;
                 }
             };
@@ -305,8 +366,12 @@ impl CloudConf {
         if let Some(s) = self.document.section("blockstorage", None) {
             let mut bs = BlockStorageOptions::default();
             if let Some(e) = s.get("node-volume-attach-limit") {
-                bs.node_volume_attach_limit =
-                    Some(e.value.trim().parse::<i64>().map_err(|_| invalid(s, e, "not an integer".into()))?);
+                bs.node_volume_attach_limit = Some(
+                    e.value
+                        .trim()
+                        .parse::<i64>()
+                        .map_err(|_| invalid(s, e, "not an integer".into()))?,
+                );
             }
             bs.rescan_on_resize = opt_bool(s, "rescan-on-resize")?;
             bs.ignore_volume_az = opt_bool(s, "ignore-volume-az")?;
@@ -319,12 +384,16 @@ impl CloudConf {
                 md.search_order = parse_search_order(&e.value).map_err(|m| invalid(s, e, m))?;
             }
             if let Some(e) = s.get("request-timeout") {
-                md.request_timeout = Some(parse_go_duration(&e.value).map_err(|m| invalid(s, e, m))?);
+                md.request_timeout =
+                    Some(parse_go_duration(&e.value).map_err(|m| invalid(s, e, m))?);
             }
             self.metadata = md;
         }
         if let Some(s) = self.document.section("keymanager", None) {
-            self.key_manager.key_id = s.get("key-id").map(|e| e.value.trim().to_string()).filter(|v| !v.is_empty());
+            self.key_manager.key_id = s
+                .get("key-id")
+                .map(|e| e.value.trim().to_string())
+                .filter(|v| !v.is_empty());
         }
         Ok(())
     }
@@ -332,19 +401,31 @@ impl CloudConf {
     /// Names of the clouds defined by `[Global]` (`""`) and
     /// `[Global "name"]` sections.
     pub fn cloud_names(&self) -> Vec<String> {
-        self.document.sections_named("global").map(|s| s.subsection.clone().unwrap_or_default()).collect()
+        self.document
+            .sections_named("global")
+            .map(|s| s.subsection.clone().unwrap_or_default())
+            .collect()
     }
 
     /// Resolves the credentials of one cloud: `""` is `[Global]`.
     pub fn cloud(&self, name: &str) -> Result<CloudConfig, ConfigError> {
         let sub = if name.is_empty() { None } else { Some(name) };
-        let section = self.document.section("global", sub).ok_or_else(|| ConfigError::UnknownCloud {
-            name: name.to_string(),
-            available: self.cloud_names().into_iter().map(|n| if n.is_empty() { "[Global]".into() } else { n }).collect(),
-        })?;
+        let section =
+            self.document
+                .section("global", sub)
+                .ok_or_else(|| ConfigError::UnknownCloud {
+                    name: name.to_string(),
+                    available: self
+                        .cloud_names()
+                        .into_iter()
+                        .map(|n| if n.is_empty() { "[Global]".into() } else { n })
+                        .collect(),
+                })?;
         let mut inputs = AuthInputs::default();
         if opt_bool(section, "use-clouds")? {
-            let clouds_file = section.get("clouds-file").map(|e| PathBuf::from(e.value.trim()));
+            let clouds_file = section
+                .get("clouds-file")
+                .map(|e| PathBuf::from(e.value.trim()));
             let cloud = section
                 .get("cloud")
                 .map(|e| e.value.clone())
@@ -352,9 +433,12 @@ impl CloudConf {
                 .ok_or_else(|| ConfigError::MissingKey {
                     section: display_section(section),
                     key: "cloud".into(),
-                    hint: Some("use-clouds = true needs the clouds.yaml entry to use, or OS_CLOUD".into()),
+                    hint: Some(
+                        "use-clouds = true needs the clouds.yaml entry to use, or OS_CLOUD".into(),
+                    ),
                 })?;
-            inputs = clouds_yaml::load_cloud(&self.env.clouds_yaml, clouds_file.as_deref(), &cloud)?;
+            inputs =
+                clouds_yaml::load_cloud(&self.env.clouds_yaml, clouds_file.as_deref(), &cloud)?;
         }
         // explicit INI values win over clouds.yaml
         inputs.overlay_ini(section);
@@ -377,19 +461,32 @@ fn display_section(s: &gcfg::Section) -> String {
 }
 
 fn invalid(s: &gcfg::Section, e: &gcfg::Entry, message: String) -> ConfigError {
-    ConfigError::InvalidValue { file: e.file.clone(), line: e.line, section: display_section(s), key: e.key.clone(), message }
+    ConfigError::InvalidValue {
+        file: e.file.clone(),
+        line: e.line,
+        section: display_section(s),
+        key: e.key.clone(),
+        message,
+    }
 }
 
 fn parse_bool(s: &gcfg::Section, e: &gcfg::Entry) -> Result<bool, ConfigError> {
     match e.value.trim().to_ascii_lowercase().as_str() {
         "true" | "yes" | "on" | "1" => Ok(true),
         "false" | "no" | "off" | "0" | "" => Ok(false),
-        other => Err(invalid(s, e, format!("{other:?} is not a boolean (true/false)"))),
+        other => Err(invalid(
+            s,
+            e,
+            format!("{other:?} is not a boolean (true/false)"),
+        )),
     }
 }
 
 fn opt_bool(s: &gcfg::Section, key: &str) -> Result<bool, ConfigError> {
-    s.get(key).map(|e| parse_bool(s, e)).transpose().map(|b| b.unwrap_or(false))
+    s.get(key)
+        .map(|e| parse_bool(s, e))
+        .transpose()
+        .map(|b| b.unwrap_or(false))
 }
 
 fn parse_auth_url(v: &str) -> Result<Url, String> {
@@ -431,10 +528,16 @@ pub fn parse_go_duration(v: &str) -> Result<Duration, String> {
         return Err("empty duration".into());
     }
     while !rest.is_empty() {
-        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(|| format!("{s:?} lacks a unit"))?;
-        let n: f64 = rest[..num_end].parse().map_err(|_| format!("{s:?} is not a duration"))?;
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("{s:?} lacks a unit"))?;
+        let n: f64 = rest[..num_end]
+            .parse()
+            .map_err(|_| format!("{s:?} is not a duration"))?;
         rest = &rest[num_end..];
-        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
         let mult = match &rest[..unit_end] {
             "ns" => 1e-9,
             "us" | "µs" => 1e-6,
@@ -491,10 +594,22 @@ impl AuthInputs {
         set(&mut self.auth_url, get("auth-url"));
         set(&mut self.username, get("username"));
         set(&mut self.user_id, get("user-id"));
-        set(&mut self.project_id, get("tenant-id").or_else(|| get("project-id")));
-        set(&mut self.project_name, get("tenant-name").or_else(|| get("project-name")));
-        set(&mut self.project_domain_id, get("tenant-domain-id").or_else(|| get("project-domain-id")));
-        set(&mut self.project_domain_name, get("tenant-domain-name").or_else(|| get("project-domain-name")));
+        set(
+            &mut self.project_id,
+            get("tenant-id").or_else(|| get("project-id")),
+        );
+        set(
+            &mut self.project_name,
+            get("tenant-name").or_else(|| get("project-name")),
+        );
+        set(
+            &mut self.project_domain_id,
+            get("tenant-domain-id").or_else(|| get("project-domain-id")),
+        );
+        set(
+            &mut self.project_domain_name,
+            get("tenant-domain-name").or_else(|| get("project-domain-name")),
+        );
         set(&mut self.user_domain_id, get("user-domain-id"));
         set(&mut self.user_domain_name, get("user-domain-name"));
         set(&mut self.domain_id, get("domain-id"));
@@ -508,7 +623,10 @@ impl AuthInputs {
         set(&mut self.app_cred_id, get("application-credential-id"));
         set(&mut self.app_cred_name, get("application-credential-name"));
         if let Some(v) = get("tls-insecure") {
-            self.insecure = Some(matches!(v.to_ascii_lowercase().as_str(), "true" | "yes" | "on" | "1"));
+            self.insecure = Some(matches!(
+                v.to_ascii_lowercase().as_str(),
+                "true" | "yes" | "on" | "1"
+            ));
         }
         if let Some(v) = get("password") {
             self.password = Some(SecretString::new(v));
@@ -544,7 +662,10 @@ impl AuthInputs {
             key: key.to_string(),
             message,
         };
-        let auth_url_raw = self.auth_url.clone().ok_or_else(|| missing("auth-url", None))?;
+        let auth_url_raw = self
+            .auth_url
+            .clone()
+            .ok_or_else(|| missing("auth-url", None))?;
         let auth_url = parse_auth_url(&auth_url_raw).map_err(|m| bad("auth-url", m))?;
         let user_domain = self
             .user_domain_id
@@ -557,32 +678,58 @@ impl AuthInputs {
             if let Some(id) = &self.user_id {
                 return Ok(UserRef::Id(id.clone()));
             }
-            let name = self.username.clone().ok_or_else(|| missing("username", Some("or user-id")))?;
+            let name = self
+                .username
+                .clone()
+                .ok_or_else(|| missing("username", Some("or user-id")))?;
             let domain = user_domain.clone().ok_or_else(|| {
-                missing("user-domain-name", Some("a user given by name needs user-domain-name or user-domain-id"))
+                missing(
+                    "user-domain-name",
+                    Some("a user given by name needs user-domain-name or user-domain-id"),
+                )
             })?;
             Ok(UserRef::Name { name, domain })
         };
 
         let auth = if let Some(secret) = self.app_cred_secret.clone() {
             if let Some(id) = &self.app_cred_id {
-                AuthMethod::ApplicationCredentialId { id: id.clone(), secret }
+                AuthMethod::ApplicationCredentialId {
+                    id: id.clone(),
+                    secret,
+                }
             } else if let Some(n) = &self.app_cred_name {
-                AuthMethod::ApplicationCredentialName { name: n.clone(), user: user()?, secret }
+                AuthMethod::ApplicationCredentialName {
+                    name: n.clone(),
+                    user: user()?,
+                    secret,
+                }
             } else {
-                return Err(missing("application-credential-id", Some("or application-credential-name")));
+                return Err(missing(
+                    "application-credential-id",
+                    Some("or application-credential-name"),
+                ));
             }
         } else if self.app_cred_id.is_some() || self.app_cred_name.is_some() {
             return Err(missing("application-credential-secret", None));
         } else if let Some(token) = self.token.clone() {
             AuthMethod::Token { token }
         } else {
-            let password = self.password.clone().ok_or_else(|| missing("password", None))?;
-            AuthMethod::Password { user: user()?, password }
+            let password = self
+                .password
+                .clone()
+                .ok_or_else(|| missing("password", None))?;
+            AuthMethod::Password {
+                user: user()?,
+                password,
+            }
         };
 
         let scope = match (&auth, &self.trust_id) {
-            (AuthMethod::ApplicationCredentialId { .. } | AuthMethod::ApplicationCredentialName { .. }, _) => None,
+            (
+                AuthMethod::ApplicationCredentialId { .. }
+                | AuthMethod::ApplicationCredentialName { .. },
+                _,
+            ) => None,
             (_, Some(trust)) => Some(Scope::Trust(trust.clone())),
             _ => {
                 if let Some(id) = &self.project_id {
@@ -595,28 +742,44 @@ impl AuthInputs {
                         .or_else(|| self.project_domain_name.clone().map(DomainRef::Name))
                         .or_else(|| user_domain.clone())
                         .ok_or_else(|| {
-                            missing("tenant-domain-name", Some("a project given by name needs its domain"))
+                            missing(
+                                "tenant-domain-name",
+                                Some("a project given by name needs its domain"),
+                            )
                         })?;
-                    Some(Scope::Project(ProjectRef::Name { name: pname.clone(), domain }))
+                    Some(Scope::Project(ProjectRef::Name {
+                        name: pname.clone(),
+                        domain,
+                    }))
                 } else {
-                    return Err(missing("tenant-id", Some("or tenant-name: the project to scope the token to")));
+                    return Err(missing(
+                        "tenant-id",
+                        Some("or tenant-name: the project to scope the token to"),
+                    ));
                 }
             }
         };
 
         let interface = match &self.interface {
-            Some(i) => i.parse::<Interface>().map_err(|m| bad("os-endpoint-type", m))?,
+            Some(i) => i
+                .parse::<Interface>()
+                .map_err(|m| bad("os-endpoint-type", m))?,
             None => Interface::Public,
         };
         if self.cert_file.is_some() != self.key_file.is_some() {
             return Err(missing(
-                if self.cert_file.is_some() { "key-file" } else { "cert-file" },
+                if self.cert_file.is_some() {
+                    "key-file"
+                } else {
+                    "cert-file"
+                },
                 Some("a TLS client certificate needs both cert-file and key-file"),
             ));
         }
         let mut endpoint_overrides = BTreeMap::new();
         for (svc, raw) in &self.endpoint_overrides {
-            let url = Url::parse(raw).map_err(|e| bad(&format!("{svc}_endpoint_override"), e.to_string()))?;
+            let url = Url::parse(raw)
+                .map_err(|e| bad(&format!("{svc}_endpoint_override"), e.to_string()))?;
             endpoint_overrides.insert(*svc, url);
         }
         Ok(CloudConfig {
@@ -665,7 +828,10 @@ fn quote(v: &str) -> String {
 
 /// Finds the first existing file among candidates.
 pub(crate) fn first_existing(candidates: &[PathBuf]) -> Option<&Path> {
-    candidates.iter().map(PathBuf::as_path).find(|p| p.is_file())
+    candidates
+        .iter()
+        .map(PathBuf::as_path)
+        .find(|p| p.is_file())
 }
 
 #[cfg(test)]

@@ -5,7 +5,13 @@ use proptest::prelude::*;
 use super::*;
 
 fn conf(text: &str) -> Result<CloudConf, ConfigError> {
-    CloudConf::from_texts(&[(PathBuf::from("/etc/kubernetes/cloud.conf"), text.to_string())], ConfigEnv::default())
+    CloudConf::from_texts(
+        &[(
+            PathBuf::from("/etc/kubernetes/cloud.conf"),
+            text.to_string(),
+        )],
+        ConfigEnv::default(),
+    )
 }
 
 const PASSWORD_CONF: &str = r#"
@@ -47,34 +53,55 @@ fn full_password_and_app_cred_config() {
     assert_eq!(g.auth_url.as_str(), "https://keystone.example.com:5000/v3");
     match &g.auth {
         AuthMethod::Password { user, password } => {
-            assert_eq!(user, &UserRef::Name { name: "csi".into(), domain: DomainRef::Name("Default".into()) });
+            assert_eq!(
+                user,
+                &UserRef::Name {
+                    name: "csi".into(),
+                    domain: DomainRef::Name("Default".into())
+                }
+            );
             assert_eq!(password.expose(), "p@ss;word#1");
         }
         other => panic!("{other:?}"),
     }
     assert_eq!(
         g.scope,
-        Some(Scope::Project(ProjectRef::Name { name: "k8s".into(), domain: DomainRef::Id("default".into()) }))
+        Some(Scope::Project(ProjectRef::Name {
+            name: "k8s".into(),
+            domain: DomainRef::Id("default".into())
+        }))
     );
     assert_eq!(g.interface, Interface::Internal);
     assert_eq!(g.region.as_deref(), Some("RegionOne"));
     assert_eq!(g.tls.ca_file, Some(PathBuf::from("/etc/ssl/ca.pem")));
 
     let two = c.cloud("region-two").unwrap();
-    assert!(matches!(two.auth, AuthMethod::ApplicationCredentialId { ref id, .. } if id == "abc123"));
+    assert!(
+        matches!(two.auth, AuthMethod::ApplicationCredentialId { ref id, .. } if id == "abc123")
+    );
     assert_eq!(two.scope, None);
-    assert_eq!(c.cloud_names(), vec!["".to_string(), "region-two".to_string()]);
+    assert_eq!(
+        c.cloud_names(),
+        vec!["".to_string(), "region-two".to_string()]
+    );
 
     assert_eq!(c.block_storage.node_volume_attach_limit, Some(25));
     assert!(c.block_storage.rescan_on_resize);
-    assert_eq!(c.metadata.search_order, vec![MetadataSource::MetadataService, MetadataSource::ConfigDrive]);
+    assert_eq!(
+        c.metadata.search_order,
+        vec![MetadataSource::MetadataService, MetadataSource::ConfigDrive]
+    );
     assert_eq!(c.metadata.request_timeout, Some(Duration::from_secs(90)));
 }
 
 #[test]
 fn secrets_never_in_debug_output() {
     let c = conf(PASSWORD_CONF).unwrap();
-    let printed = format!("{:?} {:?}", c.cloud("").unwrap(), c.cloud("region-two").unwrap());
+    let printed = format!(
+        "{:?} {:?}",
+        c.cloud("").unwrap(),
+        c.cloud("region-two").unwrap()
+    );
     assert!(!printed.contains("p@ss"), "{printed}");
     assert!(!printed.contains("s3cret"), "{printed}");
 }
@@ -88,14 +115,24 @@ fn error_table() {
         want: &'static str,
     }
     let cases = [
-        Case { name: "missing auth-url", text: "[Global]\nusername=u\npassword=p\n", cloud: "", want: "[Global] lacks auth-url" },
+        Case {
+            name: "missing auth-url",
+            text: "[Global]\nusername=u\npassword=p\n",
+            cloud: "",
+            want: "[Global] lacks auth-url",
+        },
         Case {
             name: "malformed url",
             text: "[Global]\nauth-url = not a url\nusername=u\n",
             cloud: "",
             want: "cloud.conf:2: [Global] auth-url: \"not a url\" is not a URL",
         },
-        Case { name: "ftp url", text: "[Global]\nauth-url = ftp://x/\n", cloud: "", want: "is not an http(s) URL" },
+        Case {
+            name: "ftp url",
+            text: "[Global]\nauth-url = ftp://x/\n",
+            cloud: "",
+            want: "is not an http(s) URL",
+        },
         Case {
             name: "missing password",
             text: "[Global]\nauth-url=http://k/v3\nusername=u\nuser-domain-name=d\ntenant-id=p\n",
@@ -144,24 +181,61 @@ fn error_table() {
             cloud: "",
             want: "\"cloudInit\" is not configDrive or metadataService",
         },
-        Case { name: "bad timeout", text: "[Metadata]\nrequest-timeout = 5 parsecs\n", cloud: "", want: "request-timeout" },
-        Case { name: "unknown cloud", text: "[Global]\nauth-url=http://k/v3\n", cloud: "other", want: "cloud \"other\" is not defined (defined: [Global])" },
-        Case { name: "syntax", text: "[Global]\npassword = \"unterminated\n", cloud: "", want: "cloud.conf:2: unterminated" },
-        Case { name: "cert without key", text: "[Global]\nauth-url=http://k/v3\nuser-id=u\npassword=p\ntenant-id=t\ncert-file=/c.pem\n", cloud: "", want: "lacks key-file" },
+        Case {
+            name: "bad timeout",
+            text: "[Metadata]\nrequest-timeout = 5 parsecs\n",
+            cloud: "",
+            want: "request-timeout",
+        },
+        Case {
+            name: "unknown cloud",
+            text: "[Global]\nauth-url=http://k/v3\n",
+            cloud: "other",
+            want: "cloud \"other\" is not defined (defined: [Global])",
+        },
+        Case {
+            name: "syntax",
+            text: "[Global]\npassword = \"unterminated\n",
+            cloud: "",
+            want: "cloud.conf:2: unterminated",
+        },
+        Case {
+            name: "cert without key",
+            text: "[Global]\nauth-url=http://k/v3\nuser-id=u\npassword=p\ntenant-id=t\ncert-file=/c.pem\n",
+            cloud: "",
+            want: "lacks key-file",
+        },
     ];
     for c in cases {
-        let err = conf(c.text).and_then(|cc| cc.cloud(c.cloud)).expect_err(c.name);
+        let err = conf(c.text)
+            .and_then(|cc| cc.cloud(c.cloud))
+            .expect_err(c.name);
         assert!(err.to_string().contains(c.want), "{}: got {err}", c.name);
     }
 }
 
 #[test]
 fn empty_and_missing_files() {
-    let err = CloudConf::from_texts(&[(PathBuf::from("/x/cloud.conf"), "  \n".into())], ConfigEnv::default()).unwrap_err();
+    let err = CloudConf::from_texts(
+        &[(PathBuf::from("/x/cloud.conf"), "  \n".into())],
+        ConfigEnv::default(),
+    )
+    .unwrap_err();
     assert_eq!(err.to_string(), "/x/cloud.conf is empty");
-    let err = CloudConf::load(&[PathBuf::from("/nonexistent/cloud.conf")], ConfigEnv::default()).unwrap_err();
-    assert!(err.to_string().starts_with("cannot read /nonexistent/cloud.conf:"), "{err}");
-    assert!(matches!(CloudConf::load(&[], ConfigEnv::default()), Err(ConfigError::NoFiles)));
+    let err = CloudConf::load(
+        &[PathBuf::from("/nonexistent/cloud.conf")],
+        ConfigEnv::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("cannot read /nonexistent/cloud.conf:"),
+        "{err}"
+    );
+    assert!(matches!(
+        CloudConf::load(&[], ConfigEnv::default()),
+        Err(ConfigError::NoFiles)
+    ));
 }
 
 #[test]
@@ -171,7 +245,8 @@ fn unknown_keys_and_sections_warn_with_location() {
     assert_eq!(
         w,
         vec![
-            "/etc/kubernetes/cloud.conf:3: unknown key \"bogus-key\" in [Global], ignored".to_string(),
+            "/etc/kubernetes/cloud.conf:3: unknown key \"bogus-key\" in [Global], ignored"
+                .to_string(),
             "/etc/kubernetes/cloud.conf:4: unknown section [Mystery], ignored".to_string(),
         ]
     );
@@ -181,7 +256,10 @@ fn unknown_keys_and_sections_warn_with_location() {
 fn later_files_win() {
     let c = CloudConf::from_texts(
         &[
-            (PathBuf::from("a"), "[Global]\nauth-url=http://a/v3\nuser-id=u\npassword=old\ntenant-id=t\n".into()),
+            (
+                PathBuf::from("a"),
+                "[Global]\nauth-url=http://a/v3\nuser-id=u\npassword=old\ntenant-id=t\n".into(),
+            ),
             (PathBuf::from("b"), "[Global]\npassword=new\n".into()),
         ],
         ConfigEnv::default(),
@@ -195,7 +273,9 @@ fn later_files_win() {
 
 #[test]
 fn trust_and_token_auth() {
-    let c = conf("[Global]\nauth-url=http://k/v3\ntrust-id=T1\ntrustee-id=U9\ntrustee-password=tp\n").unwrap();
+    let c =
+        conf("[Global]\nauth-url=http://k/v3\ntrust-id=T1\ntrustee-id=U9\ntrustee-password=tp\n")
+            .unwrap();
     let t = c.cloud("").unwrap();
     assert_eq!(t.scope, Some(Scope::Trust("T1".into())));
     assert!(matches!(t.auth, AuthMethod::Password { user: UserRef::Id(ref u), .. } if u == "U9"));
@@ -237,19 +317,33 @@ clouds:
 fn clouds_yaml_with_secure_yaml_and_ini_precedence() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "clouds.yaml", CLOUDS_YAML);
-    write(dir.path(), "secure.yaml", "clouds:\n  mycloud:\n    auth:\n      password: from-secure\n");
+    write(
+        dir.path(),
+        "secure.yaml",
+        "clouds:\n  mycloud:\n    auth:\n      password: from-secure\n",
+    );
     let env = ConfigEnv {
-        clouds_yaml: CloudsYamlSearch { dirs: vec![dir.path().to_path_buf()], ..Default::default() },
+        clouds_yaml: CloudsYamlSearch {
+            dirs: vec![dir.path().to_path_buf()],
+            ..Default::default()
+        },
         os_cloud: None,
     };
     let c = CloudConf::from_texts(
-        &[(PathBuf::from("cloud.conf"), "[Global]\nuse-clouds = true\ncloud = mycloud\nregion = IniRegion\n".into())],
+        &[(
+            PathBuf::from("cloud.conf"),
+            "[Global]\nuse-clouds = true\ncloud = mycloud\nregion = IniRegion\n".into(),
+        )],
         env.clone(),
     )
     .unwrap();
     let cfg = c.cloud("").unwrap();
     assert_eq!(cfg.auth_url.as_str(), "http://yaml-keystone:5000/v3");
-    assert_eq!(cfg.region.as_deref(), Some("IniRegion"), "INI wins over clouds.yaml");
+    assert_eq!(
+        cfg.region.as_deref(),
+        Some("IniRegion"),
+        "INI wins over clouds.yaml"
+    );
     assert_eq!(cfg.interface, Interface::Internal);
     assert!(cfg.tls.insecure);
     match &cfg.auth {
@@ -257,32 +351,74 @@ fn clouds_yaml_with_secure_yaml_and_ini_precedence() {
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        cfg.endpoint_overrides.get(&ServiceType::BlockStorage).map(Url::as_str),
+        cfg.endpoint_overrides
+            .get(&ServiceType::BlockStorage)
+            .map(Url::as_str),
         Some("http://cinder.override:8776/v3/p")
     );
 
     // OS_CLOUD selects when `cloud` is absent
-    let env2 = ConfigEnv { os_cloud: Some("other".into()), ..env.clone() };
-    let c = CloudConf::from_texts(&[(PathBuf::from("cloud.conf"), "[Global]\nuse-clouds = true\n".into())], env2).unwrap();
-    assert!(matches!(c.cloud("").unwrap().auth, AuthMethod::ApplicationCredentialId { .. }));
+    let env2 = ConfigEnv {
+        os_cloud: Some("other".into()),
+        ..env.clone()
+    };
+    let c = CloudConf::from_texts(
+        &[(
+            PathBuf::from("cloud.conf"),
+            "[Global]\nuse-clouds = true\n".into(),
+        )],
+        env2,
+    )
+    .unwrap();
+    assert!(matches!(
+        c.cloud("").unwrap().auth,
+        AuthMethod::ApplicationCredentialId { .. }
+    ));
 
     // unknown cloud lists what exists
     let err = clouds_yaml::cloud_from_clouds_yaml(&env, Some("nope")).unwrap_err();
-    assert!(err.to_string().contains("mycloud") && err.to_string().contains("other"), "{err}");
+    assert!(
+        err.to_string().contains("mycloud") && err.to_string().contains("other"),
+        "{err}"
+    );
 }
 
 #[test]
 fn clouds_yaml_search_order_explicit_file_first() {
     let a = tempfile::tempdir().unwrap();
     let b = tempfile::tempdir().unwrap();
-    write(a.path(), "clouds.yaml", "clouds:\n  c:\n    auth: {auth_url: 'http://from-dir/v3', user_id: u, password: p, project_id: x}\n");
-    let explicit = write(b.path(), "mine.yaml", "clouds:\n  c:\n    auth: {auth_url: 'http://explicit/v3', user_id: u, password: p, project_id: x}\n");
-    let search = CloudsYamlSearch { explicit_file: Some(explicit), dirs: vec![a.path().to_path_buf()], ..Default::default() };
-    let env = ConfigEnv { clouds_yaml: search, os_cloud: None };
-    assert_eq!(clouds_yaml::cloud_from_clouds_yaml(&env, Some("c")).unwrap().auth_url.host_str(), Some("explicit"));
+    write(
+        a.path(),
+        "clouds.yaml",
+        "clouds:\n  c:\n    auth: {auth_url: 'http://from-dir/v3', user_id: u, password: p, project_id: x}\n",
+    );
+    let explicit = write(
+        b.path(),
+        "mine.yaml",
+        "clouds:\n  c:\n    auth: {auth_url: 'http://explicit/v3', user_id: u, password: p, project_id: x}\n",
+    );
+    let search = CloudsYamlSearch {
+        explicit_file: Some(explicit),
+        dirs: vec![a.path().to_path_buf()],
+        ..Default::default()
+    };
+    let env = ConfigEnv {
+        clouds_yaml: search,
+        os_cloud: None,
+    };
+    assert_eq!(
+        clouds_yaml::cloud_from_clouds_yaml(&env, Some("c"))
+            .unwrap()
+            .auth_url
+            .host_str(),
+        Some("explicit")
+    );
 
     let env = ConfigEnv {
-        clouds_yaml: CloudsYamlSearch { dirs: vec![b.path().join("none")], ..Default::default() },
+        clouds_yaml: CloudsYamlSearch {
+            dirs: vec![b.path().join("none")],
+            ..Default::default()
+        },
         os_cloud: None,
     };
     let err = clouds_yaml::cloud_from_clouds_yaml(&env, Some("c")).unwrap_err();
@@ -294,7 +430,10 @@ fn malformed_clouds_yaml() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "clouds.yaml", "clouds: [not, a, map]\n");
     let env = ConfigEnv {
-        clouds_yaml: CloudsYamlSearch { dirs: vec![dir.path().to_path_buf()], ..Default::default() },
+        clouds_yaml: CloudsYamlSearch {
+            dirs: vec![dir.path().to_path_buf()],
+            ..Default::default()
+        },
         os_cloud: None,
     };
     let err = clouds_yaml::cloud_from_clouds_yaml(&env, Some("x")).unwrap_err();
@@ -303,15 +442,28 @@ fn malformed_clouds_yaml() {
 
 #[test]
 fn go_durations() {
-    assert_eq!(parse_go_duration("500ms").unwrap(), Duration::from_millis(500));
-    assert_eq!(parse_go_duration("1h2m3s").unwrap(), Duration::from_secs(3723));
+    assert_eq!(
+        parse_go_duration("500ms").unwrap(),
+        Duration::from_millis(500)
+    );
+    assert_eq!(
+        parse_go_duration("1h2m3s").unwrap(),
+        Duration::from_secs(3723)
+    );
     assert!(parse_go_duration("10").is_err());
     assert!(parse_go_duration("").is_err());
 }
 
 #[test]
 fn rendered_cloud_conf_round_trips() {
-    let text = render_cloud_conf("http://127.0.0.1:1/identity/v3", "admin", "pa\"ss;#", "admin", "Default", "RegionOne");
+    let text = render_cloud_conf(
+        "http://127.0.0.1:1/identity/v3",
+        "admin",
+        "pa\"ss;#",
+        "admin",
+        "Default",
+        "RegionOne",
+    );
     let c = conf(&text).unwrap();
     match c.cloud("").unwrap().auth {
         AuthMethod::Password { password, .. } => assert_eq!(password.expose(), "pa\"ss;#"),

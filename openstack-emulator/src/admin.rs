@@ -1,0 +1,336 @@
+//! Knobs, over HTTP (`/_admin/...`) and in-process ([`Control`]): fault
+//! injection, state-transition delays, quotas, token lifetime and
+//! revocation, failing creations, servers, the metadata-service instance,
+//! catalog aliases, Manila's microversion range, and the call log.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::Json;
+use axum::extract::State;
+use axum::routing::{get, post, put};
+use http::{Method, StatusCode};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::state::{CallRecord, Delays, Quotas};
+
+/// What a matching request gets instead of (or before) its answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FaultAction {
+    /// Answer with this status and a service-shaped error body.
+    Status {
+        status: u16,
+        #[serde(default)]
+        message: Option<String>,
+        #[serde(default)]
+        retry_after: Option<u64>,
+    },
+    /// Serve normally after a delay (per-operation latency).
+    Delay { millis: u64 },
+    /// Close the connection without answering.
+    Drop,
+}
+
+/// A fault: requests whose method and path match get `action`, on every
+/// `every_nth` matching call and/or with `probability`, at most `remaining`
+/// times.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FaultRule {
+    #[serde(default)]
+    pub method: Option<String>,
+    /// Substring of the request path, e.g. `/volumes` or `/auth/tokens`.
+    #[serde(default)]
+    pub path_contains: Option<String>,
+    pub action: FaultAction,
+    #[serde(default)]
+    pub every_nth: Option<u32>,
+    #[serde(default)]
+    pub probability: Option<f64>,
+    #[serde(default)]
+    pub remaining: Option<u32>,
+    #[serde(default, skip_deserializing)]
+    pub matched: u64,
+}
+
+impl FaultRule {
+    pub fn new(method: Option<&str>, path_contains: &str, action: FaultAction) -> Self {
+        Self {
+            method: method.map(str::to_string),
+            path_contains: Some(path_contains.to_string()),
+            action,
+            every_nth: None,
+            probability: None,
+            remaining: None,
+            matched: 0,
+        }
+    }
+
+    pub fn times(mut self, n: u32) -> Self {
+        self.remaining = Some(n);
+        self
+    }
+
+    pub fn every_nth(mut self, n: u32) -> Self {
+        self.every_nth = Some(n.max(1));
+        self
+    }
+
+    pub fn probability(mut self, p: f64) -> Self {
+        self.probability = Some(p.clamp(0.0, 1.0));
+        self
+    }
+
+    pub(crate) fn check(&mut self, method: &Method, path: &str) -> Option<FaultAction> {
+        if self.remaining == Some(0) {
+            return None;
+        }
+        if self
+            .method
+            .as_deref()
+            .is_some_and(|m| !m.eq_ignore_ascii_case(method.as_str()))
+        {
+            return None;
+        }
+        if self
+            .path_contains
+            .as_deref()
+            .is_some_and(|p| !path.contains(p))
+        {
+            return None;
+        }
+        self.matched += 1;
+        if let Some(n) = self.every_nth
+            && !self.matched.is_multiple_of(u64::from(n))
+        {
+            return None;
+        }
+        if let Some(p) = self.probability
+            && !rand::rng().random_bool(p)
+        {
+            return None;
+        }
+        if let Some(r) = &mut self.remaining {
+            *r -= 1;
+        }
+        Some(self.action.clone())
+    }
+}
+
+/// In-process handle on the emulator's knobs.
+#[derive(Clone)]
+pub struct Control {
+    pub(crate) state: Arc<AppState>,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Control")
+    }
+}
+
+impl Control {
+    pub fn add_fault(&self, rule: FaultRule) {
+        self.state.world().faults.push(rule);
+    }
+    pub fn clear_faults(&self) {
+        self.state.world().faults.clear();
+    }
+    pub fn set_delays(&self, delays: Delays) {
+        self.state.world().delays = delays;
+    }
+    pub fn set_quotas(&self, quotas: Quotas) {
+        self.state.world().quotas = quotas;
+    }
+    pub fn set_token_lifetime(&self, lifetime: Duration) {
+        self.state.world().token_lifetime = lifetime;
+    }
+    /// Invalidates every issued token: the next request of each client
+    /// gets a 401.
+    pub fn revoke_tokens(&self) {
+        self.state.world().tokens.clear();
+    }
+    /// Expires every issued token now.
+    pub fn expire_tokens(&self) {
+        let now = SystemTime::now();
+        for t in self.state.world().tokens.values_mut() {
+            t.expires = now;
+        }
+    }
+    pub fn issued_tokens(&self) -> usize {
+        self.state.world().tokens.len()
+    }
+    pub fn fail_next_volume_creates(&self, n: u32) {
+        self.state.world().failing_volume_creates = n;
+    }
+    pub fn fail_next_share_creates(&self, n: u32) {
+        self.state.world().failing_share_creates = n;
+    }
+    /// Creates an ACTIVE server in `project` ("admin" or "demo"), returns
+    /// its id.
+    pub fn create_server(
+        &self,
+        project: &str,
+        name: &str,
+        availability_zone: &str,
+    ) -> Option<String> {
+        let mut w = self.state.world();
+        let pid = w
+            .projects
+            .iter()
+            .find(|p| p.name == project || p.id == project)?
+            .id
+            .clone();
+        Some(crate::nova::insert_server(&mut w, &pid, name, availability_zone).id)
+    }
+    pub fn set_metadata_instance(&self, server_id: Option<String>) {
+        self.state.world().metadata_instance = server_id;
+    }
+    /// Catalog types for a service (`block-storage`, `compute`,
+    /// `shared-file-system`, `key-manager`).
+    pub fn set_catalog_types(&self, service: &str, types: &[&str]) {
+        self.state.world().catalog_types.insert(
+            service.to_string(),
+            types.iter().map(|t| t.to_string()).collect(),
+        );
+    }
+    pub fn set_manila_max_microversion(&self, minor: u32) {
+        self.state.world().manila_max_minor = minor;
+    }
+    pub fn calls(&self) -> Vec<CallRecord> {
+        self.state.world().calls.clone()
+    }
+    pub fn clear_calls(&self) {
+        self.state.world().calls.clear();
+    }
+    /// Status of a volume as the emulator holds it.
+    pub fn volume_status(&self, id: &str) -> Option<String> {
+        self.state.world().volumes.get(id).map(|v| v.status.clone())
+    }
+}
+
+pub fn routes() -> axum::Router<Arc<AppState>> {
+    axum::Router::new()
+        .route(
+            "/faults",
+            post(add_fault).delete(clear_faults).get(list_faults),
+        )
+        .route("/delays", put(set_delays).get(get_delays))
+        .route("/quotas", put(set_quotas).get(get_quotas))
+        .route("/tokens", axum::routing::delete(revoke_tokens))
+        .route("/token-lifetime", put(set_token_lifetime))
+        .route("/failures", put(set_failures))
+        .route("/servers", post(create_server))
+        .route("/metadata-instance", put(set_metadata_instance))
+        .route("/catalog", put(set_catalog))
+        .route("/calls", get(calls).delete(clear_calls))
+        .route("/health", get(|| async { "ok" }))
+}
+
+type St = State<Arc<AppState>>;
+
+async fn add_fault(State(s): St, Json(rule): Json<FaultRule>) -> StatusCode {
+    s.world().faults.push(rule);
+    StatusCode::CREATED
+}
+async fn clear_faults(State(s): St) -> StatusCode {
+    s.world().faults.clear();
+    StatusCode::NO_CONTENT
+}
+async fn list_faults(State(s): St) -> Json<Vec<FaultRule>> {
+    Json(s.world().faults.clone())
+}
+async fn set_delays(State(s): St, Json(d): Json<Delays>) -> StatusCode {
+    s.world().delays = d;
+    StatusCode::NO_CONTENT
+}
+async fn get_delays(State(s): St) -> Json<Delays> {
+    Json(s.world().delays.clone())
+}
+async fn set_quotas(State(s): St, Json(q): Json<Quotas>) -> StatusCode {
+    s.world().quotas = q;
+    StatusCode::NO_CONTENT
+}
+async fn get_quotas(State(s): St) -> Json<Quotas> {
+    Json(s.world().quotas.clone())
+}
+async fn revoke_tokens(State(s): St) -> StatusCode {
+    s.world().tokens.clear();
+    StatusCode::NO_CONTENT
+}
+
+#[derive(Deserialize)]
+struct Lifetime {
+    seconds: u64,
+}
+async fn set_token_lifetime(State(s): St, Json(l): Json<Lifetime>) -> StatusCode {
+    s.world().token_lifetime = Duration::from_secs(l.seconds);
+    StatusCode::NO_CONTENT
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Failures {
+    volume_creates: u32,
+    share_creates: u32,
+}
+async fn set_failures(State(s): St, Json(f): Json<Failures>) -> StatusCode {
+    let mut w = s.world();
+    w.failing_volume_creates = f.volume_creates;
+    w.failing_share_creates = f.share_creates;
+    StatusCode::NO_CONTENT
+}
+
+#[derive(Deserialize)]
+struct NewServer {
+    name: String,
+    #[serde(default)]
+    project: Option<String>,
+    #[serde(default)]
+    availability_zone: Option<String>,
+}
+async fn create_server(State(s): St, Json(n): Json<NewServer>) -> (StatusCode, Json<Value>) {
+    let c = Control { state: s.clone() };
+    let az = n.availability_zone.unwrap_or_else(|| {
+        s.availability_zones
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "nova".into())
+    });
+    match c.create_server(n.project.as_deref().unwrap_or("admin"), &n.name, &az) {
+        Some(id) => (StatusCode::CREATED, Json(json!({ "id": id }))),
+        None => (
+            StatusCode::BAD_REQUEST,
+            Json(json!({ "error": "unknown project" })),
+        ),
+    }
+}
+
+#[derive(Deserialize)]
+struct MetadataInstance {
+    server_id: Option<String>,
+}
+async fn set_metadata_instance(State(s): St, Json(m): Json<MetadataInstance>) -> StatusCode {
+    s.world().metadata_instance = m.server_id;
+    StatusCode::NO_CONTENT
+}
+
+#[derive(Deserialize)]
+struct Catalog {
+    service: String,
+    types: Vec<String>,
+}
+async fn set_catalog(State(s): St, Json(c): Json<Catalog>) -> StatusCode {
+    s.world().catalog_types.insert(c.service, c.types);
+    StatusCode::NO_CONTENT
+}
+async fn calls(State(s): St) -> Json<Vec<CallRecord>> {
+    Json(s.world().calls.clone())
+}
+async fn clear_calls(State(s): St) -> StatusCode {
+    s.world().calls.clear();
+    StatusCode::NO_CONTENT
+}

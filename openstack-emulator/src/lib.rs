@@ -1,0 +1,339 @@
+//! An OpenStack emulator: a real HTTP server that keeps state and serves
+//! the API surface the suite uses (Keystone v3, Cinder v3, Nova v2.1,
+//! Manila v2, Barbican v1, the metadata service), moves resources through
+//! the real services' status transitions with configurable delays, and
+//! injects faults on demand. Optionally it plays the hypervisor: attached
+//! volumes appear as loop devices under a by-id directory.
+//!
+//! It is a development and test backend, never a production default.
+
+mod admin;
+mod barbican;
+mod cinder;
+mod errors;
+pub mod hypervisor;
+mod keystone;
+mod manila;
+mod nova;
+mod state;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use http::{HeaderValue, Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tower::ServiceExt;
+use url::Url;
+
+pub use admin::{FaultAction, FaultRule};
+use state::World;
+pub use state::{Delays, Quotas};
+
+/// Users the emulator knows. `admin` has the admin role in project
+/// `admin`; `demo` is a member of project `demo`.
+pub const ADMIN_USER: &str = "admin";
+pub const ADMIN_PASSWORD: &str = "admin-secret";
+pub const MEMBER_USER: &str = "demo";
+pub const MEMBER_PASSWORD: &str = "demo-secret";
+pub const DOMAIN: &str = "Default";
+/// An application credential of the admin user.
+pub const APP_CRED_ID: &str = "emulator-app-cred";
+pub const APP_CRED_NAME: &str = "emulator-app-cred-name";
+pub const APP_CRED_SECRET: &str = "emulator-app-cred-secret";
+
+#[derive(Debug, Clone)]
+pub struct HypervisorConfig {
+    /// Where `virtio-<id[:20]>` links to the loop devices are made.
+    pub by_id_dir: std::path::PathBuf,
+    /// Where the sparse backing files live.
+    pub image_dir: std::path::PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct EmulatorConfig {
+    pub listen: SocketAddr,
+    pub region: String,
+    pub availability_zones: Vec<String>,
+    pub token_lifetime: Duration,
+    pub delays: Delays,
+    pub hypervisor: Option<HypervisorConfig>,
+}
+
+impl Default for EmulatorConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            region: "RegionOne".into(),
+            availability_zones: vec!["nova".into()],
+            token_lifetime: Duration::from_secs(3600),
+            delays: Delays::default(),
+            hypervisor: None,
+        }
+    }
+}
+
+pub(crate) struct AppState {
+    world: Mutex<World>,
+    pub base_url: Url,
+    pub region: String,
+    pub availability_zones: Vec<String>,
+    pub hypervisor: Option<hypervisor::Hypervisor>,
+}
+
+impl AppState {
+    /// The world, even if a handler panicked while holding it.
+    pub fn world(&self) -> MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the world after `delay`, from a background task: how
+    /// resources move from transient to settled states.
+    pub fn after(
+        self: &Arc<Self>,
+        delay: Duration,
+        f: impl FnOnce(&AppState, &mut World) + Send + 'static,
+    ) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let mut w = this.world();
+            f(&this, &mut w);
+        });
+    }
+}
+
+/// A running emulator. Dropping it stops the server; call
+/// [`Emulator::shutdown`] to also wait for the hypervisor clean-up.
+pub struct Emulator {
+    state: Arc<AppState>,
+    url: Url,
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Emulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Emulator")
+            .field("url", &self.url.as_str())
+            .finish()
+    }
+}
+
+impl Emulator {
+    /// Binds, seeds the world and starts serving.
+    pub async fn start(config: EmulatorConfig) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(config.listen).await?;
+        let addr = listener.local_addr()?;
+        let url = Url::parse(&format!("http://{addr}/"))?;
+        let hypervisor = match &config.hypervisor {
+            Some(h) => {
+                let hv = hypervisor::Hypervisor::new(h.by_id_dir.clone(), h.image_dir.clone())?;
+                // an earlier run may have crashed with devices attached
+                hv.cleanup_all();
+                Some(hv)
+            }
+            None => None,
+        };
+        let state = Arc::new(AppState {
+            world: Mutex::new(World::new(&config)),
+            base_url: url.clone(),
+            region: config.region.clone(),
+            availability_zones: config.availability_zones.clone(),
+            hypervisor,
+        });
+        let router = router(state.clone());
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(serve(listener, router, state.clone(), stopped));
+        tracing::info!(%url, "OpenStack emulator listening");
+        Ok(Self {
+            state,
+            url,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    /// `http://127.0.0.1:PORT/`
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+
+    /// The Keystone v3 URL to put in `auth-url`.
+    pub fn auth_url(&self) -> String {
+        format!("{}identity/v3", self.url)
+    }
+
+    /// An upstream-style cloud.conf: `[Global]` is the admin user,
+    /// `[Global "member"]` the non-admin user.
+    pub fn cloud_conf(&self) -> String {
+        let auth = self.auth_url();
+        let region = &self.state.region;
+        format!(
+            "# written by openstack-emulator at {url}\n\
+             [Global]\nauth-url = \"{auth}\"\nusername = \"{ADMIN_USER}\"\npassword = \"{ADMIN_PASSWORD}\"\n\
+             user-domain-name = \"{DOMAIN}\"\ntenant-name = \"admin\"\ntenant-domain-name = \"{DOMAIN}\"\nregion = \"{region}\"\n\n\
+             [Global \"member\"]\nauth-url = \"{auth}\"\nusername = \"{MEMBER_USER}\"\npassword = \"{MEMBER_PASSWORD}\"\n\
+             user-domain-name = \"{DOMAIN}\"\ntenant-name = \"demo\"\ntenant-domain-name = \"{DOMAIN}\"\nregion = \"{region}\"\n\n\
+             [Global \"appcred\"]\nauth-url = \"{auth}\"\napplication-credential-id = \"{APP_CRED_ID}\"\n\
+             application-credential-secret = \"{APP_CRED_SECRET}\"\nregion = \"{region}\"\n",
+            url = self.url
+        )
+    }
+
+    /// A clouds.yaml with clouds `emulator-admin` and `emulator-member`.
+    pub fn clouds_yaml(&self) -> String {
+        let auth = self.auth_url();
+        let region = &self.state.region;
+        let cloud = |name: &str, user: &str, password: &str, project: &str| {
+            format!(
+                "  {name}:\n    auth:\n      auth_url: \"{auth}\"\n      username: \"{user}\"\n      password: \"{password}\"\n      \
+                 project_name: \"{project}\"\n      user_domain_name: \"{DOMAIN}\"\n      project_domain_name: \"{DOMAIN}\"\n    \
+                 region_name: \"{region}\"\n    interface: public\n    identity_api_version: 3\n"
+            )
+        };
+        format!(
+            "clouds:\n{}{}",
+            cloud("emulator-admin", ADMIN_USER, ADMIN_PASSWORD, "admin"),
+            cloud("emulator-member", MEMBER_USER, MEMBER_PASSWORD, "demo")
+        )
+    }
+
+    /// In-process control of the knobs the admin API offers over HTTP.
+    pub fn control(&self) -> Control {
+        Control {
+            state: self.state.clone(),
+        }
+    }
+
+    /// Stops serving and detaches every simulated device.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+        if let Some(hv) = &self.state.hypervisor {
+            hv.cleanup_all();
+        }
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(hv) = &self.state.hypervisor {
+            hv.cleanup_all();
+        }
+    }
+}
+
+pub use admin::Control;
+
+fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .nest("/identity", keystone::routes())
+        .nest("/volume/v3/{project_id}", cinder::routes(state.clone()))
+        .nest("/compute/v2.1", nova::routes(state.clone()))
+        .nest("/share", manila::routes(state.clone()))
+        .nest("/key-manager", barbican::routes())
+        .route(
+            "/openstack/latest/meta_data.json",
+            axum::routing::get(nova::metadata_service),
+        )
+        .nest("/_admin", admin::routes())
+        .fallback(errors::not_found_fallback)
+        .with_state(state)
+}
+
+async fn serve(
+    listener: TcpListener,
+    router: Router,
+    state: Arc<AppState>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+            _ = stopped.changed() => return,
+        };
+        let router = router.clone();
+        let state = state.clone();
+        let mut conn_stopped = stopped.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let router = router.clone();
+                let state = state.clone();
+                async move { handle(router, state, req.map(Body::new)).await }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = conn_stopped.changed() => {}
+            }
+        });
+    }
+}
+
+/// Error that makes hyper drop the connection without answering.
+#[derive(Debug, thiserror::Error)]
+#[error("connection dropped by fault injection")]
+struct DroppedByFault;
+
+async fn handle(
+    router: Router,
+    state: Arc<AppState>,
+    req: Request<Body>,
+) -> Result<Response<Body>, DroppedByFault> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let request_id = format!("req-{}", uuid::Uuid::new_v4());
+    let fault = if path.starts_with("/_admin") {
+        None
+    } else {
+        state.world().match_fault(&method, &path)
+    };
+    let mut response = match fault {
+        Some(FaultAction::Drop) => {
+            state.world().record_call(&method, &path, None);
+            return Err(DroppedByFault);
+        }
+        Some(FaultAction::Delay { millis }) => {
+            tokio::time::sleep(Duration::from_millis(millis)).await;
+            router.oneshot(req).await.unwrap_or_else(|e| match e {})
+        }
+        Some(FaultAction::Status {
+            status,
+            message,
+            retry_after,
+        }) => errors::injected(status, &path, message.as_deref(), retry_after),
+        None => router.oneshot(req).await.unwrap_or_else(|e| match e {}),
+    };
+    if !path.starts_with("/_admin") {
+        state
+            .world()
+            .record_call(&method, &path, Some(response.status().as_u16()));
+    }
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        response
+            .headers_mut()
+            .insert("x-openstack-request-id", v.clone());
+        if path.starts_with("/compute") {
+            response.headers_mut().insert("x-compute-request-id", v);
+        }
+    }
+    Ok(response)
+}

@@ -1,0 +1,494 @@
+//! Nova v2.1: servers, `os-volume_attachments` (which drive Cinder's
+//! attachment state and the simulated hypervisor), flavors, and the
+//! metadata service's `meta_data.json`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use http::StatusCode;
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::errors::{ApiErr, ApiResult, Style};
+use crate::keystone::Ctx;
+use crate::state::{AttachmentRec, Delays, ServerRec, World, new_id};
+
+const S: Style = Style::Compute;
+const MAX_MINOR: u32 = 96;
+
+#[derive(Debug, Clone, Copy)]
+pub struct NovaMv(pub u32);
+
+pub fn routes(_state: Arc<AppState>) -> axum::Router<Arc<AppState>> {
+    axum::Router::new()
+        .route("/servers", post(create_server))
+        .route("/servers/{id}", get(get_server).delete(delete_server))
+        .route(
+            "/servers/{id}/os-volume_attachments",
+            get(list_attachments).post(attach),
+        )
+        .route(
+            "/servers/{id}/os-volume_attachments/{volume_id}",
+            delete(detach),
+        )
+        .route("/flavors", get(flavors))
+        .layer(middleware::from_fn(microversion))
+}
+
+async fn microversion(mut req: Request, next: Next) -> Response {
+    let legacy = req
+        .headers()
+        .get("x-openstack-nova-api-version")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let modern = req
+        .headers()
+        .get("openstack-api-version")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("compute "))
+        .map(str::to_string);
+    let minor = match modern.or(legacy) {
+        None => 1,
+        Some(v) => match v
+            .trim()
+            .strip_prefix("2.")
+            .and_then(|m| m.parse::<u32>().ok())
+        {
+            Some(m) if (1..=MAX_MINOR).contains(&m) => m,
+            _ => {
+                return ApiErr::new(
+                    406,
+                    S,
+                    format!("Version {} is not supported by the API. Minimum is 2.1 and maximum is 2.{MAX_MINOR}.", v.trim()),
+                )
+                .into_response();
+            }
+        },
+    };
+    req.extensions_mut().insert(NovaMv(minor));
+    let mut resp = next.run(req).await;
+    if let Ok(v) = format!("2.{minor}").parse() {
+        resp.headers_mut().insert("x-openstack-nova-api-version", v);
+    }
+    if let Ok(v) = format!("compute 2.{minor}").parse() {
+        resp.headers_mut().insert("openstack-api-version", v);
+    }
+    resp
+}
+
+fn server_json(s: &ServerRec) -> Value {
+    let vols: Vec<Value> = s
+        .volumes
+        .keys()
+        .map(|v| json!({ "id": v, "delete_on_termination": false }))
+        .collect();
+    json!({
+        "id": s.id, "name": s.name, "status": s.status, "tenant_id": s.project_id,
+        "OS-EXT-AZ:availability_zone": s.availability_zone, "OS-EXT-STS:task_state": null,
+        "OS-EXT-STS:vm_state": s.status.to_ascii_lowercase(),
+        "os-extended-volumes:volumes_attached": vols, "addresses": {}, "links": []
+    })
+}
+
+fn visible_server<'a>(w: &'a World, ctx: &Ctx, id: &str) -> ApiResult<&'a ServerRec> {
+    w.servers
+        .get(id)
+        .filter(|s| s.project_id == ctx.project_id || ctx.admin)
+        .ok_or_else(|| ApiErr::not_found(S, format!("Instance {id} could not be found.")))
+}
+
+/// Creates an ACTIVE server (no image service: boot from a bootable volume
+/// or, through the admin API, from nothing at all).
+pub fn insert_server(w: &mut World, project_id: &str, name: &str, az: &str) -> ServerRec {
+    let s = ServerRec {
+        id: new_id(),
+        name: name.to_string(),
+        project_id: project_id.to_string(),
+        status: "ACTIVE".into(),
+        availability_zone: az.to_string(),
+        volumes: BTreeMap::new(),
+    };
+    w.servers.insert(s.id.clone(), s.clone());
+    s
+}
+
+async fn create_server(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    axum::Extension(NovaMv(mv)): axum::Extension<NovaMv>,
+    Json(body): Json<Value>,
+) -> ApiResult<Response> {
+    let spec = body
+        .get("server")
+        .ok_or_else(|| ApiErr::bad(S, "Invalid input for field/attribute server."))?;
+    let name = spec
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiErr::bad(S, "Invalid input for field/attribute name."))?;
+    if spec.get("networks").and_then(Value::as_str) == Some("none") && mv < 37 {
+        return Err(ApiErr::bad(
+            S,
+            "Invalid input for field/attribute networks. Value: none. 'none' is not of type 'array'",
+        ));
+    }
+    let az = spec
+        .get("availability_zone")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| {
+            state
+                .availability_zones
+                .first()
+                .cloned()
+                .unwrap_or_else(|| "nova".into())
+        });
+    if !state.availability_zones.contains(&az) {
+        return Err(ApiErr::bad(
+            S,
+            "The requested availability zone is not available",
+        ));
+    }
+    let mut w = state.world();
+    let boot = spec
+        .pointer("/block_device_mapping_v2/0/uuid")
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
+            ApiErr::bad(
+                S,
+                "Block Device Mapping is Invalid: this emulator boots only from a volume.",
+            )
+        })?
+        .to_string();
+    let vol = w
+        .volumes
+        .get(&boot)
+        .filter(|v| v.project_id == ctx.project_id)
+        .ok_or_else(|| {
+            ApiErr::bad(
+                S,
+                format!("Block Device Mapping is Invalid: failed to get volume {boot}."),
+            )
+        })?;
+    if !vol.bootable || vol.status != "available" {
+        return Err(ApiErr::bad(
+            S,
+            format!(
+                "Block Device Mapping is Invalid: Volume {boot} is not bootable or not available."
+            ),
+        ));
+    }
+    let mut s = insert_server(&mut w, &ctx.project_id, name, &az);
+    let device = "/dev/vda".to_string();
+    if let Some(v) = w.volumes.get_mut(&boot) {
+        v.status = "in-use".into();
+        v.attachments.push(AttachmentRec {
+            attachment_id: new_id(),
+            server_id: s.id.clone(),
+            device: device.clone(),
+        });
+    }
+    s.volumes.insert(boot.clone(), device.clone());
+    if let Some(rec) = w.servers.get_mut(&s.id) {
+        rec.volumes.insert(boot, device);
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "server": { "id": s.id, "links": [], "adminPass": "x" } })),
+    )
+        .into_response())
+}
+
+async fn get_server(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let w = state.world();
+    Ok(Json(
+        json!({ "server": server_json(visible_server(&w, &ctx, &id)?) }),
+    ))
+}
+
+async fn delete_server(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let mut w = state.world();
+    let s = visible_server(&w, &ctx, &id)?.clone();
+    for vol in s.volumes.keys() {
+        let remaining = if let Some(v) = w.volumes.get_mut(vol) {
+            v.attachments.retain(|a| a.server_id != id);
+            v.status = if v.attachments.is_empty() {
+                "available".into()
+            } else {
+                "in-use".into()
+            };
+            v.generation += 1;
+            v.attachments.len()
+        } else {
+            0
+        };
+        if remaining == 0
+            && let Some(hv) = &state.hypervisor
+        {
+            let hv = hv.clone();
+            let vid = vol.clone();
+            tokio::task::spawn_blocking(move || hv.detach(&vid));
+        }
+    }
+    w.servers.remove(&id);
+    if w.metadata_instance.as_deref() == Some(id.as_str()) {
+        w.metadata_instance = None;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn attachment_json(server_id: &str, volume_id: &str, device: &str) -> Value {
+    json!({ "id": volume_id, "volumeId": volume_id, "serverId": server_id, "device": device })
+}
+
+async fn list_attachments(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let w = state.world();
+    let s = visible_server(&w, &ctx, &id)?;
+    let list: Vec<Value> = s
+        .volumes
+        .iter()
+        .map(|(v, d)| attachment_json(&s.id, v, d))
+        .collect();
+    Ok(Json(json!({ "volumeAttachments": list })))
+}
+
+async fn attach(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    axum::Extension(NovaMv(mv)): axum::Extension<NovaMv>,
+    Path(server_id): Path<String>,
+    Json(body): Json<Value>,
+) -> ApiResult<Json<Value>> {
+    let volume_id = body
+        .pointer("/volumeAttachment/volumeId")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiErr::bad(S, "Invalid input for field/attribute volumeAttachment."))?
+        .to_string();
+    let mut w = state.world();
+    visible_server(&w, &ctx, &server_id)?;
+    let vol = w
+        .volumes
+        .get(&volume_id)
+        .filter(|v| v.project_id == ctx.project_id || ctx.admin)
+        .ok_or_else(|| ApiErr::not_found(S, format!("Volume {volume_id} could not be found.")))?
+        .clone();
+    if vol.multiattach && mv < 60 {
+        return Err(ApiErr::bad(
+            S,
+            "Multiattach volumes are only supported starting with compute API version 2.60.",
+        ));
+    }
+    if w.servers
+        .get(&server_id)
+        .is_some_and(|s| s.volumes.contains_key(&volume_id))
+    {
+        return Err(ApiErr::bad(
+            S,
+            format!("Invalid volume: volume {volume_id} already attached"),
+        ));
+    }
+    let ok = vol.status == "available" || (vol.status == "in-use" && vol.multiattach);
+    if !ok {
+        return Err(ApiErr::bad(
+            S,
+            format!(
+                "Invalid volume: volume '{volume_id}' status must be 'available'. Currently in '{}'",
+                vol.status
+            ),
+        ));
+    }
+    let device = w.next_device(&server_id);
+    if let Some(s) = w.servers.get_mut(&server_id) {
+        s.volumes.insert(volume_id.clone(), device.clone());
+    }
+    let was_in_use = vol.status == "in-use";
+    if !was_in_use && let Some(v) = w.volumes.get_mut(&volume_id) {
+        v.status = "reserved".into();
+        v.generation += 1;
+    }
+    let delay = Delays::d(w.delays.volume_attach_ms);
+    drop(w);
+    let st = state.clone();
+    let (sid, vid, dev) = (server_id.clone(), volume_id.clone(), device.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(delay / 2).await;
+        {
+            let mut w = st.world();
+            if let Some(v) = w.volumes.get_mut(&vid)
+                && v.status == "reserved"
+            {
+                v.status = "attaching".into();
+            }
+        }
+        tokio::time::sleep(delay / 2).await;
+        let mut attached_ok = true;
+        if let Some(hv) = &st.hypervisor {
+            let hv = hv.clone();
+            let size = st.world().volumes.get(&vid).map(|v| v.size).unwrap_or(1);
+            let id = vid.clone();
+            match tokio::task::spawn_blocking(move || hv.attach(&id, size)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(volume = %vid, error = %e, "hypervisor could not attach");
+                    attached_ok = false;
+                }
+                Err(e) => {
+                    tracing::error!(volume = %vid, error = %e, "hypervisor task failed");
+                    attached_ok = false;
+                }
+            }
+        }
+        let mut w = st.world();
+        // the server may have been deleted meanwhile
+        let server_alive = w
+            .servers
+            .get(&sid)
+            .is_some_and(|s| s.volumes.contains_key(&vid));
+        if let Some(v) = w.volumes.get_mut(&vid) {
+            if attached_ok && server_alive {
+                v.attachments.push(AttachmentRec {
+                    attachment_id: new_id(),
+                    server_id: sid.clone(),
+                    device: dev,
+                });
+                v.status = "in-use".into();
+            } else {
+                v.status = if v.attachments.is_empty() {
+                    "available".into()
+                } else {
+                    "in-use".into()
+                };
+            }
+            v.generation += 1;
+        }
+        if !attached_ok && let Some(s) = w.servers.get_mut(&sid) {
+            s.volumes.remove(&vid);
+        }
+    });
+    Ok(Json(
+        json!({ "volumeAttachment": attachment_json(&server_id, &volume_id, &device) }),
+    ))
+}
+
+async fn detach(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path((server_id, volume_id)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    let mut w = state.world();
+    let s = visible_server(&w, &ctx, &server_id)?;
+    if !s.volumes.contains_key(&volume_id) {
+        return Err(ApiErr::not_found(
+            S,
+            format!("volume_id not found: {volume_id}"),
+        ));
+    }
+    let status = w
+        .volumes
+        .get(&volume_id)
+        .map(|v| v.status.clone())
+        .unwrap_or_default();
+    if matches!(status.as_str(), "reserved" | "attaching") {
+        return Err(ApiErr::conflict(
+            S,
+            format!("Cannot 'detach_volume' while volume {volume_id} is {status}"),
+        ));
+    }
+    let attached_here = w
+        .volumes
+        .get(&volume_id)
+        .is_some_and(|v| v.attachments.iter().any(|a| a.server_id == server_id));
+    if !attached_here {
+        return Err(ApiErr::conflict(
+            S,
+            format!("Volume {volume_id} is {status} on this instance; retry later"),
+        ));
+    }
+    if let Some(v) = w.volumes.get_mut(&volume_id) {
+        v.status = "detaching".into();
+        v.generation += 1;
+    }
+    let delay = Delays::d(w.delays.volume_detach_ms);
+    drop(w);
+    let st = state.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        let remaining = {
+            let mut w = st.world();
+            if let Some(s) = w.servers.get_mut(&server_id) {
+                s.volumes.remove(&volume_id);
+            }
+            match w.volumes.get_mut(&volume_id) {
+                Some(v) => {
+                    v.attachments.retain(|a| a.server_id != server_id);
+                    v.status = if v.attachments.is_empty() {
+                        "available".into()
+                    } else {
+                        "in-use".into()
+                    };
+                    v.generation += 1;
+                    v.attachments.len()
+                }
+                None => 0,
+            }
+        };
+        if remaining == 0
+            && let Some(hv) = &st.hypervisor
+        {
+            let hv = hv.clone();
+            let _ = tokio::task::spawn_blocking(move || hv.detach(&volume_id)).await;
+        }
+    });
+    Ok(StatusCode::ACCEPTED)
+}
+
+async fn flavors(_ctx: Ctx) -> Json<Value> {
+    Json(json!({ "flavors": [
+        { "id": "1", "name": "m1.tiny", "links": [] },
+        { "id": "2", "name": "m1.small", "links": [] }
+    ]}))
+}
+
+/// `GET /openstack/latest/meta_data.json` for the server chosen with the
+/// admin API (`PUT /_admin/metadata-instance`).
+pub async fn metadata_service(State(state): State<Arc<AppState>>) -> Response {
+    let w = state.world();
+    let Some(s) = w
+        .metadata_instance
+        .as_ref()
+        .and_then(|id| w.servers.get(id))
+    else {
+        return (
+            StatusCode::NOT_FOUND,
+            "no instance is bound to the metadata service",
+        )
+            .into_response();
+    };
+    let devices: Vec<Value> = s
+        .volumes
+        .iter()
+        .enumerate()
+        .map(|(i, (vol, _))| json!({ "type": "disk", "bus": "scsi", "address": format!("0:0:0:{}", i + 1), "serial": vol, "tags": [] }))
+        .collect();
+    Json(json!({
+        "uuid": s.id, "name": s.name, "hostname": s.name, "availability_zone": s.availability_zone,
+        "project_id": s.project_id, "launch_index": 0, "devices": devices, "meta": {}
+    }))
+    .into_response()
+}

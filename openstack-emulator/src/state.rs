@@ -1,0 +1,465 @@
+//! Everything the emulator remembers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime};
+
+use http::Method;
+use serde::{Deserialize, Serialize};
+
+use crate::admin::{FaultAction, FaultRule};
+use crate::{
+    ADMIN_PASSWORD, ADMIN_USER, APP_CRED_ID, APP_CRED_NAME, APP_CRED_SECRET, EmulatorConfig,
+    MEMBER_PASSWORD, MEMBER_USER,
+};
+
+/// How long each transient state lasts.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct Delays {
+    pub volume_create_ms: u64,
+    pub volume_delete_ms: u64,
+    pub volume_attach_ms: u64,
+    pub volume_detach_ms: u64,
+    pub volume_extend_ms: u64,
+    pub volume_retype_ms: u64,
+    pub snapshot_create_ms: u64,
+    pub snapshot_delete_ms: u64,
+    pub share_create_ms: u64,
+    pub share_delete_ms: u64,
+    pub share_resize_ms: u64,
+    pub access_rule_ms: u64,
+    pub share_snapshot_ms: u64,
+    pub order_ms: u64,
+}
+
+impl Default for Delays {
+    fn default() -> Self {
+        Self {
+            volume_create_ms: 50,
+            volume_delete_ms: 50,
+            volume_attach_ms: 100,
+            volume_detach_ms: 100,
+            volume_extend_ms: 50,
+            volume_retype_ms: 50,
+            snapshot_create_ms: 50,
+            snapshot_delete_ms: 50,
+            share_create_ms: 50,
+            share_delete_ms: 50,
+            share_resize_ms: 50,
+            access_rule_ms: 50,
+            share_snapshot_ms: 50,
+            order_ms: 50,
+        }
+    }
+}
+
+impl Delays {
+    pub fn d(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+}
+
+/// Per-project limits; `-1` is unlimited.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct Quotas {
+    pub volumes: i64,
+    pub gigabytes: i64,
+    pub snapshots: i64,
+    pub shares: i64,
+    pub share_gigabytes: i64,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Self {
+            volumes: -1,
+            gigabytes: -1,
+            snapshots: -1,
+            shares: -1,
+            share_gigabytes: -1,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct User {
+    pub id: String,
+    pub name: String,
+    pub password: String,
+    pub project_id: String,
+    pub admin: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct AppCred {
+    pub id: String,
+    pub name: String,
+    pub secret: String,
+    pub user_id: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Project {
+    pub id: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct TokenInfo {
+    pub user_id: String,
+    pub project_id: String,
+    pub admin: bool,
+    pub expires: SystemTime,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AttachmentRec {
+    pub attachment_id: String,
+    pub server_id: String,
+    pub device: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct VolumeRec {
+    pub seq: u64,
+    pub id: String,
+    pub project_id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub status: String,
+    pub size: u64,
+    pub volume_type: String,
+    pub availability_zone: String,
+    pub multiattach: bool,
+    pub bootable: bool,
+    pub attachments: Vec<AttachmentRec>,
+    pub metadata: BTreeMap<String, String>,
+    pub snapshot_id: Option<String>,
+    pub source_volid: Option<String>,
+    pub created_at: String,
+    /// Bumped on every status change, so a stale transition is ignored.
+    pub generation: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct SnapshotRec {
+    pub seq: u64,
+    pub id: String,
+    pub project_id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub status: String,
+    pub size: u64,
+    pub volume_id: String,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct VolumeTypeRec {
+    pub id: String,
+    pub name: String,
+    pub extra_specs: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerRec {
+    pub id: String,
+    pub name: String,
+    pub project_id: String,
+    pub status: String,
+    pub availability_zone: String,
+    /// volume id → device
+    pub volumes: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ShareRec {
+    pub seq: u64,
+    pub id: String,
+    pub project_id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub status: String,
+    pub size: u64,
+    pub protocol: String,
+    pub share_type_id: String,
+    pub share_type_name: String,
+    pub share_network_id: Option<String>,
+    pub availability_zone: String,
+    pub snapshot_id: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: String,
+    pub instance_id: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct AccessRuleRec {
+    pub id: String,
+    pub share_id: String,
+    pub access_type: String,
+    pub access_to: String,
+    pub access_level: String,
+    pub state: String,
+    pub access_key: Option<String>,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ShareSnapshotRec {
+    pub id: String,
+    pub project_id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub share_id: String,
+    pub status: String,
+    pub size: u64,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ShareTypeRec {
+    pub id: String,
+    pub name: String,
+    pub extra_specs: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MessageRec {
+    pub id: String,
+    pub project_id: String,
+    pub resource_id: String,
+    pub action_id: String,
+    pub detail_id: String,
+    pub user_message: String,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct SecretRec {
+    pub id: String,
+    pub project_id: String,
+    pub name: Option<String>,
+    pub payload: Option<Vec<u8>>,
+    pub algorithm: Option<String>,
+    pub bit_length: Option<u32>,
+    pub mode: Option<String>,
+    pub secret_type: String,
+    pub created: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct OrderRec {
+    pub id: String,
+    pub project_id: String,
+    pub status: String,
+    pub secret_id: Option<String>,
+    pub error_reason: Option<String>,
+    pub created: String,
+}
+
+/// One request the emulator saw (for tests that count calls).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CallRecord {
+    pub method: String,
+    pub path: String,
+    /// None when the connection was dropped by a fault.
+    pub status: Option<u16>,
+}
+
+pub struct World {
+    pub seq: u64,
+    pub users: Vec<User>,
+    pub app_creds: Vec<AppCred>,
+    pub projects: Vec<Project>,
+    pub tokens: HashMap<String, TokenInfo>,
+    pub token_lifetime: Duration,
+    pub volumes: BTreeMap<String, VolumeRec>,
+    pub snapshots: BTreeMap<String, SnapshotRec>,
+    pub volume_types: Vec<VolumeTypeRec>,
+    pub servers: BTreeMap<String, ServerRec>,
+    pub shares: BTreeMap<String, ShareRec>,
+    pub access_rules: BTreeMap<String, AccessRuleRec>,
+    pub share_snapshots: BTreeMap<String, ShareSnapshotRec>,
+    pub share_types: Vec<ShareTypeRec>,
+    pub messages: Vec<MessageRec>,
+    pub secrets: BTreeMap<String, SecretRec>,
+    pub orders: BTreeMap<String, OrderRec>,
+    pub quotas: Quotas,
+    pub delays: Delays,
+    pub faults: Vec<FaultRule>,
+    pub calls: Vec<CallRecord>,
+    /// The next N volume creations end in `error`.
+    pub failing_volume_creates: u32,
+    /// The next N share creations end in `error` (with a user message).
+    pub failing_share_creates: u32,
+    /// The server the metadata service answers for.
+    pub metadata_instance: Option<String>,
+    /// Catalog types under which each service is registered.
+    pub catalog_types: BTreeMap<String, Vec<String>>,
+    /// Manila's advertised microversion range.
+    pub manila_max_minor: u32,
+}
+
+pub fn now_iso() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
+}
+
+pub fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+impl World {
+    pub fn new(config: &EmulatorConfig) -> Self {
+        let admin_project = Project {
+            id: "a0000000000000000000000000000001".into(),
+            name: "admin".into(),
+        };
+        let demo_project = Project {
+            id: "d0000000000000000000000000000002".into(),
+            name: "demo".into(),
+        };
+        let users = vec![
+            User {
+                id: "u-admin".into(),
+                name: ADMIN_USER.into(),
+                password: ADMIN_PASSWORD.into(),
+                project_id: admin_project.id.clone(),
+                admin: true,
+            },
+            User {
+                id: "u-demo".into(),
+                name: MEMBER_USER.into(),
+                password: MEMBER_PASSWORD.into(),
+                project_id: demo_project.id.clone(),
+                admin: false,
+            },
+        ];
+        let app_creds = vec![AppCred {
+            id: APP_CRED_ID.into(),
+            name: APP_CRED_NAME.into(),
+            secret: APP_CRED_SECRET.into(),
+            user_id: "u-admin".into(),
+        }];
+        let volume_types = vec![
+            VolumeTypeRec {
+                id: new_id(),
+                name: "__DEFAULT__".into(),
+                extra_specs: BTreeMap::new(),
+            },
+            VolumeTypeRec {
+                id: new_id(),
+                name: "multiattach".into(),
+                extra_specs: [("multiattach".to_string(), "<is> True".to_string())].into(),
+            },
+        ];
+        let share_types = vec![ShareTypeRec {
+            id: new_id(),
+            name: "default".into(),
+            extra_specs: [
+                ("driver_handles_share_servers", "False"),
+                ("snapshot_support", "True"),
+                ("create_share_from_snapshot_support", "True"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        }];
+        let catalog_types = [
+            ("block-storage", vec!["block-storage", "volumev3"]),
+            ("compute", vec!["compute"]),
+            ("shared-file-system", vec!["sharev2"]),
+            ("key-manager", vec!["key-manager"]),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.into_iter().map(str::to_string).collect()))
+        .collect();
+        Self {
+            seq: 0,
+            users,
+            app_creds,
+            projects: vec![admin_project, demo_project],
+            tokens: HashMap::new(),
+            token_lifetime: config.token_lifetime,
+            volumes: BTreeMap::new(),
+            snapshots: BTreeMap::new(),
+            volume_types,
+            servers: BTreeMap::new(),
+            shares: BTreeMap::new(),
+            access_rules: BTreeMap::new(),
+            share_snapshots: BTreeMap::new(),
+            share_types,
+            messages: Vec::new(),
+            secrets: BTreeMap::new(),
+            orders: BTreeMap::new(),
+            quotas: Quotas::default(),
+            delays: config.delays.clone(),
+            faults: Vec::new(),
+            calls: Vec::new(),
+            failing_volume_creates: 0,
+            failing_share_creates: 0,
+            metadata_instance: None,
+            catalog_types,
+            manila_max_minor: 87,
+        }
+    }
+
+    pub fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    pub fn validate_token(&mut self, token: &str) -> Option<TokenInfo> {
+        let now = SystemTime::now();
+        self.tokens.retain(|_, t| t.expires > now);
+        self.tokens.get(token).cloned()
+    }
+
+    pub fn match_fault(&mut self, method: &Method, path: &str) -> Option<FaultAction> {
+        for rule in &mut self.faults {
+            if let Some(a) = rule.check(method, path) {
+                return Some(a);
+            }
+        }
+        self.faults.retain(|r| r.remaining != Some(0));
+        None
+    }
+
+    pub fn record_call(&mut self, method: &Method, path: &str, status: Option<u16>) {
+        // bounded: a long soak must not grow the emulator without limit
+        if self.calls.len() >= 100_000 {
+            self.calls.drain(..50_000);
+        }
+        self.calls.push(CallRecord {
+            method: method.to_string(),
+            path: path.to_string(),
+            status,
+        });
+    }
+
+    pub fn project_volume_usage(&self, project: &str) -> (i64, i64) {
+        let vols = self.volumes.values().filter(|v| v.project_id == project);
+        let count = vols.clone().count() as i64;
+        let gib = vols.map(|v| v.size as i64).sum();
+        (count, gib)
+    }
+
+    /// Server-side check of a server's device names: vdb, vdc, ...
+    pub fn next_device(&self, server_id: &str) -> String {
+        let used: Vec<&String> = self
+            .servers
+            .get(server_id)
+            .map(|s| s.volumes.values().collect())
+            .unwrap_or_default();
+        for c in b'b'..=b'z' {
+            let dev = format!("/dev/vd{}", c as char);
+            if !used.iter().any(|d| **d == dev) {
+                return dev;
+            }
+        }
+        "/dev/vdzz".into()
+    }
+}
