@@ -128,7 +128,9 @@ impl MetadataReader {
             .request_timeout
             .unwrap_or(Duration::from_secs(10));
         // the link-local service must never be reached through a proxy
+        let tls = crate::session::default_tls().map_err(|e| err(e.to_string()))?;
         let client = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
             .no_proxy()
             .timeout(timeout)
             .build()

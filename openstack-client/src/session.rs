@@ -771,6 +771,13 @@ fn join_url(base: &Url, path: &str, query: &[(String, String)]) -> Url {
     u
 }
 
+/// A rustls configuration with the ring provider and the system roots
+/// (reqwest is built without a default provider, so every client must be
+/// given one).
+pub(crate) fn default_tls() -> Result<rustls::ClientConfig> {
+    build_tls(&TlsOptions::default())
+}
+
 fn build_tls(tls: &TlsOptions) -> Result<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())

@@ -240,6 +240,8 @@ fn router(state: Arc<AppState>) -> Router {
         .nest("/identity", keystone::routes())
         .nest("/volume/v3/{project_id}", cinder::routes(state.clone()))
         .nest("/compute/v2.1", nova::routes(state.clone()))
+        .route("/share", axum::routing::get(manila::versions))
+        .route("/share/", axum::routing::get(manila::versions))
         .nest("/share", manila::routes(state.clone()))
         .nest("/key-manager", barbican::routes())
         .route(

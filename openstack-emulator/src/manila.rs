@@ -44,12 +44,10 @@ pub fn routes(state: Arc<AppState>) -> axum::Router<Arc<AppState>> {
         .route("/types", get(list_types))
         .route("/messages", get(list_messages))
         .layer(middleware::from_fn_with_state(state, microversion));
-    axum::Router::new()
-        .route("/", get(versions))
-        .nest("/v2/{project_id}", v2)
+    axum::Router::new().nest("/v2/{project_id}", v2)
 }
 
-async fn versions(State(state): State<Arc<AppState>>) -> Json<Value> {
+pub async fn versions(State(state): State<Arc<AppState>>) -> Json<Value> {
     let max = state.world().manila_max_minor;
     let base = format!("{}share/", state.base_url);
     Json(json!({ "versions": [
