@@ -69,6 +69,8 @@ pub struct MetadataReader {
     pub config_drive_label: String,
     /// Where udev links filesystems by label.
     pub by_label_dir: PathBuf,
+    /// Filesystem types tried, in order, when mounting the config drive.
+    pub config_drive_fstypes: Vec<String>,
 }
 
 impl MetadataReader {
@@ -79,6 +81,7 @@ impl MetadataReader {
                 .unwrap_or_else(|_| unreachable_url()),
             config_drive_label: "config-2".into(),
             by_label_dir: PathBuf::from("/dev/disk/by-label"),
+            config_drive_fstypes: vec!["iso9660".into(), "vfat".into()],
         }
     }
 
@@ -158,7 +161,7 @@ impl MetadataReader {
                 path: std::env::temp_dir(),
                 source,
             })?;
-        mount_read_only(&device, dir.path())?;
+        mount_read_only(&device, dir.path(), &self.config_drive_fstypes)?;
         let path = dir.path().join(META_DATA_PATH);
         let read = std::fs::read(&path);
         let unmounted = nix::mount::umount2(dir.path(), nix::mount::MntFlags::empty());
@@ -209,19 +212,25 @@ fn unreachable_url() -> Url {
     Url::parse("http://127.0.0.1/").expect("static URL")
 }
 
-fn mount_read_only(device: &Path, target: &Path) -> Result<(), MetadataError> {
+fn mount_read_only(device: &Path, target: &Path, fstypes: &[String]) -> Result<(), MetadataError> {
     use nix::mount::{MsFlags, mount};
     let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    let mut last = String::new();
-    for fstype in ["iso9660", "vfat"] {
-        match mount(Some(device), target, Some(fstype), flags, None::<&str>) {
+    let mut tried = Vec::new();
+    for fstype in fstypes {
+        match mount(
+            Some(device),
+            target,
+            Some(fstype.as_str()),
+            flags,
+            None::<&str>,
+        ) {
             Ok(()) => return Ok(()),
-            Err(e) => last = format!("{fstype}: {e}"),
+            Err(e) => tried.push(format!("{fstype}: {e}")),
         }
     }
     Err(MetadataError::Mount {
         device: device.to_path_buf(),
-        message: last,
+        message: tried.join(", "),
     })
 }
 
