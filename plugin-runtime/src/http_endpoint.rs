@@ -1,0 +1,79 @@
+//! The optional HTTP endpoint: `/metrics` (Prometheus text) and
+//! `/healthz`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+
+/// Says whether the plugin is healthy; `Err` carries the reason.
+pub type HealthCheck =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+
+#[derive(Clone)]
+struct HttpState {
+    registry: Arc<Mutex<Registry>>,
+    health: HealthCheck,
+}
+
+async fn metrics(State(s): State<HttpState>) -> impl IntoResponse {
+    let mut body = String::new();
+    let encoded = {
+        let registry = s.registry.lock().unwrap_or_else(|p| p.into_inner());
+        prometheus_client::encoding::text::encode(&mut body, &registry)
+    };
+    match encoded {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        ),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain")],
+            e.to_string(),
+        ),
+    }
+}
+
+async fn healthz(State(s): State<HttpState>) -> impl IntoResponse {
+    match (s.health)().await {
+        Ok(()) => (StatusCode::OK, "ok".to_string()),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason),
+    }
+}
+
+/// Binds `addr` and serves until `shutdown` resolves. Returns the bound
+/// address (port 0 picks one).
+pub async fn serve(
+    addr: SocketAddr,
+    registry: Arc<Mutex<Registry>>,
+    health: HealthCheck,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = axum::Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .with_state(HttpState { registry, health });
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!(error = %e, "the metrics endpoint failed");
+        }
+    });
+    tracing::info!(address = %bound, "serving /metrics and /healthz");
+    Ok((bound, task))
+}

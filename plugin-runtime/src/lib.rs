@@ -1,0 +1,215 @@
+//! What every plugin binary shares: the Unix-socket endpoint, graceful
+//! shutdown, logging, a span and metrics per RPC, and the optional
+//! `/metrics` + `/healthz` HTTP endpoint.
+
+pub mod endpoint;
+pub mod grpc;
+pub mod http_endpoint;
+pub mod logging;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+use tokio_stream::wrappers::UnixListenerStream;
+
+pub use endpoint::{Endpoint, EndpointError};
+pub use grpc::{GrpcMetrics, ObserveLayer};
+pub use http_endpoint::HealthCheck;
+pub use logging::{LogArgs, LogFormat};
+
+/// Default socket mode of the CSI plugins (kubelet and sidecars share a
+/// group); the KMS plugin uses 0600.
+pub const CSI_SOCKET_MODE: u32 = 0o660;
+pub const KMS_SOCKET_MODE: u32 = 0o600;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error("cannot serve /metrics on {addr}: {source}")]
+    Http {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("gRPC server: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+}
+
+/// A plugin's gRPC server on a Unix socket.
+pub struct PluginServer {
+    endpoint: Endpoint,
+    socket_mode: u32,
+    http_endpoint: Option<SocketAddr>,
+    registry: Arc<Mutex<Registry>>,
+    grpc_metrics: GrpcMetrics,
+    health: HealthCheck,
+    grace: Duration,
+    bound_http: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+}
+
+impl std::fmt::Debug for PluginServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginServer")
+            .field("endpoint", &self.endpoint)
+            .field("http_endpoint", &self.http_endpoint)
+            .finish()
+    }
+}
+
+impl PluginServer {
+    pub fn new(endpoint: Endpoint) -> Self {
+        let mut registry = Registry::default();
+        let grpc_metrics = GrpcMetrics::default();
+        grpc_metrics.register(&mut registry);
+        Self {
+            endpoint,
+            socket_mode: CSI_SOCKET_MODE,
+            http_endpoint: None,
+            registry: Arc::new(Mutex::new(registry)),
+            grpc_metrics,
+            health: Arc::new(|| Box::pin(async { Ok(()) })),
+            grace: Duration::from_secs(30),
+            bound_http: None,
+        }
+    }
+
+    pub fn socket_mode(mut self, mode: u32) -> Self {
+        self.socket_mode = mode;
+        self
+    }
+
+    pub fn http_endpoint(mut self, addr: Option<SocketAddr>) -> Self {
+        self.http_endpoint = addr;
+        self
+    }
+
+    /// What `/healthz` reports.
+    pub fn health_check(mut self, health: HealthCheck) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// How long in-flight calls may take to finish after a shutdown signal.
+    pub fn grace_period(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Tells the bound address of the HTTP endpoint once it listens (port 0).
+    pub fn report_http_address(mut self, tx: tokio::sync::oneshot::Sender<SocketAddr>) -> Self {
+        self.bound_http = Some(tx);
+        self
+    }
+
+    /// The registry `/metrics` serves; register more metrics here.
+    pub fn registry(&self) -> Arc<Mutex<Registry>> {
+        self.registry.clone()
+    }
+
+    /// Serves `routes` until `shutdown` resolves: then stops accepting,
+    /// lets in-flight calls finish (up to the grace period) and removes the
+    /// socket.
+    pub async fn serve(
+        mut self,
+        routes: tonic::service::Routes,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), RuntimeError> {
+        let listener = endpoint::bind(&self.endpoint, self.socket_mode)?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let http_task = match self.http_endpoint {
+            Some(addr) => {
+                let mut rx = stop_rx.clone();
+                let (bound, task) = http_endpoint::serve(
+                    addr,
+                    self.registry.clone(),
+                    self.health.clone(),
+                    async move {
+                        let _ = rx.wait_for(|stop| *stop).await;
+                    },
+                )
+                .await
+                .map_err(|source| RuntimeError::Http { addr, source })?;
+                if let Some(tx) = self.bound_http.take() {
+                    let _ = tx.send(bound);
+                }
+                Some(task)
+            }
+            None => None,
+        };
+        tracing::info!(endpoint = %self.endpoint, mode = format!("{:o}", self.socket_mode), "serving gRPC");
+        let mut drain_rx = stop_rx.clone();
+        let server = tonic::transport::Server::builder()
+            .layer(ObserveLayer::new(self.grpc_metrics.clone()))
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                let _ = drain_rx.wait_for(|stop| *stop).await;
+            });
+        tokio::pin!(server);
+        tokio::pin!(shutdown);
+        let result = tokio::select! {
+            r = &mut server => r.map_err(RuntimeError::from),
+            () = &mut shutdown => {
+                tracing::info!(grace_s = self.grace.as_secs(), "shutting down: no new connections, finishing in-flight calls");
+                // the socket goes first, so that nobody connects to a
+                // server that is going away
+                endpoint::remove_socket(&self.endpoint);
+                let _ = stop_tx.send(true);
+                match tokio::time::timeout(self.grace, &mut server).await {
+                    Ok(r) => r.map_err(RuntimeError::from),
+                    Err(_) => {
+                        tracing::warn!("in-flight calls did not finish within the grace period");
+                        Ok(())
+                    }
+                }
+            }
+        };
+        let _ = stop_tx.send(true);
+        endpoint::remove_socket(&self.endpoint);
+        if let Some(t) = http_task {
+            let _ = t.await;
+        }
+        tracing::info!("stopped");
+        result
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot watch SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        () = term => tracing::info!("SIGTERM received"),
+    }
+}
+
+/// A gRPC channel over a Unix socket (tests, the sanity suite, tools).
+pub async fn connect_unix(
+    path: &Path,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let path = path.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+}

@@ -1,0 +1,68 @@
+//! Log set-up shared by the binaries: text or JSON, level by flag or
+//! `RUST_LOG`.
+
+use std::str::FromStr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("log format must be text or json, not {other:?}")),
+        }
+    }
+}
+
+/// Log flags every binary takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogArgs {
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// Log level or filter (e.g. `info`, `debug,hyper=info`); `RUST_LOG`
+    /// is used when this is not given.
+    #[arg(long, env = "LOG_LEVEL")]
+    pub log_level: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid log filter {filter:?}: {message}")]
+pub struct LogError {
+    filter: String,
+    message: String,
+}
+
+/// Installs the global subscriber (logs go to stderr).
+pub fn init(args: &LogArgs) -> Result<(), LogError> {
+    let filter_text = args
+        .log_level
+        .clone()
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .unwrap_or_else(|| "info".to_string());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter_text).map_err(|e| LogError {
+        filter: filter_text.clone(),
+        message: e.to_string(),
+    })?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let result = match args.log_format {
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+    // a second init (tests) keeps the first subscriber
+    let _ = result;
+    Ok(())
+}
