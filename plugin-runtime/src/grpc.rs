@@ -4,6 +4,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -30,6 +32,8 @@ struct MethodLabels {
 /// Per-RPC counters, latency histograms and in-flight gauges.
 #[derive(Clone, Debug)]
 pub struct GrpcMetrics {
+    /// Calls being served right now, all methods: shutdown waits for zero.
+    in_flight_total: Arc<AtomicUsize>,
     calls: Family<CallLabels, Counter>,
     latency: Family<MethodLabels, Histogram, fn() -> Histogram>,
     in_flight: Family<MethodLabels, Gauge>,
@@ -42,6 +46,7 @@ impl Default for GrpcMetrics {
             Histogram::new(exponential_buckets(0.0005, 2.0, 18))
         }
         Self {
+            in_flight_total: Arc::new(AtomicUsize::new(0)),
             calls: Family::default(),
             latency: Family::new_with_constructor(histogram),
             in_flight: Family::default(),
@@ -50,6 +55,11 @@ impl Default for GrpcMetrics {
 }
 
 impl GrpcMetrics {
+    /// How many calls are being served now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight_total.load(Ordering::SeqCst)
+    }
+
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "grpc_server_handled",
@@ -142,6 +152,7 @@ where
             method: method.clone(),
         };
         metrics.in_flight.get_or_create(&labels).inc();
+        let guard = InFlight::new(metrics.in_flight_total.clone());
         let started = Instant::now();
         let fut = {
             let _entered = span.enter();
@@ -150,6 +161,7 @@ where
         Box::pin(
             async move {
                 let result = fut.await;
+                drop(guard);
                 let elapsed = started.elapsed();
                 // tonic sends errors as trailers-only responses, with the
                 // status in the headers; a success carries no grpc-status
@@ -188,5 +200,21 @@ where
             }
             .instrument(span),
         )
+    }
+}
+
+/// Counts a call as in flight until it completes or is dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(counter: Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Self(counter)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -2,6 +2,7 @@
 //! shutdown, logging, a span and metrics per RPC, and the optional
 //! `/metrics` + `/healthz` HTTP endpoint.
 
+pub mod csi_identity;
 pub mod endpoint;
 pub mod grpc;
 pub mod http_endpoint;
@@ -159,10 +160,21 @@ impl PluginServer {
                 // server that is going away
                 endpoint::remove_socket(&self.endpoint);
                 let _ = stop_tx.send(true);
-                match tokio::time::timeout(self.grace, &mut server).await {
-                    Ok(r) => r.map_err(RuntimeError::from),
-                    Err(_) => {
-                        tracing::warn!("in-flight calls did not finish within the grace period");
+                // Wait for calls, not connections: kubelet and the
+                // sidecars keep idle connections open, and a drain that
+                // waited for them would always take the whole grace period.
+                let metrics = self.grpc_metrics.clone();
+                let calls_done = async move {
+                    while metrics.in_flight() > 0 {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                };
+                tokio::select! {
+                    r = &mut server => r.map_err(RuntimeError::from),
+                    done = tokio::time::timeout(self.grace, calls_done) => {
+                        if done.is_err() {
+                            tracing::warn!(in_flight = self.grpc_metrics.in_flight(), "calls still running at the end of the grace period");
+                        }
                         Ok(())
                     }
                 }

@@ -1,0 +1,72 @@
+//! Command-line flags, compatible with the upstream plugin's.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use plugin_runtime::{Endpoint, LogArgs};
+
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "cinder-csi-plugin",
+    version,
+    about = "CSI driver for OpenStack Cinder block volumes"
+)]
+pub struct Options {
+    /// CSI endpoint, e.g. unix:///csi/csi.sock.
+    #[arg(long, env = "CSI_ENDPOINT")]
+    pub endpoint: Endpoint,
+    /// cloud.conf files, merged in order (later wins). Required for the
+    /// controller service.
+    #[arg(long = "cloud-config", env = "CLOUD_CONFIG", value_delimiter = ',')]
+    pub cloud_config: Vec<PathBuf>,
+    /// Clouds (`[Global "name"]` sections) to serve; "" is `[Global]`.
+    #[arg(long = "cloud-name", default_values_t = vec![String::new()])]
+    pub cloud_name: Vec<String>,
+    /// Report availability-zone topology.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub with_topology: bool,
+    /// Extra topology segments for NodeGetInfo, key=value.
+    #[arg(long = "additional-topology", value_parser = parse_key_value)]
+    pub additional_topology: Vec<(String, String)>,
+    /// Cluster id written into volume metadata.
+    #[arg(long, default_value = "")]
+    pub cluster: String,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub provide_controller_service: bool,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub provide_node_service: bool,
+    /// Serve /metrics and /healthz on this address.
+    #[arg(long)]
+    pub http_endpoint: Option<SocketAddr>,
+    /// CSI driver name.
+    #[arg(long, default_value = crate::DEFAULT_DRIVER_NAME)]
+    pub driver_name: String,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not key=value"))?;
+    if k.is_empty() {
+        return Err(format!("{s:?} has an empty key"));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+impl Options {
+    /// Checks that flags fit together.
+    pub fn validate(&self) -> Result<(), String> {
+        plugin_runtime::csi_identity::validate_driver_name(&self.driver_name)?;
+        if !self.provide_controller_service && !self.provide_node_service {
+            return Err("at least one of --provide-controller-service and --provide-node-service must be true".into());
+        }
+        if self.provide_controller_service && self.cloud_config.is_empty() {
+            return Err(
+                "--cloud-config is required when the controller service is provided".into(),
+            );
+        }
+        Ok(())
+    }
+}

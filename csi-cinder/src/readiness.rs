@@ -1,0 +1,83 @@
+//! Readiness: the controller is ready once every configured cloud has
+//! accepted its credentials. Authentication is retried in the background
+//! with backoff, so a plugin started before Keystone is reachable becomes
+//! ready on its own.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openstack_client::Session;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    Starting,
+    Ready,
+    /// The last attempt failed; it is retried.
+    Failing(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    state: Arc<Mutex<State>>,
+}
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self {
+            state: Arc::new(Mutex::new(State::Starting)),
+        }
+    }
+}
+
+impl Readiness {
+    /// Already ready (nothing to wait for).
+    pub fn ready() -> Self {
+        Self {
+            state: Arc::new(Mutex::new(State::Ready)),
+        }
+    }
+
+    pub fn state(&self) -> State {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, s: State) {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = s;
+    }
+
+    /// Authenticates every session, retrying failures with backoff
+    /// (0.5 s doubling to 30 s).
+    pub fn watch_clouds(&self, sessions: Vec<(String, Session)>) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(500);
+            loop {
+                let mut failure = None;
+                for (name, s) in &sessions {
+                    if let Err(e) = s.authenticate().await {
+                        let label = if name.is_empty() {
+                            "[Global]".to_string()
+                        } else {
+                            format!("cloud {name:?}")
+                        };
+                        failure = Some(format!("{label}: {e}"));
+                        break;
+                    }
+                }
+                match failure {
+                    None => {
+                        tracing::info!("every cloud accepted its credentials: ready");
+                        this.set(State::Ready);
+                        return;
+                    }
+                    Some(reason) => {
+                        tracing::warn!(%reason, retry_in_ms = delay.as_millis() as u64, "cloud not reachable yet");
+                        this.set(State::Failing(reason));
+                    }
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        });
+    }
+}

@@ -1,0 +1,238 @@
+//! `cinder-csi-plugin` as a process: flags, configuration errors,
+//! readiness against the emulator, Identity over the socket, SIGTERM.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use openstack_emulator::{Emulator, EmulatorConfig, FaultAction, FaultRule};
+use proto::csi::v1::identity_client::IdentityClient;
+use proto::csi::v1::{GetPluginCapabilitiesRequest, GetPluginInfoRequest, ProbeRequest};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cinder-csi-plugin");
+
+struct Plugin(Child);
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn wait_for(p: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !p.exists() {
+        assert!(Instant::now() < deadline, "{} never appeared", p.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn http_get(port: u16, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    (buf.split_whitespace().nth(1).unwrap().parse().unwrap(), buf)
+}
+
+fn write_conf(dir: &Path, emu: &Emulator) -> PathBuf {
+    let p = dir.join("cloud.conf");
+    std::fs::write(&p, emu.cloud_conf()).unwrap();
+    p
+}
+
+#[tokio::test]
+async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
+    let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    // Keystone refuses the first two connections: the plugin must retry
+    emu.control().add_fault(
+        FaultRule::new(
+            Some("POST"),
+            "/auth/tokens",
+            FaultAction::Status {
+                status: 503,
+                message: None,
+                retry_after: None,
+            },
+        )
+        .times(2),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let conf = write_conf(dir.path(), &emu);
+    let sock = dir.path().join("csi/csi.sock");
+    let port = free_port();
+    let child = Command::new(BIN)
+        .arg(format!("--endpoint=unix://{}", sock.display()))
+        .arg(format!("--cloud-config={}", conf.display()))
+        .arg(format!("--http-endpoint=127.0.0.1:{port}"))
+        .arg("--log-format=json")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut plugin = Plugin(child);
+    wait_for(&sock).await;
+    let mut client = IdentityClient::new(plugin_runtime::connect_unix(&sock).await.unwrap());
+    let info = client
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "cinder.csi.openstack.org");
+    assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
+    let caps = client
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        caps.capabilities.is_empty(),
+        "no service is advertised before it exists"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let ready = client
+            .probe(ProbeRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .ready;
+        if ready == Some(true) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never became ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = http_get(port, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("openstack_api_requests_total{service=\"identity\",request=\"token_issue\",status=\"503\"} 2"), "{body}");
+    assert!(
+        body.contains("grpc_server_handled_total{method=\"/csi.v1.Identity/Probe\",code=\"OK\"}"),
+        "{body}"
+    );
+    assert_eq!(http_get(port, "/healthz").await.0, 200);
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(plugin.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = plugin.0.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!sock.exists(), "the socket is removed on SIGTERM");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(plugin.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(
+        !stderr.contains("admin-secret"),
+        "a password reached the log"
+    );
+    assert!(
+        stderr.lines().all(|l| l.starts_with('{')),
+        "JSON logs: {stderr}"
+    );
+}
+
+#[tokio::test]
+async fn wrong_password_keeps_it_unready_with_a_reason() {
+    let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("cloud.conf");
+    std::fs::write(
+        &conf,
+        emu.cloud_conf().replace("admin-secret", "wrong-password"),
+    )
+    .unwrap();
+    let sock = dir.path().join("csi.sock");
+    let port = free_port();
+    let _plugin = Plugin(
+        Command::new(BIN)
+            .arg(format!("--endpoint={}", sock.display()))
+            .arg(format!("--cloud-config={}", conf.display()))
+            .arg(format!("--http-endpoint=127.0.0.1:{port}"))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(&sock).await;
+    let mut client = IdentityClient::new(plugin_runtime::connect_unix(&sock).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        client
+            .probe(ProbeRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .ready,
+        Some(false)
+    );
+    let (status, body) = http_get(port, "/healthz").await;
+    assert_eq!(status, 503);
+    assert!(body.contains("refused password authentication"), "{body}");
+    assert!(!body.contains("wrong-password"));
+}
+
+fn run_expecting_failure(args: &[&str]) -> String {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    assert!(!out.status.success(), "{args:?} should fail");
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+#[test]
+fn bad_flags_and_configuration_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = format!("--endpoint={}/x.sock", dir.path().display());
+    let err = run_expecting_failure(&[&sock, "--cloud-config=/nonexistent/cloud.conf"]);
+    assert!(err.contains("cannot read /nonexistent/cloud.conf"), "{err}");
+
+    let err = run_expecting_failure(&[&sock]);
+    assert!(err.contains("--cloud-config is required"), "{err}");
+
+    let bad = dir.path().join("bad.conf");
+    std::fs::write(&bad, "[Global]\nauth-url = not-a-url\n").unwrap();
+    let err = run_expecting_failure(&[&sock, &format!("--cloud-config={}", bad.display())]);
+    assert!(
+        err.contains("auth-url") && err.contains("not-a-url"),
+        "{err}"
+    );
+
+    let err = run_expecting_failure(&[
+        &sock,
+        "--provide-controller-service=false",
+        "--provide-node-service=false",
+    ]);
+    assert!(err.contains("at least one of"), "{err}");
+
+    let err = run_expecting_failure(&[
+        &sock,
+        "--provide-controller-service=false",
+        "--driver-name=bad_name",
+    ]);
+    assert!(err.contains("driver name"), "{err}");
+
+    let err = run_expecting_failure(&[
+        "--endpoint=tcp://127.0.0.1:1",
+        "--provide-controller-service=false",
+    ]);
+    assert!(err.contains("only unix sockets"), "{err}");
+
+    let empty = dir.path().join("empty.conf");
+    std::fs::write(&empty, "").unwrap();
+    let err = run_expecting_failure(&[&sock, &format!("--cloud-config={}", empty.display())]);
+    assert!(err.contains("is empty"), "{err}");
+}
