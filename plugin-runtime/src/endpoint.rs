@@ -126,10 +126,10 @@ pub fn bind(endpoint: &Endpoint, mode: u32) -> Result<UnixListener, EndpointErro
 /// Removes the socket if it is still ours (a socket).
 pub fn remove_socket(endpoint: &Endpoint) {
     let path = endpoint.path();
-    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
-        if let Err(e) = std::fs::remove_file(path) {
-            tracing::warn!(socket = %path.display(), error = %e, "cannot remove the socket");
-        }
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
+        && let Err(e) = std::fs::remove_file(path)
+    {
+        tracing::warn!(socket = %path.display(), error = %e, "cannot remove the socket");
     }
 }
 
