@@ -14,7 +14,7 @@ use openstack_client::cinder::{
 use openstack_client::common::{Poll, poll_until};
 use openstack_client::config::{CloudConf, ConfigEnv, MetadataOptions, MetadataSource};
 use openstack_client::manila::{
-    AccessRuleState, CreateShare, GrantAccess, ShareStatus, SharedFileSystems,
+    AccessRule, AccessRuleState, CreateShare, GrantAccess, ShareStatus, SharedFileSystems,
 };
 use openstack_client::metadata::MetadataReader;
 use openstack_client::nova::Compute;
@@ -70,6 +70,44 @@ async fn wait_volume(
                 Poll::Ready(v)
             } else {
                 Poll::Pending(v.status.to_string())
+            })
+        },
+    )
+    .await
+    .unwrap()
+}
+
+async fn wait_share_available(m: &SharedFileSystems, id: &str) {
+    poll_until(
+        "share",
+        soon(),
+        Duration::from_millis(10),
+        Duration::from_millis(50),
+        || async {
+            let sh = m.get_share(id).await?;
+            Ok(if sh.status == ShareStatus::Available {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(sh.status.to_string())
+            })
+        },
+    )
+    .await
+    .unwrap();
+}
+
+async fn wait_rule_active(m: &SharedFileSystems, share: &str, rule: &str) -> AccessRule {
+    poll_until(
+        "rule",
+        soon(),
+        Duration::from_millis(10),
+        Duration::from_millis(50),
+        || async {
+            let r = m.get_access_rule(share, rule).await?;
+            Ok(if r.state == AccessRuleState::Active {
+                Poll::Ready(r)
+            } else {
+                Poll::Pending(r.state.to_string())
             })
         },
     )
@@ -211,22 +249,7 @@ async fn full_flow_keystone_cinder_nova_manila_barbican() {
         })
         .await
         .unwrap();
-    poll_until(
-        "share",
-        soon(),
-        Duration::from_millis(10),
-        Duration::from_millis(50),
-        || async {
-            let sh = manila.get_share(&share.id).await?;
-            Ok(if sh.status == ShareStatus::Available {
-                Poll::Ready(())
-            } else {
-                Poll::Pending(sh.status.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap();
+    wait_share_available(&manila, &share.id).await;
     let exports = manila.list_export_locations(&share.id).await.unwrap();
     assert!(
         exports
@@ -245,22 +268,7 @@ async fn full_flow_keystone_cinder_nova_manila_barbican() {
         .await
         .unwrap();
     assert_eq!(rule.state, AccessRuleState::QueuedToApply);
-    poll_until(
-        "rule",
-        soon(),
-        Duration::from_millis(10),
-        Duration::from_millis(50),
-        || async {
-            let r = manila.get_access_rule(&share.id, &rule.id).await?;
-            Ok(if r.state == AccessRuleState::Active {
-                Poll::Ready(())
-            } else {
-                Poll::Pending(r.state.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap();
+    wait_rule_active(&manila, &share.id, &rule.id).await;
     manila.extend_share(&share.id, 3).await.unwrap();
 
     // Barbican
@@ -487,22 +495,7 @@ async fn application_credentials_and_member_user() {
         })
         .await
         .unwrap();
-    poll_until(
-        "share",
-        soon(),
-        Duration::from_millis(10),
-        Duration::from_millis(50),
-        || async {
-            let sh = m.get_share(&share.id).await?;
-            Ok(if sh.status == ShareStatus::Available {
-                Poll::Ready(())
-            } else {
-                Poll::Pending(sh.status.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap();
+    wait_share_available(&m, &share.id).await;
     let as_member = m.list_export_locations(&share.id).await.unwrap();
     assert!(as_member.iter().all(|e| !e.is_admin_only));
     // the admin sees the member's share (admin context) with the admin-only path
@@ -877,22 +870,7 @@ async fn microversions_are_negotiated_and_honoured() {
         })
         .await
         .unwrap();
-    poll_until(
-        "share",
-        soon(),
-        Duration::from_millis(10),
-        Duration::from_millis(50),
-        || async {
-            let sh = m.get_share(&share.id).await?;
-            Ok(if sh.status == ShareStatus::Available {
-                Poll::Ready(())
-            } else {
-                Poll::Pending(sh.status.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap();
+    wait_share_available(&m, &share.id).await;
     let rule = m
         .grant_access(
             &share.id,
@@ -904,22 +882,7 @@ async fn microversions_are_negotiated_and_honoured() {
         )
         .await
         .unwrap();
-    let active = poll_until(
-        "rule",
-        soon(),
-        Duration::from_millis(10),
-        Duration::from_millis(50),
-        || async {
-            let r = m.get_access_rule(&share.id, &rule.id).await?;
-            Ok(if r.state == AccessRuleState::Active {
-                Poll::Ready(r)
-            } else {
-                Poll::Pending(r.state.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap();
+    let active = wait_rule_active(&m, &share.id, &rule.id).await;
     assert!(
         active.access_key.as_deref().is_some_and(|k| !k.is_empty()),
         "cephx rules get a key"
