@@ -11,6 +11,8 @@ have blkid || need+=(util-linux)
 have mkfs.xfs || need+=(xfsprogs)
 have findmnt || need+=(util-linux)
 have curl || need+=(curl)
+have python3 || need+=(python3)
+python3 -m venv --help >/dev/null 2>&1 || need+=(python3-venv)
 
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then

@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
-# Runs every test of the suite: formatting, lints, then the unit,
-# integration, binary and conformance tests (the root-only ones use real
-# loop devices and mounts, and clean up after themselves).
+# Runs every test of the suite: formatting, lints, the unit, integration,
+# binary and conformance tests against the OpenStack emulator (the
+# root-only ones use real loop devices and mounts, and clean up after
+# themselves), then the contract tests against a real OpenStack brought up
+# on loopback by tests/openstack/cloud.py and taken down again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+cloud_profile=${OS_TEST_CLOUD_PROFILE:-kms}
+log=$(mktemp)
+cloud_started=
+cleanup() {
+  if [[ -n $cloud_started ]]; then
+    python3 tests/openstack/cloud.py down || true
+  fi
+  rm -f "$log"
+}
+trap cleanup EXIT
 
 phase() {
   local name=$1; shift
@@ -16,9 +29,14 @@ phase() {
 phase "prerequisites" bash scripts/install-test-deps.sh
 phase "cargo fmt --check" cargo fmt --all -- --check
 phase "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-phase "cargo test" bash -o pipefail -c 'cargo test --workspace --locked 2>&1 | tee "$0"' "$log"
+phase "cargo test (emulator tier)" bash -o pipefail -c 'cargo test --workspace --locked 2>&1 | tee -a "$0"' "$log"
+
+cloud_started=1
+phase "real OpenStack up ($cloud_profile)" python3 tests/openstack/cloud.py up "$cloud_profile"
+phase "contract tests (real OpenStack)" bash -o pipefail -c \
+  'OPENSTACK_TEST_BACKEND=real cargo test --locked -p openstack-client --test contract 2>&1 | tee -a "$0"' "$log"
+phase "real OpenStack down" python3 tests/openstack/cloud.py down
+cloud_started=
 
 # one closing line for the whole run (cargo ends on per-crate summaries,
 # often a doc-test one with nothing in it)
