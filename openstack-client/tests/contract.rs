@@ -10,7 +10,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use openstack_client::barbican::{CreateSecret, KeyManager};
+use openstack_client::cinder::{
+    BlockStorage, CreateSnapshot, CreateVolume, ListSnapshots, ListVolumes, SnapshotStatus, Volume,
+    VolumeStatus,
+};
+use openstack_client::common::{Poll, poll_until};
 use openstack_client::config::{CloudConf, ConfigEnv};
+use openstack_client::nova::Compute;
 use openstack_client::{Error, ServiceType, Session, SessionOptions};
 use openstack_emulator::{Emulator, EmulatorConfig};
 use zeroize::Zeroizing;
@@ -103,6 +109,91 @@ impl Backend {
         )
         .unwrap()
     }
+}
+
+impl Backend {
+    /// A server of the admin project that volumes can be attached to.
+    fn server(&self) -> String {
+        match self {
+            Backend::Emulator(e) => e
+                .control()
+                .create_server("admin", "contract-node", "nova")
+                .unwrap(),
+            Backend::Real { dir, .. } => std::fs::read_to_string(dir.join("test-server-id"))
+                .unwrap()
+                .trim()
+                .to_string(),
+        }
+    }
+}
+
+async fn wait_volume(c: &BlockStorage, id: &str, want: VolumeStatus) -> Volume {
+    poll_until(
+        "volume",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let v = c.get_volume(id).await?;
+            assert!(!v.status.is_error(), "volume {id} went to {}", v.status);
+            Ok(if v.status == want {
+                Poll::Ready(v)
+            } else {
+                Poll::Pending(v.status.to_string())
+            })
+        },
+    )
+    .await
+    .unwrap()
+}
+
+async fn wait_volume_gone(c: &BlockStorage, id: &str) {
+    poll_until(
+        "volume delete",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            match c.get_volume(id).await {
+                Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
+                Err(e) => Err(e),
+                Ok(v) => Ok(Poll::Pending(v.status.to_string())),
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+async fn wait_snapshot(c: &BlockStorage, id: &str) {
+    poll_until(
+        "snapshot",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let s = c.get_snapshot(id).await?;
+            Ok(if s.status == SnapshotStatus::Available {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(s.status.to_string())
+            })
+        },
+    )
+    .await
+    .unwrap();
+}
+
+async fn new_volume(c: &BlockStorage, name: &str, size: u64) -> Volume {
+    let v = c
+        .create_volume(&CreateVolume {
+            name: name.into(),
+            size_gib: size,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_volume(c, &v.id, VolumeStatus::Available).await
 }
 
 fn unique(prefix: &str) -> String {
@@ -289,4 +380,449 @@ async fn barbican_refuses_bad_input_clearly() {
         b.name()
     );
     km.delete_secret(&id).await.unwrap();
+}
+
+#[tokio::test]
+async fn cinder_volume_lifecycle_listing_and_errors() {
+    let b = Backend::new().await;
+    if !b.has("cinder", "cinder_volume_lifecycle_listing_and_errors") {
+        return;
+    }
+    let c = BlockStorage::new(b.session(User::Admin));
+    let name = unique("contract-vol");
+    let metadata: std::collections::BTreeMap<String, String> = [(
+        "cinder.csi.openstack.org/cluster".to_string(),
+        "contract".to_string(),
+    )]
+    .into();
+    let created = c
+        .create_volume(&CreateVolume {
+            name: name.clone(),
+            size_gib: 1,
+            metadata: metadata.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert_eq!(created.status, VolumeStatus::Creating, "{}", b.name());
+    let v = wait_volume(&c, &created.id, VolumeStatus::Available).await;
+    assert_eq!(v.name, name);
+    assert_eq!(v.size, 1);
+    assert_eq!(v.availability_zone, "nova");
+    assert!(!v.multiattach);
+    assert!(v.attachments.is_empty());
+    assert_eq!(
+        v.metadata
+            .get("cinder.csi.openstack.org/cluster")
+            .map(String::as_str),
+        Some("contract")
+    );
+    let named = c.volumes_named(&name).await.unwrap();
+    assert_eq!(
+        named.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(),
+        vec![v.id.as_str()],
+        "{}",
+        b.name()
+    );
+
+    // metadata merges
+    c.update_volume_metadata(&v.id, &[("extra".to_string(), "1".to_string())].into())
+        .await
+        .unwrap();
+    let md = c.get_volume_metadata(&v.id).await.unwrap();
+    assert_eq!(md.len(), 2, "{}: {md:?}", b.name());
+
+    // offline extend
+    c.extend_volume(&v.id, 2, false).await.unwrap();
+    poll_until(
+        "extend",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let x = c.get_volume(&v.id).await?;
+            Ok(if x.size == 2 && x.status == VolumeStatus::Available {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(x.status.to_string())
+            })
+        },
+    )
+    .await
+    .unwrap();
+    let err = c.extend_volume(&v.id, 1, false).await.unwrap_err();
+    assert!(
+        matches!(err, Error::BadRequest(_)),
+        "{}: shrinking: {err}",
+        b.name()
+    );
+
+    // types and limits
+    let types = c.list_volume_types().await.unwrap();
+    assert!(
+        types
+            .iter()
+            .any(|t| t.name == "multiattach" && t.multiattach()),
+        "{}: {types:?}",
+        b.name()
+    );
+    assert!(
+        types.iter().any(|t| t.name == "__DEFAULT__"),
+        "{}: {types:?}",
+        b.name()
+    );
+    assert_eq!(
+        c.get_volume_type("multiattach").await.unwrap().name,
+        "multiattach"
+    );
+    let limits = c.absolute_limits().await.unwrap();
+    assert!(limits.total_volumes_used >= 1, "{}: {limits:?}", b.name());
+
+    // errors
+    let err = c
+        .get_volume("00000000-0000-0000-0000-000000000000")
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{}: {err}", b.name());
+    assert!(
+        err.to_string().contains("could not be found"),
+        "{}: {err}",
+        b.name()
+    );
+    let err = c
+        .create_volume(&CreateVolume {
+            name: "bad".into(),
+            size_gib: 1,
+            volume_type: Some("no-such-type".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        err.is_not_found() || matches!(err, Error::BadRequest(_)),
+        "{}: {err}",
+        b.name()
+    );
+    let err = c
+        .create_volume(&CreateVolume {
+            name: "bad".into(),
+            size_gib: 1,
+            availability_zone: Some("mars".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+
+    c.delete_volume(&v.id).await.unwrap();
+    wait_volume_gone(&c, &v.id).await;
+    let err = c.delete_volume(&v.id).await.unwrap_err();
+    assert!(err.is_not_found(), "{}: {err}", b.name());
+}
+
+#[tokio::test]
+async fn cinder_marker_pagination() {
+    let b = Backend::new().await;
+    if !b.has("cinder", "cinder_marker_pagination") {
+        return;
+    }
+    let c = BlockStorage::new(b.session(User::Member));
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(
+            new_volume(&c, &unique(&format!("contract-page{i}")), 1)
+                .await
+                .id,
+        );
+    }
+    let mut seen = Vec::new();
+    let mut marker = None;
+    for _ in 0..100 {
+        let page = c
+            .list_volumes(&ListVolumes {
+                limit: Some(2),
+                marker: marker.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(page.items.len() <= 2);
+        seen.extend(page.items.into_iter().map(|v| v.id));
+        match page.next_marker {
+            Some(m) => marker = Some(m),
+            None => break,
+        }
+    }
+    for id in &ids {
+        assert!(
+            seen.contains(id),
+            "{}: {id} missing from the paged listing",
+            b.name()
+        );
+    }
+    let err = c
+        .list_volumes(&ListVolumes {
+            marker: Some("00000000-0000-0000-0000-00000000dead".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::BadRequest(_) | Error::NotFound(_)),
+        "{}: unknown marker: {err}",
+        b.name()
+    );
+    for id in ids {
+        c.delete_volume(&id).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn cinder_snapshots_and_restore() {
+    let b = Backend::new().await;
+    if !b.has("cinder", "cinder_snapshots_and_restore") {
+        return;
+    }
+    let c = BlockStorage::new(b.session(User::Admin));
+    let v = new_volume(&c, &unique("contract-snapsrc"), 1).await;
+    let name = unique("contract-snap");
+    let snap = c
+        .create_snapshot(&CreateSnapshot {
+            volume_id: v.id.clone(),
+            name: name.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert_eq!(snap.volume_id, v.id);
+    wait_snapshot(&c, &snap.id).await;
+    let by_name = c
+        .list_snapshots(&ListSnapshots {
+            name: Some(name.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_name.items.len(), 1, "{}", b.name());
+    let by_volume = c
+        .list_snapshots(&ListSnapshots {
+            volume_id: Some(v.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_volume.items.len(), 1, "{}", b.name());
+    assert_eq!(by_volume.items[0].size, 1);
+
+    // a volume with a snapshot cannot be deleted
+    let err = c.delete_volume(&v.id).await.unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+
+    // restore, larger than the snapshot
+    let restored = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-restored"),
+            size_gib: 2,
+            snapshot_id: Some(snap.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let restored = wait_volume(&c, &restored.id, VolumeStatus::Available).await;
+    assert_eq!(restored.snapshot_id.as_deref(), Some(snap.id.as_str()));
+    assert_eq!(restored.size, 2);
+    // smaller than the snapshot: refused
+    let err = c
+        .create_volume(&CreateVolume {
+            name: "small".into(),
+            size_gib: 0,
+            snapshot_id: Some(snap.id.clone()),
+            ..Default::default()
+        })
+        .await;
+    if let Err(e) = &err {
+        assert!(matches!(e, Error::BadRequest(_)), "{}: {e}", b.name());
+    }
+    // clone
+    let clone = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-clone"),
+            size_gib: 1,
+            source_volume_id: Some(v.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let clone = wait_volume(&c, &clone.id, VolumeStatus::Available).await;
+    assert_eq!(clone.source_volid.as_deref(), Some(v.id.as_str()));
+
+    for id in [&restored.id, &clone.id] {
+        c.delete_volume(id).await.unwrap();
+        wait_volume_gone(&c, id).await;
+    }
+    c.delete_snapshot(&snap.id).await.unwrap();
+    poll_until(
+        "snapshot delete",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            match c.get_snapshot(&snap.id).await {
+                Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
+                Err(e) => Err(e),
+                Ok(s) => Ok(Poll::Pending(s.status.to_string())),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    c.delete_volume(&v.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn nova_attach_extend_detach() {
+    let b = Backend::new().await;
+    if !b.has("nova", "nova_attach_extend_detach") {
+        return;
+    }
+    let s = b.session(User::Admin);
+    let c = BlockStorage::new(s.clone());
+    let nova = Compute::new(s.clone());
+    let server = b.server();
+    let srv = nova
+        .get_server(&server)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert_eq!(srv.id, server);
+    assert_eq!(
+        srv.availability_zone.as_deref(),
+        Some("nova"),
+        "{}",
+        b.name()
+    );
+
+    let v = new_volume(&c, &unique("contract-attach"), 1).await;
+    let att = nova
+        .attach_volume(&server, &v.id, false)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert_eq!(att.volume_id, v.id);
+    let attached = wait_volume(&c, &v.id, VolumeStatus::InUse).await;
+    assert_eq!(
+        attached.attached_servers().collect::<Vec<_>>(),
+        vec![server.as_str()],
+        "{}",
+        b.name()
+    );
+    assert!(attached.attachments[0].attachment_id.is_some());
+    let listed = nova.list_volume_attachments(&server).await.unwrap();
+    assert!(
+        listed.iter().any(|a| a.volume_id == v.id),
+        "{}: {listed:?}",
+        b.name()
+    );
+
+    // attached twice to the same server: refused
+    let err = nova.attach_volume(&server, &v.id, false).await.unwrap_err();
+    assert!(
+        matches!(err, Error::BadRequest(_) | Error::Conflict(_)),
+        "{}: {err}",
+        b.name()
+    );
+    // deleting an attached volume: refused
+    let err = c.delete_volume(&v.id).await.unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+    // snapshot of an attached volume needs force
+    let err = c
+        .create_snapshot(&CreateSnapshot {
+            volume_id: v.id.clone(),
+            name: "no-force".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+    let forced = c
+        .create_snapshot(&CreateSnapshot {
+            volume_id: v.id.clone(),
+            name: unique("forced"),
+            force: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_snapshot(&c, &forced.id).await;
+    c.delete_snapshot(&forced.id).await.unwrap();
+
+    // online extend (3.42)
+    c.extend_volume(&v.id, 2, true)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    poll_until(
+        "online extend",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let x = c.get_volume(&v.id).await?;
+            Ok(if x.size == 2 && x.status == VolumeStatus::InUse {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(x.status.to_string())
+            })
+        },
+    )
+    .await
+    .unwrap();
+
+    nova.detach_volume(&server, &v.id).await.unwrap();
+    let detached = wait_volume(&c, &v.id, VolumeStatus::Available).await;
+    assert!(detached.attachments.is_empty());
+    // detaching again: the attachment is gone
+    let err = nova.detach_volume(&server, &v.id).await.unwrap_err();
+    assert!(err.is_not_found(), "{}: {err}", b.name());
+    let err = nova
+        .get_server("00000000-0000-0000-0000-000000000000")
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{}: {err}", b.name());
+    c.delete_volume(&v.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn nova_multiattach_needs_2_60() {
+    let b = Backend::new().await;
+    if !b.has("nova", "nova_multiattach_needs_2_60") {
+        return;
+    }
+    let s = b.session(User::Admin);
+    let c = BlockStorage::new(s.clone());
+    let nova = Compute::new(s.clone());
+    let server = b.server();
+    let v = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-multi"),
+            size_gib: 1,
+            volume_type: Some("multiattach".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let v = wait_volume(&c, &v.id, VolumeStatus::Available).await;
+    assert!(
+        v.multiattach,
+        "{}: the multiattach type makes multiattach volumes",
+        b.name()
+    );
+    let err = nova.attach_volume(&server, &v.id, false).await.unwrap_err();
+    assert!(
+        matches!(err, Error::BadRequest(_)) && err.to_string().contains("2.60"),
+        "{}: {err}",
+        b.name()
+    );
+    nova.attach_volume(&server, &v.id, true).await.unwrap();
+    wait_volume(&c, &v.id, VolumeStatus::InUse).await;
+    nova.detach_volume(&server, &v.id).await.unwrap();
+    wait_volume(&c, &v.id, VolumeStatus::Available).await;
+    c.delete_volume(&v.id).await.unwrap();
 }

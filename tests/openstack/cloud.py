@@ -53,6 +53,8 @@ PORTS = {
     "epmd": PORT_BASE + 369,
 }
 
+# OS_TEST_CLOUD_DEBUG=1 turns on the services' debug logging
+DEBUG_LINE = "debug = true\n" if os.environ.get("OS_TEST_CLOUD_DEBUG") else ""
 ADMIN_PASSWORD = "admin-secret"
 MEMBER_PASSWORD = "demo-secret"
 SERVICE_PASSWORD = "service-secret"
@@ -123,19 +125,27 @@ def http(method, url, body=None, headers=None, timeout=10):
         return e.code, dict(e.headers), parsed
 
 
-def wait_until(what, check, timeout, log_file=None):
+def wait_until(what, check, timeout, log_file=None, process=None):
+    """Waits for `check`; fails at once, with the log tail, if `process`
+    (default: the service named `what`, when it is one we started) died."""
+    process = process or (what if pid_file(what).exists() else None)
     deadline = time.time() + timeout
+    reason = f"did not come up within {timeout}s"
     while time.time() < deadline:
         try:
             if check():
                 return
         except Exception:
             pass
+        if process and not process_alive(process):
+            reason = "exited while starting"
+            break
         time.sleep(0.25)
+    log_file = log_file or STATE / "logs" / f"{what}.log"
     tail = ""
-    if log_file and Path(log_file).exists():
+    if Path(log_file).exists():
         tail = "\n".join(Path(log_file).read_text(errors="replace").splitlines()[-40:])
-    raise CloudError(f"{what} did not come up within {timeout}s; log tail:\n{tail}")
+    raise CloudError(f"{what} {reason}; log tail ({log_file}):\n{tail}")
 
 
 # ------------------------------------------------------------ processes
@@ -159,6 +169,7 @@ def process_alive(name):
 
 def start(name, cmd, env=None, cwd=None):
     """Starts a service in its own process group and records its PID."""
+    cwd = cwd or str(STATE)
     if process_alive(name):
         return
     (STATE / "pids").mkdir(parents=True, exist_ok=True)
@@ -171,6 +182,7 @@ def start(name, cmd, env=None, cwd=None):
         env=full_env, cwd=cwd, start_new_session=True,
     )
     pid_file(name).write_text(str(proc.pid))
+    (STATE / "pids" / f"{name}.started").write_text(str(time.time()))
     log(f"started {name} (pid {proc.pid})")
 
 
@@ -201,6 +213,7 @@ def stop(name, grace=15):
         except ProcessLookupError:
             pass
     p.unlink(missing_ok=True)
+    (STATE / "pids" / f"{name}.started").unlink(missing_ok=True)
     log(f"stopped {name}")
 
 
@@ -437,6 +450,446 @@ application = deploy.loadapp("config:{paste}")
     wait_until("barbican", lambda: http("GET", url + "/")[0] in (200, 300), 90, STATE / "logs" / "barbican.log")
 
 
+# ------------------------------------------------- MariaDB and RabbitMQ
+
+DB_USER = "openstack"
+DB_PASSWORD = "db-secret"
+DATABASES = {"cinder": ["cinder"], "nova": ["nova_api", "nova", "nova_cell0", "placement"], "manila": ["manila"]}
+
+
+def db_url(name):
+    return f"mysql+pymysql://{DB_USER}:{DB_PASSWORD}@{HOST}:{PORTS['mariadb']}/{name}?charset=utf8"
+
+
+def ensure_debian_packages(packages):
+    missing = [p for p in packages if subprocess.run(["dpkg-query", "-W", "-f=${Status}", p], capture_output=True,
+                                                    text=True).stdout.strip() != "install ok installed"]
+    if not missing:
+        return
+    log(f"apt-get install {' '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update", "-qq"], env=env, timeout=600)
+    run(["apt-get", "install", "-y", "-qq", "--no-upgrade", *missing], env=env, timeout=1200)
+
+
+def setup_mariadb(services):
+    d = STATE / "mariadb"
+    data = d / "data"
+    sock = d / "mysqld.sock"
+    if not (data / "mysql").exists():
+        d.mkdir(parents=True, exist_ok=True)
+        run(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
+             "--auth-root-authentication-method=socket", "--skip-test-db"])
+    start("mariadb", ["/usr/sbin/mariadbd", "--no-defaults", f"--datadir={data}", f"--socket={sock}",
+                      f"--port={PORTS['mariadb']}", f"--bind-address={HOST}", "--user=root",
+                      f"--pid-file={d}/mariadbd.pid", "--innodb-flush-log-at-trx-commit=0", "--innodb-doublewrite=0",
+                      "--skip-log-bin", "--max-connections=500", f"--log-error={STATE}/logs/mariadb-error.log"])
+    wait_until("mariadb", lambda: sock.exists() and port_open(PORTS["mariadb"]), 60, STATE / "logs" / "mariadb-error.log")
+    stmts = [f"CREATE USER IF NOT EXISTS '{DB_USER}'@'{HOST}' IDENTIFIED BY '{DB_PASSWORD}';"]
+    for svc in services:
+        for db in DATABASES.get(svc, []):
+            stmts.append(f"CREATE DATABASE IF NOT EXISTS {db} CHARACTER SET utf8mb4;")
+            stmts.append(f"GRANT ALL PRIVILEGES ON {db}.* TO '{DB_USER}'@'{HOST}';")
+    run(["mariadb", f"--socket={sock}", "-uroot", "-e", " ".join(stmts)])
+
+
+def rabbit_url():
+    return f"rabbit://guest:guest@{HOST}:{PORTS['rabbitmq']}/"
+
+
+def setup_rabbitmq():
+    d = STATE / "rabbitmq"
+    home = d / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    (d / "enabled_plugins").write_text("[].\n")
+    env = {
+        "HOME": str(home),
+        "ERL_EPMD_PORT": str(PORTS["epmd"]),
+        "ERL_EPMD_ADDRESS": HOST,
+        "RABBITMQ_NODENAME": "rabbit-test@localhost",
+        "RABBITMQ_NODE_IP_ADDRESS": HOST,
+        "RABBITMQ_NODE_PORT": str(PORTS["rabbitmq"]),
+        "RABBITMQ_DIST_PORT": str(PORTS["rabbitmq"] + 1),
+        "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+        "RABBITMQ_LOG_BASE": str(STATE / "logs" / "rabbitmq"),
+        "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+        "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq"),
+        "RABBITMQ_PID_FILE": str(d / "rabbitmq.pid"),
+        "RABBITMQ_FEATURE_FLAGS_FILE": str(d / "feature_flags"),
+        "RABBITMQ_QUORUM_DIR": str(d / "quorum"),
+        "RABBITMQ_STREAM_DIR": str(d / "stream"),
+        "ERL_CRASH_DUMP": str(STATE / "logs" / "erl_crash.dump"),
+    }
+    (d / "rabbitmq.conf").write_text("loopback_users.guest = false\nlisteners.tcp.default = 127.0.0.1:%d\n"
+                                     % PORTS["rabbitmq"])
+    # our own epmd, in the foreground, so that `down` can end it
+    start("epmd", ["epmd", "-port", str(PORTS["epmd"]), "-address", HOST], env=env)
+    wait_until("epmd", lambda: port_open(PORTS["epmd"]), 20)
+    # /usr/sbin/rabbitmq-server switches to the rabbitmq user, who cannot
+    # write our state directory: run the script it wraps, as ourselves
+    start("rabbitmq", ["/usr/lib/rabbitmq/bin/rabbitmq-server"], env=env)
+    wait_until("rabbitmq", lambda: port_open(PORTS["rabbitmq"]), 90, STATE / "logs" / "rabbitmq.log")
+
+
+# ------------------------------------------------------ network stub
+
+NEUTRON_STUB = r"""
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Stub(BaseHTTPRequestHandler):
+    # Nova asks the network service about ports and networks even for
+    # servers with networks "none": every list is empty
+    def _send(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        path = self.path.split("?")[0].rstrip("/")
+        parts = [p for p in path.split("/") if p]
+        if not parts:
+            return self._send(200, {"versions": [{"id": "v2.0", "status": "CURRENT", "links": []}]})
+        if parts[0] == "v2.0" and len(parts) == 2:
+            name = parts[1].replace(".json", "")
+            return self._send(200, {name: []})
+        return self._send(404, {"NeutronError": {"type": "NotFound", "message": "not found", "detail": ""}})
+
+    def do_DELETE(self):
+        self._send(204, {})
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Stub).serve_forever()
+"""
+
+
+def setup_neutron_stub(ks):
+    path = STATE / "wsgi" / "neutron_stub.py"
+    path.write_text(NEUTRON_STUB)
+    start("neutron-stub", [sys.executable, str(path), str(PORTS["neutron"])])
+    wait_until("network stub", lambda: port_open(PORTS["neutron"]), 20)
+    ks.service("network", "neutron", f"http://{HOST}:{PORTS['neutron']}")
+
+
+# ------------------------------------------------------------ placement
+
+
+def setup_placement(ks):
+    d = STATE / "placement"
+    d.mkdir(parents=True, exist_ok=True)
+    ks.service_user("placement")
+    url = f"http://{HOST}:{PORTS['placement']}"
+    ks.service("placement", "placement", url)
+    (d / "placement.conf").write_text(f"""[DEFAULT]
+log_file = {STATE}/logs/placement-app.log
+[placement_database]
+connection = {db_url("placement")}
+[api]
+auth_strategy = keystone
+{keystone_authtoken("placement")}""")
+    if not (d / ".synced").exists():
+        run([venv_bin("placement-manage"), "--config-file", str(d / "placement.conf"), "db", "sync"])
+        (d / ".synced").write_text("")
+    write_wsgi("placement_app", "import sys\nsys.argv = sys.argv[:1]\nfrom placement.wsgi.api import application\n")
+    gunicorn("placement", "placement_app", PORTS["placement"], {"OS_PLACEMENT_CONFIG_DIR": str(d)}, threads=4)
+    wait_until("placement", lambda: http("GET", url + "/")[0] == 200, 90, STATE / "logs" / "placement.log")
+
+
+def service_auth_section(section, user):
+    return f"""[{section}]
+auth_type = password
+auth_url = {keystone_url()}
+username = {user}
+password = {SERVICE_PASSWORD}
+project_name = service
+user_domain_name = Default
+project_domain_name = Default
+region_name = {REGION}
+"""
+
+
+# --------------------------------------------------------------- cinder
+
+
+def setup_cinder(ks):
+    d = STATE / "cinder"
+    (d / "locks").mkdir(parents=True, exist_ok=True)
+    ks.service_user("cinder")
+    url = f"http://{HOST}:{PORTS['cinder']}/v3/$(project_id)s"
+    ks.service("block-storage", "cinderv3", url)
+    ks.service("volumev3", "cinderv3-legacy", url)
+    shutil.copy(VENV / "etc" / "cinder" / "api-paste.ini", d / "api-paste.ini")
+    shutil.copy(VENV / "etc" / "cinder" / "resource_filters.json", d / "resource_filters.json")
+    conf = d / "cinder.conf"
+    conf.write_text(f"""[DEFAULT]
+transport_url = {rabbit_url()}
+auth_strategy = keystone
+api_paste_config = {d}/api-paste.ini
+resource_query_filters_file = {d}/resource_filters.json
+enabled_backends = fake
+state_path = {d}
+log_file = {STATE}/logs/cinder-app.log
+storage_availability_zone = nova
+default_availability_zone = nova
+periodic_interval = 5
+report_interval = 5
+periodic_fuzzy_delay = 0
+glance_api_servers = http://{HOST}:9
+my_ip = {HOST}
+host = test-cinder
+[database]
+connection = {db_url("cinder")}
+[oslo_concurrency]
+lock_path = {d}/locks
+[fake]
+volume_driver = test_cloud_cinder.MultiattachFakeDriver
+volume_backend_name = fake
+{keystone_authtoken("cinder")}
+{service_auth_section("nova", "cinder")}
+""")
+    if not (d / ".synced").exists():
+        run([venv_bin("cinder-manage"), "--config-file", str(conf), "db", "sync"])
+        (d / ".synced").write_text("")
+    write_wsgi("cinder_app", f"import sys\nsys.argv = [sys.argv[0], '--config-file', {str(conf)!r}]\n"
+                             "from cinder.wsgi.api import application\n")
+    gunicorn("cinder-api", "cinder_app", PORTS["cinder"], {}, threads=4)
+    start("cinder-scheduler", [venv_bin("cinder-scheduler"), "--config-file", str(conf)])
+    start("cinder-volume", [venv_bin("cinder-volume"), "--config-file", str(conf)],
+          env={"PYTHONPATH": str(HERE / "drivers")})
+    wait_until("cinder-api", lambda: http("GET", f"http://{HOST}:{PORTS['cinder']}/")[0] in (200, 300), 120,
+               STATE / "logs" / "cinder-api.log")
+
+
+# ----------------------------------------------------------------- nova
+
+
+def setup_nova(ks):
+    d = STATE / "nova"
+    (d / "locks").mkdir(parents=True, exist_ok=True)
+    (d / "instances").mkdir(parents=True, exist_ok=True)
+    ks.service_user("nova")
+    ks.service("compute", "nova", f"http://{HOST}:{PORTS['nova']}/v2.1")
+    shutil.copy(VENV / "etc" / "nova" / "api-paste.ini", d / "api-paste.ini")
+    common = f"""[DEFAULT]
+{DEBUG_LINE}transport_url = {rabbit_url()}
+rpc_response_timeout = 15
+compute_driver = fake.FakeDriverWithoutFakeNodes
+state_path = {d}
+instances_path = {d}/instances
+my_ip = {HOST}
+host = test-compute
+periodic_fuzzy_delay = 0
+report_interval = 5
+log_file = %(log)s
+[api]
+auth_strategy = keystone
+[oslo_concurrency]
+lock_path = {d}/locks
+[glance]
+api_servers = http://{HOST}:9
+[scheduler]
+discover_hosts_in_cells_interval = -1
+[conductor]
+workers = 1
+[cinder]
+os_region_name = {REGION}
+catalog_info = volumev3::publicURL
+auth_type = password
+auth_url = {keystone_url()}
+username = nova
+password = {SERVICE_PASSWORD}
+project_name = service
+user_domain_name = Default
+project_domain_name = Default
+[neutron]
+url = http://{HOST}:{PORTS['neutron']}
+auth_type = password
+auth_url = {keystone_url()}
+username = nova
+password = {SERVICE_PASSWORD}
+project_name = service
+user_domain_name = Default
+project_domain_name = Default
+region_name = {REGION}
+{service_auth_section("placement", "nova")}
+{service_auth_section("service_user", "nova")}send_service_user_token = true
+{keystone_authtoken("nova")}
+"""
+    # nova-compute must not see database URLs (gotcha 6): they live in a
+    # file only the other services read
+    (d / "nova.conf").write_text(common.replace("%(log)s", f"{STATE}/logs/nova-app.log"))
+    (d / "nova-db.conf").write_text(f"[api_database]\nconnection = {db_url('nova_api')}\n"
+                                    f"[database]\nconnection = {db_url('nova')}\n")
+    (d / "nova-compute.conf").write_text(common.replace("%(log)s", f"{STATE}/logs/nova-compute-app.log"))
+    confs = ["--config-file", str(d / "nova.conf"), "--config-file", str(d / "nova-db.conf")]
+    if not (d / ".synced").exists():
+        manage = [venv_bin("nova-manage"), *confs]
+        run(manage + ["api_db", "sync"])
+        run(manage + ["cell_v2", "map_cell0", "--database_connection", db_url("nova_cell0")])
+        cells = run(manage + ["cell_v2", "list_cells"])
+        if "cell1" not in cells:
+            run(manage + ["cell_v2", "create_cell", "--name", "cell1", "--transport-url", rabbit_url(),
+                          "--database_connection", db_url("nova")])
+        run(manage + ["db", "sync"])
+        (d / ".synced").write_text("")
+    start("nova-conductor", [venv_bin("nova-conductor"), *confs])
+    start("nova-scheduler", [venv_bin("nova-scheduler"), *confs])
+    # the API reads its paste file from the first of OS_NOVA_CONFIG_FILES (gotcha 5)
+    write_wsgi("nova_app", "import sys\nsys.argv = sys.argv[:1]\nfrom nova.wsgi.osapi_compute import application\n")
+    gunicorn("nova-api", "nova_app", PORTS["nova"],
+             {"OS_NOVA_CONFIG_DIR": str(d), "OS_NOVA_CONFIG_FILES": "api-paste.ini;nova.conf;nova-db.conf"}, threads=4)
+    wait_until("nova-api", lambda: http("GET", f"http://{HOST}:{PORTS['nova']}/")[0] == 200, 120,
+               STATE / "logs" / "nova-api.log")
+    # the fake virt driver never writes its node identity, and a restarted
+    # nova-compute without one refuses to start: provision it up front
+    compute_id = d / "compute_id"
+    if not compute_id.exists():
+        import uuid
+        compute_id.write_text(str(uuid.uuid4()))
+    time.sleep(2)  # let the conductor register before compute starts (gotcha 7)
+    start("nova-compute", [venv_bin("nova-compute"), "--config-file", str(d / "nova-compute.conf")])
+
+
+class Api:
+    """Calls OpenStack APIs as one user, with the catalog from Keystone."""
+
+    def __init__(self, user="admin", password=ADMIN_PASSWORD, project="admin"):
+        body = {"auth": {"identity": {"methods": ["password"], "password": {"user": {
+            "name": user, "domain": {"id": "default"}, "password": password}}},
+            "scope": {"project": {"name": project, "domain": {"id": "default"}}}}}
+        status, headers, resp = http("POST", keystone_url() + "/auth/tokens", body)
+        if status != 201:
+            raise CloudError(f"cannot authenticate as {user}: HTTP {status}")
+        self.token = headers.get("X-Subject-Token") or headers.get("x-subject-token")
+        self.project_id = resp["token"]["project"]["id"]
+
+    def call(self, method, url, body=None, ok=(200, 201, 202, 204), headers=None):
+        h = {"X-Auth-Token": self.token, **(headers or {})}
+        status, _, resp = http(method, url, body, h, timeout=60)
+        if status not in ok:
+            raise CloudError(f"{method} {url}: HTTP {status}: {resp}")
+        return resp
+
+
+def configure_block():
+    """The fixtures block-storage tests need: a multiattach volume type, a
+    flavor, and a server (booted from a bootable volume, no network) that
+    volumes can be attached to."""
+    api = Api()
+    cinder = f"http://{HOST}:{PORTS['cinder']}/v3/{api.project_id}"
+    nova = f"http://{HOST}:{PORTS['nova']}/v2.1"
+    wait_until("cinder-volume service", lambda: any(
+        s["binary"] == "cinder-volume" and s["state"] == "up"
+        for s in api.call("GET", cinder + "/os-services")["services"]), 120, STATE / "logs" / "cinder-volume.log")
+    types = api.call("GET", cinder + "/types")["volume_types"]
+    if not any(t["name"] == "multiattach" for t in types):
+        api.call("POST", cinder + "/types", {"volume_type": {"name": "multiattach",
+                                                             "extra_specs": {"multiattach": "<is> True"}}})
+    flavors = api.call("GET", nova + "/flavors")["flavors"]
+    if not any(f["name"] == "m1.test" for f in flavors):
+        api.call("POST", nova + "/flavors", {"flavor": {"name": "m1.test", "ram": 64, "vcpus": 1, "disk": 0,
+                                                        "id": "test"}})
+    server_file = STATE / "test-server-id"
+    if server_file.exists():
+        sid = server_file.read_text().strip()
+        if http("GET", f"{nova}/servers/{sid}", None, {"X-Auth-Token": api.token})[0] == 200:
+            smoke_attach(api, cinder, nova, sid)
+            return
+    # "up" must rest on a heartbeat from this nova-compute, not on one left
+    # from before a restart: Nova refuses detaches while it thinks the
+    # compute service is down
+    started = float((STATE / "pids" / "nova-compute.started").read_text())
+
+    def compute_reported():
+        for svc in api.call("GET", nova + "/os-services?binary=nova-compute")["services"]:
+            stamp = svc.get("updated_at") or ""
+            if svc.get("state") == "up" and stamp:
+                when = time.mktime(time.strptime(stamp.split(".")[0], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+                if when >= started - 1:
+                    return True
+        return False
+
+    wait_until("nova-compute", compute_reported, 120, STATE / "logs" / "nova-compute-app.log")
+    # map the host to its cell now rather than leave it to a periodic task;
+    # os-hypervisors lists a node only once it is mapped
+    d = STATE / "nova"
+    discover = [venv_bin("nova-manage"), "--config-file", str(d / "nova.conf"), "--config-file",
+                str(d / "nova-db.conf"), "cell_v2", "discover_hosts"]
+
+    def mapped():
+        if api.call("GET", nova + "/os-hypervisors")["hypervisors"]:
+            return True
+        run(discover)
+        return bool(api.call("GET", nova + "/os-hypervisors")["hypervisors"])
+
+    wait_until("the compute host's cell mapping", mapped, 90, STATE / "logs" / "nova-compute-app.log",
+               process="nova-compute")
+    vol = api.call("POST", cinder + "/volumes", {"volume": {"size": 1, "name": "test-server-boot"}})["volume"]
+    wait_until("boot volume", lambda: api.call("GET", f"{cinder}/volumes/{vol['id']}")["volume"]["status"]
+               == "available", 60, STATE / "logs" / "cinder-volume.log")
+    api.call("POST", f"{cinder}/volumes/{vol['id']}/action", {"os-set_bootable": {"bootable": True}})
+    mv = {"X-OpenStack-Nova-API-Version": "2.37"}
+    server = api.call("POST", nova + "/servers", {"server": {
+        "name": "test-server", "flavorRef": "test", "networks": "none",
+        "block_device_mapping_v2": [{"boot_index": 0, "uuid": vol["id"], "source_type": "volume",
+                                     "destination_type": "volume", "delete_on_termination": True}]}},
+        headers=mv)["server"]
+
+    def active():
+        st = api.call("GET", f"{nova}/servers/{server['id']}")["server"]["status"]
+        if st == "ERROR":
+            api.call("DELETE", f"{nova}/servers/{server['id']}", ok=(204, 404))
+            raise CloudError("the test server went to ERROR (deleted); see logs/nova-app.log and nova-compute-app.log")
+        return st == "ACTIVE"
+
+    deadline = time.time() + 120
+    while not active():
+        if time.time() > deadline:
+            raise CloudError("the test server did not become ACTIVE")
+        time.sleep(0.5)
+    server_file.write_text(server["id"])
+    log(f"test server {server['id']} is ACTIVE")
+    smoke_attach(api, cinder, nova, server["id"])
+
+
+def smoke_attach(api, cinder, nova, server_id, timeout=180):
+    """Attaches and detaches a scratch volume until both work: right after
+    a restart the first RPCs from nova-api to nova-compute can time out, and
+    the cloud is not healthy until they go through."""
+    started = time.time()
+    vol = api.call("POST", cinder + "/volumes", {"volume": {"size": 1, "name": "test-cloud-smoke"}})["volume"]
+    url = f"{cinder}/volumes/{vol['id']}"
+
+    def status():
+        return api.call("GET", url)["volume"]["status"]
+
+    wait_until("smoke volume", lambda: status() == "available", 60, STATE / "logs" / "cinder-volume.log")
+    attach = f"{nova}/servers/{server_id}/os-volume_attachments"
+    h = {"X-Auth-Token": api.token}
+    for phase in ("attach", "detach"):
+        while True:
+            if phase == "attach":
+                code, _, body = http("POST", attach, {"volumeAttachment": {"volumeId": vol["id"]}}, h, timeout=60)
+                want = "in-use"
+            else:
+                code, _, body = http("DELETE", f"{attach}/{vol['id']}", None, h, timeout=60)
+                want = "available"
+            if code in (200, 202):
+                wait_until(f"smoke volume {want}", lambda: status() == want, 60, STATE / "logs" / "nova-compute-app.log")
+                break
+            if time.time() - started > timeout:
+                raise CloudError(f"smoke {phase} kept failing: HTTP {code}: {body}")
+            log(f"smoke {phase}: HTTP {code}, retrying")
+            time.sleep(2)
+    api.call("DELETE", url)
+    log(f"attach/detach smoke test passed in {time.time() - started:.0f}s")
+
+
 # ------------------------------------------------------------- outputs
 
 
@@ -466,14 +919,19 @@ def services_of(profile):
 
 def health(service):
     checks = {
-        "keystone": lambda: http("GET", keystone_url())[0] == 200,
-        "barbican": lambda: http("GET", f"http://{HOST}:{PORTS['barbican']}/")[0] in (200, 300),
+        "keystone": (["keystone"], lambda: http("GET", keystone_url())[0] == 200),
+        "barbican": (["barbican"], lambda: http("GET", f"http://{HOST}:{PORTS['barbican']}/")[0] in (200, 300)),
+        "cinder": (["mariadb", "rabbitmq", "cinder-api", "cinder-scheduler", "cinder-volume"],
+                   lambda: http("GET", f"http://{HOST}:{PORTS['cinder']}/")[0] in (200, 300)),
+        "nova": (["neutron-stub", "placement", "nova-api", "nova-conductor", "nova-scheduler", "nova-compute"],
+                 lambda: http("GET", f"http://{HOST}:{PORTS['nova']}/")[0] == 200
+                 and (STATE / "test-server-id").exists()),
+        "manila": (["mariadb", "rabbitmq", "manila-api", "manila-scheduler", "manila-share"],
+                   lambda: http("GET", f"http://{HOST}:{PORTS['manila']}/")[0] in (200, 300)),
     }
-    check = checks.get(service)
-    if check is None:
-        return False
+    processes, check = checks[service]
     try:
-        return process_alive(service) and check()
+        return all(process_alive(p) for p in processes) and check()
     except Exception:
         return False
 
@@ -487,16 +945,29 @@ def cmd_up(profile):
     for sub in ("logs", "pids", "wsgi"):
         (STATE / sub).mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    services = services_of(profile)
+    needs_broker = any(s in services for s in ("cinder", "nova", "manila"))
+    if needs_broker:
+        ensure_debian_packages(["mariadb-server", "mariadb-client", "rabbitmq-server"])
     ensure_venv(profile)
     t1 = time.time()
+    if needs_broker:
+        setup_mariadb(services)
+        setup_rabbitmq()
     setup_keystone()
     ks = configure_identity()
-    services = services_of(profile)
     if "barbican" in services:
         setup_barbican(ks)
-    unsupported = [s for s in services if s not in ("keystone", "barbican")]
-    if unsupported:
-        raise CloudError(f"services not available in this version of the script: {', '.join(unsupported)}")
+    if "cinder" in services:
+        setup_cinder(ks)
+    if "nova" in services:
+        setup_neutron_stub(ks)
+        setup_placement(ks)
+        setup_nova(ks)
+        configure_block()
+    if "manila" in services:
+        setup_manila(ks)
+        configure_file()
     write_client_files(profile)
     log(f"profile {profile} up: install {t1 - t0:.0f}s, start {time.time() - t1:.0f}s; state in {STATE}")
 
@@ -511,7 +982,13 @@ def cmd_status(profile):
     return 0 if ok else 1
 
 
-ALL_PROCESSES = ["barbican", "keystone"]
+# stop order: consumers before what they depend on
+ALL_PROCESSES = [
+    "nova-compute", "nova-api", "nova-scheduler", "nova-conductor", "placement", "neutron-stub",
+    "manila-share", "manila-scheduler", "manila-api",
+    "cinder-volume", "cinder-scheduler", "cinder-api",
+    "barbican", "keystone", "rabbitmq", "epmd", "mariadb",
+]
 
 
 def cmd_down(purge):
