@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cloud_profile=${OS_TEST_CLOUD_PROFILE:-kms}
+cloud_profile=${OS_TEST_CLOUD_PROFILE:-all}
 log=$(mktemp)
 cloud_started=
 cleanup() {

@@ -182,7 +182,7 @@ pub struct Snapshot {
 pub struct VolumeType {
     pub id: String,
     pub name: String,
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default, deserialize_with = "string_map")]
     pub extra_specs: BTreeMap<String, String>,
     #[serde(default)]
     pub is_public: Option<bool>,
@@ -691,6 +691,26 @@ pub(crate) fn seg(id: &str) -> String {
         .replace('+', "%20")
 }
 
+/// Extra specs as strings: Manila and Cinder send some as JSON booleans
+/// or numbers (`"driver_handles_share_servers": false`).
+pub(crate) fn string_map<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<BTreeMap<String, String>, D::Error> {
+    let raw: Option<BTreeMap<String, Value>> = Option::deserialize(d)?;
+    Ok(raw
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| {
+            let text = match v {
+                Value::String(s) => s,
+                Value::Null => String::new(),
+                other => other.to_string(),
+            };
+            (k, text)
+        })
+        .collect())
+}
+
 pub(crate) fn null_as_default<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
 where
     D: serde::Deserializer<'de>,
@@ -732,6 +752,16 @@ mod tests {
             VolumeStatus::parse("weird"),
             VolumeStatus::Other("weird".into())
         );
+    }
+
+    #[test]
+    fn extra_specs_may_be_booleans() {
+        let t: VolumeType = serde_json::from_value(
+            json!({"id": "t", "name": "t", "extra_specs": {"a": false, "b": 3, "c": "x"}}),
+        )
+        .unwrap();
+        assert_eq!(t.extra_specs.get("a").map(String::as_str), Some("false"));
+        assert_eq!(t.extra_specs.get("b").map(String::as_str), Some("3"));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::OnceCell;
 
-use crate::cinder::{null_as_default, seg, status_enum};
+use crate::cinder::{null_as_default, seg, status_enum, string_map};
 use crate::common::MANILA_API_VERSION;
 use crate::error::{Error, Result};
 use crate::service::ServiceType;
@@ -166,7 +166,7 @@ pub struct ShareSnapshot {
 pub struct ShareType {
     pub id: String,
     pub name: String,
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default, deserialize_with = "string_map")]
     pub extra_specs: BTreeMap<String, String>,
 }
 

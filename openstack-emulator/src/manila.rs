@@ -138,6 +138,9 @@ fn s(v: &Value, k: &str) -> Option<String> {
     v.get(k).and_then(Value::as_str).map(str::to_string)
 }
 
+/// Free space of the emulated backend pool.
+const POOL_FREE_GIB: u64 = 1210;
+
 const PROTOCOLS: &[&str] = &["NFS", "CIFS", "CEPHFS", "GLUSTERFS", "HDFS", "MAPRFS"];
 
 async fn create_share(
@@ -259,8 +262,11 @@ async fn create_share(
                 .collect()
         })
         .unwrap_or_default();
-    let fail = w.failing_share_creates > 0;
-    if fail {
+    // the scheduler fails a share the backend pool cannot hold, like the
+    // dummy backend of the test cloud (1210 GiB free), and says why
+    let too_big = size > POOL_FREE_GIB;
+    let fail = too_big || w.failing_share_creates > 0;
+    if !too_big && fail {
         w.failing_share_creates -= 1;
     }
     let seq = w.next_seq();
@@ -308,7 +314,10 @@ async fn create_share(
                 resource_id: id.clone(),
                 action_id: "001".into(),
                 detail_id: "008".into(),
-                user_message: "allocate host: No storage could be allocated for this share request, Capabilities filter didn't succeed.".into(),
+                user_message: format!(
+                    "allocate host: No storage could be allocated for this share request, {} filter didn't succeed.",
+                    if too_big { "Capacity" } else { "Capabilities" }
+                ),
                 created_at: now_iso(),
             });
         }

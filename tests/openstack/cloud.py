@@ -186,35 +186,56 @@ def start(name, cmd, env=None, cwd=None):
     log(f"started {name} (pid {proc.pid})")
 
 
-def stop(name, grace=15):
+def _group(name):
     p = pid_file(name)
     if not p.exists():
-        return
+        return None
     try:
-        pid = int(p.read_text().strip())
+        return int(p.read_text().strip())
     except ValueError:
         p.unlink()
-        return
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        p.unlink()
-        return
-    deadline = time.time() + grace
-    while time.time() < deadline:
+        return None
+
+
+def _forget(name):
+    pid_file(name).unlink(missing_ok=True)
+    (STATE / "pids" / f"{name}.started").unlink(missing_ok=True)
+
+
+def stop_all(names, grace=15):
+    """SIGTERM to the process groups of `names` at once, SIGKILL to what is
+    left after `grace` seconds."""
+    groups = {}
+    for name in names:
+        pgid = _group(name)
+        if pgid is None:
+            continue
         try:
-            os.killpg(pid, 0)
+            os.killpg(pgid, signal.SIGTERM)
+            groups[name] = pgid
         except ProcessLookupError:
-            break
+            _forget(name)
+    deadline = time.time() + grace
+    while groups and time.time() < deadline:
+        for name, pgid in list(groups.items()):
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                del groups[name]
+                _forget(name)
+                log(f"stopped {name}")
         time.sleep(0.2)
-    else:
+    for name, pgid in groups.items():
         try:
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    p.unlink(missing_ok=True)
-    (STATE / "pids" / f"{name}.started").unlink(missing_ok=True)
-    log(f"stopped {name}")
+        _forget(name)
+        log(f"killed {name} (did not stop within {grace}s)")
+
+
+def stop(name, grace=15):
+    stop_all([name], grace)
 
 
 def gunicorn(name, module, port, env, workers=1, threads=4):
@@ -786,6 +807,11 @@ def configure_block():
     wait_until("cinder-volume service", lambda: any(
         s["binary"] == "cinder-volume" and s["state"] == "up"
         for s in api.call("GET", cinder + "/os-services")["services"]), 120, STATE / "logs" / "cinder-volume.log")
+    # unlimited quotas for the test projects, as in the emulator: the
+    # defaults (10 volumes, 1000 GiB) would make parallel tests flaky
+    for project in (api.project_id, Keystone().find("projects", "demo")):
+        api.call("PUT", f"{cinder}/os-quota-sets/{project}",
+                 {"quota_set": {"volumes": -1, "gigabytes": -1, "snapshots": -1}})
     types = api.call("GET", cinder + "/types")["volume_types"]
     if not any(t["name"] == "multiattach" for t in types):
         api.call("POST", cinder + "/types", {"volume_type": {"name": "multiattach",
@@ -890,6 +916,93 @@ def smoke_attach(api, cinder, nova, server_id, timeout=180):
     log(f"attach/detach smoke test passed in {time.time() - started:.0f}s")
 
 
+# --------------------------------------------------------------- manila
+
+
+def setup_manila(ks):
+    d = STATE / "manila"
+    (d / "locks").mkdir(parents=True, exist_ok=True)
+    ks.service_user("manila")
+    url = f"http://{HOST}:{PORTS['manila']}/v2/$(project_id)s"
+    ks.service("sharev2", "manilav2", url)
+    ks.service("shared-file-system", "manila", url)
+    shutil.copy(VENV / "etc" / "manila" / "api-paste.ini", d / "api-paste.ini")
+    conf = d / "manila.conf"
+    conf.write_text(f"""[DEFAULT]
+{DEBUG_LINE}transport_url = {rabbit_url()}
+rpc_response_timeout = 15
+auth_strategy = keystone
+api_paste_config = {d}/api-paste.ini
+enabled_share_backends = dummy
+enabled_share_protocols = NFS,CIFS,CEPHFS
+default_share_type = default
+storage_availability_zone = nova
+state_path = {d}
+log_file = {STATE}/logs/manila-app.log
+periodic_interval = 5
+report_interval = 5
+periodic_fuzzy_delay = 0
+my_ip = {HOST}
+host = test-manila
+[database]
+connection = {db_url("manila")}
+[oslo_concurrency]
+lock_path = {d}/locks
+[dummy]
+share_driver = test_cloud_manila.LoopbackDummyDriver
+share_backend_name = dummy
+driver_handles_share_servers = False
+dummy_driver_default_driver_method_delay = 0.1
+dummy_driver_driver_methods_delays = ensure_share:0.1,create_share:0.3,get_pool:0.05,do_setup:0.01,_get_pools_info:0.01,_update_share_stats:0.05
+{keystone_authtoken("manila")}
+""")
+    if not (d / ".synced").exists():
+        run([venv_bin("manila-manage"), "--config-file", str(conf), "db", "sync"])
+        (d / ".synced").write_text("")
+    # manila's own API server needs eventlet (gotcha 1): serve the WSGI app
+    write_wsgi("manila_app", f"import sys\nsys.argv = [sys.argv[0], '--config-file', {str(conf)!r}]\n"
+                             "from manila.wsgi.api import application\n")
+    gunicorn("manila-api", "manila_app", PORTS["manila"], {}, threads=4)
+    drivers = {"PYTHONPATH": str(HERE / "drivers")}
+    start("manila-scheduler", [venv_bin("manila-scheduler"), "--config-file", str(conf)], env=drivers)
+    start("manila-share", [venv_bin("manila-share"), "--config-file", str(conf)], env=drivers)
+    wait_until("manila-api", lambda: http("GET", f"http://{HOST}:{PORTS['manila']}/")[0] in (200, 300), 120,
+               STATE / "logs" / "manila-api.log")
+
+
+def configure_file():
+    """A default share type (DHSS=False, snapshots) and a share service that
+    reports in before tests start creating shares."""
+    api = Api()
+    manila = f"http://{HOST}:{PORTS['manila']}/v2/{api.project_id}"
+    mv = {"X-OpenStack-Manila-API-Version": "2.65"}
+    started = float((STATE / "pids" / "manila-share.started").read_text()) if (
+        STATE / "pids" / "manila-share.started").exists() else 0
+
+    def share_service_reported():
+        for svc in api.call("GET", manila + "/services?binary=manila-share", headers=mv)["services"]:
+            stamp = svc.get("updated_at") or ""
+            if svc.get("state") == "up" and stamp:
+                when = time.mktime(time.strptime(stamp.split(".")[0], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+                if when >= started - 1:
+                    return True
+        return False
+
+    wait_until("manila-share", share_service_reported, 120, STATE / "logs" / "manila-app.log")
+    for project in (api.project_id, Keystone().find("projects", "demo")):
+        api.call("PUT", f"{manila}/quota-sets/{project}", {"quota_set": {
+            "shares": -1, "gigabytes": -1, "snapshots": -1, "snapshot_gigabytes": -1}}, headers=mv)
+    types = api.call("GET", manila + "/types", headers=mv)["share_types"]
+    if not any(t["name"] == "default" for t in types):
+        api.call("POST", manila + "/types", {"share_type": {
+            "name": "default", "share_type_access:is_public": True,
+            "extra_specs": {"driver_handles_share_servers": "False", "snapshot_support": "True",
+                            "create_share_from_snapshot_support": "True"}}}, headers=mv)
+    # the scheduler needs the backend's first capability report
+    wait_until("a manila pool", lambda: api.call("GET", manila + "/scheduler-stats/pools", headers=mv)["pools"], 120,
+               STATE / "logs" / "manila-app.log")
+
+
 # ------------------------------------------------------------- outputs
 
 
@@ -982,18 +1095,21 @@ def cmd_status(profile):
     return 0 if ok else 1
 
 
-# stop order: consumers before what they depend on
-ALL_PROCESSES = [
+# stopped in waves: the services, then what they depend on
+SERVICE_PROCESSES = [
+    "hypervisor-agent",
     "nova-compute", "nova-api", "nova-scheduler", "nova-conductor", "placement", "neutron-stub",
     "manila-share", "manila-scheduler", "manila-api",
     "cinder-volume", "cinder-scheduler", "cinder-api",
-    "barbican", "keystone", "rabbitmq", "epmd", "mariadb",
+    "barbican", "keystone",
 ]
+INFRA_PROCESSES = ["rabbitmq", "epmd", "mariadb"]
 
 
 def cmd_down(purge):
-    for name in ALL_PROCESSES:
-        stop(name)
+    if (STATE / "pids").exists():
+        stop_all(SERVICE_PROCESSES)
+        stop_all(INFRA_PROCESSES, grace=30)
     if purge and STATE.exists():
         shutil.rmtree(STATE)
         log(f"removed {STATE}")
