@@ -1244,3 +1244,84 @@ async fn manila_unschedulable_share_is_explained_by_user_messages() {
     m.delete_share(&share.id).await.unwrap();
     wait_share_gone(&m, &share.id).await;
 }
+
+/// The by-id directory where attached volumes appear as block devices:
+/// the emulator's hypervisor simulation, or the real cloud's agent.
+#[tokio::test]
+async fn attached_volumes_become_block_devices() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test drives real loop devices and must run as root"
+    );
+    let scratch = tempfile::tempdir().unwrap();
+    let b = match Backend::new().await {
+        Backend::Emulator(e) => {
+            e.shutdown().await;
+            let emu = Emulator::start(EmulatorConfig {
+                hypervisor: Some(openstack_emulator::HypervisorConfig {
+                    by_id_dir: scratch.path().join("by-id"),
+                    image_dir: scratch.path().join("images"),
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            Backend::Emulator(emu)
+        }
+        real => real,
+    };
+    if !b.has("nova", "attached_volumes_become_block_devices") {
+        return;
+    }
+    let by_id = match &b {
+        Backend::Emulator(_) => scratch.path().join("by-id"),
+        Backend::Real { dir, .. } => dir.join("by-id"),
+    };
+    let s = b.session(User::Admin);
+    let c = BlockStorage::new(s.clone());
+    let nova = Compute::new(s);
+    let server = b.server();
+    let v = new_volume(&c, &unique("contract-dev"), 1).await;
+    let link = by_id.join(openstack_emulator::hypervisor::by_id_name(&v.id));
+    let name = b.name();
+    nova.attach_volume(&server, &v.id, false).await.unwrap();
+    wait_volume(&c, &v.id, VolumeStatus::InUse).await;
+    wait_device(&link, Some(1 << 30), name).await;
+    c.extend_volume(&v.id, 2, true).await.unwrap();
+    wait_device(&link, Some(2 << 30), name).await;
+    nova.detach_volume(&server, &v.id).await.unwrap();
+    wait_volume(&c, &v.id, VolumeStatus::Available).await;
+    wait_device(&link, None, name).await;
+    c.delete_volume(&v.id).await.unwrap();
+}
+
+fn device_bytes(link: &std::path::Path) -> Option<u64> {
+    let dev = std::fs::canonicalize(link).ok()?;
+    let name = dev.file_name()?.to_string_lossy().to_string();
+    let sectors: u64 = std::fs::read_to_string(format!("/sys/block/{name}/size"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(sectors * 512)
+}
+
+/// Waits until the device behind `link` has `want` bytes (None: no device).
+async fn wait_device(link: &std::path::Path, want: Option<u64>, backend: &str) {
+    poll_until(
+        "block device",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let now = device_bytes(link);
+            Ok(if now == want {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(format!("{now:?}"))
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{backend}: {e}"));
+}

@@ -540,6 +540,8 @@ def setup_rabbitmq():
         "RABBITMQ_QUORUM_DIR": str(d / "quorum"),
         "RABBITMQ_STREAM_DIR": str(d / "stream"),
         "ERL_CRASH_DUMP": str(STATE / "logs" / "erl_crash.dump"),
+        # the Erlang distribution port listens on every address otherwise
+        "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
     }
     (d / "rabbitmq.conf").write_text("loopback_users.guest = false\nlisteners.tcp.default = 127.0.0.1:%d\n"
                                      % PORTS["rabbitmq"])
@@ -1003,6 +1005,24 @@ def configure_file():
                STATE / "logs" / "manila-app.log")
 
 
+# ----------------------------------------------------------- hypervisor
+
+
+def start_hypervisor_agent():
+    """The fake Nova driver attaches nothing: this agent (tests/hypervisor-agent)
+    turns every volume attached to the test server into a loop device under
+    STATE/by-id, so that node-side tests get real block devices."""
+    if process_alive("hypervisor-agent"):
+        return
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    run(["cargo", "build", "--locked", "--quiet", "-p", "hypervisor-agent"], cwd=str(REPO), timeout=1800)
+    server = (STATE / "test-server-id").read_text().strip()
+    start("hypervisor-agent", [target / "debug" / "hypervisor-agent", "--cloud-config", STATE / "cloud-admin.conf",
+                               "--server", server, "--by-id-dir", STATE / "by-id",
+                               "--image-dir", STATE / "hypervisor-images"])
+    wait_until("hypervisor-agent", lambda: (STATE / "by-id").is_dir(), 30)
+
+
 # ------------------------------------------------------------- outputs
 
 
@@ -1036,7 +1056,8 @@ def health(service):
         "barbican": (["barbican"], lambda: http("GET", f"http://{HOST}:{PORTS['barbican']}/")[0] in (200, 300)),
         "cinder": (["mariadb", "rabbitmq", "cinder-api", "cinder-scheduler", "cinder-volume"],
                    lambda: http("GET", f"http://{HOST}:{PORTS['cinder']}/")[0] in (200, 300)),
-        "nova": (["neutron-stub", "placement", "nova-api", "nova-conductor", "nova-scheduler", "nova-compute"],
+        "nova": (["neutron-stub", "placement", "nova-api", "nova-conductor", "nova-scheduler", "nova-compute",
+                  "hypervisor-agent"],
                  lambda: http("GET", f"http://{HOST}:{PORTS['nova']}/")[0] == 200
                  and (STATE / "test-server-id").exists()),
         "manila": (["mariadb", "rabbitmq", "manila-api", "manila-scheduler", "manila-share"],
@@ -1082,7 +1103,25 @@ def cmd_up(profile):
         setup_manila(ks)
         configure_file()
     write_client_files(profile)
+    if "nova" in services:
+        start_hypervisor_agent()
     log(f"profile {profile} up: install {t1 - t0:.0f}s, start {time.time() - t1:.0f}s; state in {STATE}")
+
+
+def group_rss_kib(pgid):
+    total = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(d.name)) != pgid:
+                continue
+            for line in (d / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except (OSError, ProcessLookupError, ValueError):
+            continue
+    return total
 
 
 def cmd_status(profile):
@@ -1092,6 +1131,14 @@ def cmd_status(profile):
         h = health(s)
         ok &= h
         print(f"{s:10} {'up' if h else 'DOWN'}")
+    total = 0
+    for name in SERVICE_PROCESSES + INFRA_PROCESSES:
+        pgid = _group(name) if (STATE / "pids").exists() else None
+        if pgid is not None and process_alive(name):
+            rss = group_rss_kib(pgid)
+            total += rss
+            print(f"  {name:18} {rss / 1024:6.0f} MiB")
+    print(f"  {'memory in all':18} {total / 1024:6.0f} MiB")
     return 0 if ok else 1
 
 
@@ -1117,6 +1164,7 @@ def cmd_down(purge):
 
 def cmd_env():
     print(f"OPENSTACK_TEST_CLOUD_DIR={STATE}")
+    print(f"OPENSTACK_TEST_BY_ID_DIR={STATE / 'by-id'}")
 
 
 def main(argv):
