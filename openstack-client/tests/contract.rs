@@ -11,19 +11,20 @@ use std::time::{Duration, Instant};
 
 use openstack_client::barbican::{CreateSecret, KeyManager};
 use openstack_client::cinder::{
-    BlockStorage, CreateSnapshot, CreateVolume, ListSnapshots, ListVolumes, SnapshotStatus, Volume,
-    VolumeStatus,
+    BlockStorage, CreateSnapshot, CreateVolume, ListSnapshots, ListVolumes, Volume, VolumeStatus,
 };
 use openstack_client::common::{Poll, poll_until};
 use openstack_client::config::{CloudConf, ConfigEnv};
 use openstack_client::manila::{
-    AccessRuleState, CreateShare, GrantAccess, Share, ShareSnapshotStatus, ShareStatus,
-    SharedFileSystems,
+    AccessRuleState, CreateShare, GrantAccess, ShareSnapshotStatus, ShareStatus, SharedFileSystems,
 };
 use openstack_client::nova::Compute;
 use openstack_client::{Error, ServiceType, Session, SessionOptions};
 use openstack_emulator::{Emulator, EmulatorConfig};
 use zeroize::Zeroizing;
+
+mod common;
+use common::{deadline, wait_gone, wait_rule, wait_share, wait_snapshot, wait_volume};
 
 enum Backend {
     Emulator(Emulator),
@@ -131,63 +132,6 @@ impl Backend {
     }
 }
 
-async fn wait_volume(c: &BlockStorage, id: &str, want: VolumeStatus) -> Volume {
-    poll_until(
-        "volume",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            let v = c.get_volume(id).await?;
-            assert!(!v.status.is_error(), "volume {id} went to {}", v.status);
-            Ok(if v.status == want {
-                Poll::Ready(v)
-            } else {
-                Poll::Pending(v.status.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap()
-}
-
-async fn wait_volume_gone(c: &BlockStorage, id: &str) {
-    poll_until(
-        "volume delete",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            match c.get_volume(id).await {
-                Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
-                Err(e) => Err(e),
-                Ok(v) => Ok(Poll::Pending(v.status.to_string())),
-            }
-        },
-    )
-    .await
-    .unwrap();
-}
-
-async fn wait_snapshot(c: &BlockStorage, id: &str) {
-    poll_until(
-        "snapshot",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            let s = c.get_snapshot(id).await?;
-            Ok(if s.status == SnapshotStatus::Available {
-                Poll::Ready(())
-            } else {
-                Poll::Pending(s.status.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap();
-}
-
 async fn new_volume(c: &BlockStorage, name: &str, size: u64) -> Volume {
     let v = c
         .create_volume(&CreateVolume {
@@ -214,10 +158,6 @@ fn rand_suffix() -> u128 {
         .unwrap()
         .as_nanos()
         % 1_000_000_007
-}
-
-fn deadline() -> Instant {
-    Instant::now() + Duration::from_secs(60)
 }
 
 #[tokio::test]
@@ -519,7 +459,7 @@ async fn cinder_volume_lifecycle_listing_and_errors() {
     assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
 
     c.delete_volume(&v.id).await.unwrap();
-    wait_volume_gone(&c, &v.id).await;
+    wait_gone("volume delete", || c.get_volume(&v.id)).await;
     let err = c.delete_volume(&v.id).await.unwrap_err();
     assert!(err.is_not_found(), "{}: {err}", b.name());
 }
@@ -662,24 +602,10 @@ async fn cinder_snapshots_and_restore() {
 
     for id in [&restored.id, &clone.id] {
         c.delete_volume(id).await.unwrap();
-        wait_volume_gone(&c, id).await;
+        wait_gone("volume delete", || c.get_volume(id)).await;
     }
     c.delete_snapshot(&snap.id).await.unwrap();
-    poll_until(
-        "snapshot delete",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            match c.get_snapshot(&snap.id).await {
-                Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
-                Err(e) => Err(e),
-                Ok(s) => Ok(Poll::Pending(s.status.to_string())),
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait_gone("snapshot delete", || c.get_snapshot(&snap.id)).await;
     c.delete_volume(&v.id).await.unwrap();
 }
 
@@ -831,72 +757,6 @@ async fn nova_multiattach_needs_2_60() {
     c.delete_volume(&v.id).await.unwrap();
 }
 
-async fn wait_share(m: &SharedFileSystems, id: &str, want: ShareStatus) -> Share {
-    poll_until(
-        "share",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            let s = m.get_share(id).await?;
-            assert!(
-                !s.status.is_error() || want.is_error(),
-                "share {id} went to {}",
-                s.status
-            );
-            Ok(if s.status == want {
-                Poll::Ready(s)
-            } else {
-                Poll::Pending(s.status.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap()
-}
-
-async fn wait_share_gone(m: &SharedFileSystems, id: &str) {
-    poll_until(
-        "share delete",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            match m.get_share(id).await {
-                Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
-                Err(e) => Err(e),
-                Ok(s) => Ok(Poll::Pending(s.status.to_string())),
-            }
-        },
-    )
-    .await
-    .unwrap();
-}
-
-async fn wait_rule(
-    m: &SharedFileSystems,
-    share: &str,
-    rule: &str,
-    want: AccessRuleState,
-) -> openstack_client::manila::AccessRule {
-    poll_until(
-        "access rule",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            let r = m.get_access_rule(share, rule).await?;
-            Ok(if r.state == want {
-                Poll::Ready(r)
-            } else {
-                Poll::Pending(r.state.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap()
-}
-
 fn nfs(name: &str, size: u64) -> CreateShare {
     CreateShare {
         protocol: "NFS".into(),
@@ -1016,21 +876,10 @@ async fn manila_nfs_share_lifecycle() {
         b.name()
     );
     member.revoke_access(&share.id, &rule.id).await.unwrap();
-    poll_until(
-        "rule removal",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            match member.get_access_rule(&share.id, &rule.id).await {
-                Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
-                Err(e) => Err(e),
-                Ok(r) => Ok(Poll::Pending(r.state.to_string())),
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait_gone("rule removal", || {
+        member.get_access_rule(&share.id, &rule.id)
+    })
+    .await;
 
     // resize
     member.extend_share(&share.id, 2).await.unwrap();
@@ -1106,25 +955,11 @@ async fn manila_nfs_share_lifecycle() {
     assert_eq!(from_snap.snapshot_id.as_deref(), Some(snap.id.as_str()));
 
     member.delete_share(&from_snap.id).await.unwrap();
-    wait_share_gone(&member, &from_snap.id).await;
+    wait_gone("share delete", || member.get_share(&from_snap.id)).await;
     member.delete_snapshot(&snap.id).await.unwrap();
-    poll_until(
-        "snapshot removal",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            match member.get_snapshot(&snap.id).await {
-                Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
-                Err(e) => Err(e),
-                Ok(x) => Ok(Poll::Pending(x.status.to_string())),
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait_gone("snapshot removal", || member.get_snapshot(&snap.id)).await;
     member.delete_share(&share.id).await.unwrap();
-    wait_share_gone(&member, &share.id).await;
+    wait_gone("share delete", || member.get_share(&share.id)).await;
     let err = member.get_share(&share.id).await.unwrap_err();
     assert!(err.is_not_found(), "{}: {err}", b.name());
 }
@@ -1182,23 +1017,9 @@ async fn manila_cephfs_share_and_cephx_rule() {
         active.access_key
     );
     m.revoke_access(&share.id, &rule.id).await.unwrap();
-    poll_until(
-        "rule removal",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            match m.get_access_rule(&share.id, &rule.id).await {
-                Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
-                Err(e) => Err(e),
-                Ok(r) => Ok(Poll::Pending(r.state.to_string())),
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait_gone("rule removal", || m.get_access_rule(&share.id, &rule.id)).await;
     m.delete_share(&share.id).await.unwrap();
-    wait_share_gone(&m, &share.id).await;
+    wait_gone("share delete", || m.get_share(&share.id)).await;
 }
 
 #[tokio::test]
@@ -1242,7 +1063,7 @@ async fn manila_unschedulable_share_is_explained_by_user_messages() {
         b.name()
     );
     m.delete_share(&share.id).await.unwrap();
-    wait_share_gone(&m, &share.id).await;
+    wait_gone("share delete", || m.get_share(&share.id)).await;
 }
 
 /// The by-id directory where attached volumes appear as block devices:

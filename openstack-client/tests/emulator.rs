@@ -14,13 +14,16 @@ use openstack_client::cinder::{
 use openstack_client::common::{Poll, poll_until};
 use openstack_client::config::{CloudConf, ConfigEnv, MetadataOptions, MetadataSource};
 use openstack_client::manila::{
-    AccessRule, AccessRuleState, CreateShare, GrantAccess, ShareStatus, SharedFileSystems,
+    AccessRuleState, CreateShare, GrantAccess, ShareStatus, SharedFileSystems,
 };
 use openstack_client::metadata::MetadataReader;
 use openstack_client::nova::Compute;
 use openstack_client::{ApiMetrics, Error, RetryPolicy, ServiceType, Session, SessionOptions};
 use openstack_emulator::{Emulator, EmulatorConfig, FaultAction, FaultRule};
 use zeroize::Zeroizing;
+
+mod common;
+use common::{wait_rule, wait_share, wait_volume};
 
 async fn start() -> Emulator {
     Emulator::start(EmulatorConfig::default()).await.unwrap()
@@ -52,67 +55,6 @@ fn session(emu: &Emulator, cloud: &str) -> Session {
 
 fn soon() -> Instant {
     Instant::now() + Duration::from_secs(10)
-}
-
-async fn wait_volume(
-    c: &BlockStorage,
-    id: &str,
-    want: VolumeStatus,
-) -> openstack_client::cinder::Volume {
-    poll_until(
-        "wait",
-        soon(),
-        Duration::from_millis(10),
-        Duration::from_millis(100),
-        || async {
-            let v = c.get_volume(id).await?;
-            Ok(if v.status == want {
-                Poll::Ready(v)
-            } else {
-                Poll::Pending(v.status.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap()
-}
-
-async fn wait_share_available(m: &SharedFileSystems, id: &str) {
-    poll_until(
-        "share",
-        soon(),
-        Duration::from_millis(10),
-        Duration::from_millis(50),
-        || async {
-            let sh = m.get_share(id).await?;
-            Ok(if sh.status == ShareStatus::Available {
-                Poll::Ready(())
-            } else {
-                Poll::Pending(sh.status.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap();
-}
-
-async fn wait_rule_active(m: &SharedFileSystems, share: &str, rule: &str) -> AccessRule {
-    poll_until(
-        "rule",
-        soon(),
-        Duration::from_millis(10),
-        Duration::from_millis(50),
-        || async {
-            let r = m.get_access_rule(share, rule).await?;
-            Ok(if r.state == AccessRuleState::Active {
-                Poll::Ready(r)
-            } else {
-                Poll::Pending(r.state.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap()
 }
 
 fn count_calls(emu: &Emulator, method: &str, path_contains: &str) -> usize {
@@ -249,7 +191,7 @@ async fn full_flow_keystone_cinder_nova_manila_barbican() {
         })
         .await
         .unwrap();
-    wait_share_available(&manila, &share.id).await;
+    wait_share(&manila, &share.id, ShareStatus::Available).await;
     let exports = manila.list_export_locations(&share.id).await.unwrap();
     assert!(
         exports
@@ -268,7 +210,7 @@ async fn full_flow_keystone_cinder_nova_manila_barbican() {
         .await
         .unwrap();
     assert_eq!(rule.state, AccessRuleState::QueuedToApply);
-    wait_rule_active(&manila, &share.id, &rule.id).await;
+    wait_rule(&manila, &share.id, &rule.id, AccessRuleState::Active).await;
     manila.extend_share(&share.id, 3).await.unwrap();
 
     // Barbican
@@ -495,7 +437,7 @@ async fn application_credentials_and_member_user() {
         })
         .await
         .unwrap();
-    wait_share_available(&m, &share.id).await;
+    wait_share(&m, &share.id, ShareStatus::Available).await;
     let as_member = m.list_export_locations(&share.id).await.unwrap();
     assert!(as_member.iter().all(|e| !e.is_admin_only));
     // the admin sees the member's share (admin context) with the admin-only path
@@ -870,7 +812,7 @@ async fn microversions_are_negotiated_and_honoured() {
         })
         .await
         .unwrap();
-    wait_share_available(&m, &share.id).await;
+    wait_share(&m, &share.id, ShareStatus::Available).await;
     let rule = m
         .grant_access(
             &share.id,
@@ -882,7 +824,7 @@ async fn microversions_are_negotiated_and_honoured() {
         )
         .await
         .unwrap();
-    let active = wait_rule_active(&m, &share.id, &rule.id).await;
+    let active = wait_rule(&m, &share.id, &rule.id, AccessRuleState::Active).await;
     assert!(
         active.access_key.as_deref().is_some_and(|k| !k.is_empty()),
         "cephx rules get a key"
