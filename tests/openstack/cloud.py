@@ -778,6 +778,20 @@ region_name = {REGION}
     start("nova-compute", [venv_bin("nova-compute"), "--config-file", str(d / "nova-compute.conf")])
 
 
+def reported_since_start(process, services):
+    """Whether one of `services` (an os-services listing) is up on a
+    heartbeat sent after `process` was started by us."""
+    marker = STATE / "pids" / f"{process}.started"
+    started = float(marker.read_text()) if marker.exists() else 0
+    for svc in services:
+        stamp = svc.get("updated_at") or ""
+        if svc.get("state") == "up" and stamp:
+            when = time.mktime(time.strptime(stamp.split(".")[0], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+            if when >= started - 1:
+                return True
+    return False
+
+
 class Api:
     """Calls OpenStack APIs as one user, with the catalog from Keystone."""
 
@@ -831,18 +845,9 @@ def configure_block():
     # "up" must rest on a heartbeat from this nova-compute, not on one left
     # from before a restart: Nova refuses detaches while it thinks the
     # compute service is down
-    started = float((STATE / "pids" / "nova-compute.started").read_text())
-
-    def compute_reported():
-        for svc in api.call("GET", nova + "/os-services?binary=nova-compute")["services"]:
-            stamp = svc.get("updated_at") or ""
-            if svc.get("state") == "up" and stamp:
-                when = time.mktime(time.strptime(stamp.split(".")[0], "%Y-%m-%dT%H:%M:%S")) - time.timezone
-                if when >= started - 1:
-                    return True
-        return False
-
-    wait_until("nova-compute", compute_reported, 120, STATE / "logs" / "nova-compute-app.log")
+    wait_until("nova-compute", lambda: reported_since_start(
+        "nova-compute", api.call("GET", nova + "/os-services?binary=nova-compute")["services"]),
+        120, STATE / "logs" / "nova-compute-app.log")
     # map the host to its cell now rather than leave it to a periodic task;
     # os-hypervisors lists a node only once it is mapped
     d = STATE / "nova"
@@ -978,19 +983,9 @@ def configure_file():
     api = Api()
     manila = f"http://{HOST}:{PORTS['manila']}/v2/{api.project_id}"
     mv = {"X-OpenStack-Manila-API-Version": "2.65"}
-    started = float((STATE / "pids" / "manila-share.started").read_text()) if (
-        STATE / "pids" / "manila-share.started").exists() else 0
-
-    def share_service_reported():
-        for svc in api.call("GET", manila + "/services?binary=manila-share", headers=mv)["services"]:
-            stamp = svc.get("updated_at") or ""
-            if svc.get("state") == "up" and stamp:
-                when = time.mktime(time.strptime(stamp.split(".")[0], "%Y-%m-%dT%H:%M:%S")) - time.timezone
-                if when >= started - 1:
-                    return True
-        return False
-
-    wait_until("manila-share", share_service_reported, 120, STATE / "logs" / "manila-app.log")
+    wait_until("manila-share", lambda: reported_since_start(
+        "manila-share", api.call("GET", manila + "/services?binary=manila-share", headers=mv)["services"]),
+        120, STATE / "logs" / "manila-app.log")
     for project in (api.project_id, Keystone().find("projects", "demo")):
         api.call("PUT", f"{manila}/quota-sets/{project}", {"quota_set": {
             "shares": -1, "gigabytes": -1, "snapshots": -1, "snapshot_gigabytes": -1}}, headers=mv)
