@@ -1,0 +1,43 @@
+//! Command-line flags, compatible with the upstream plugin's
+//! (`--socketpath`, `--cloud-config`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use plugin_runtime::{Endpoint, LogArgs};
+
+fn duration(s: &str) -> Result<Duration, String> {
+    openstack_client::config::parse_go_duration(s)
+}
+
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "barbican-kms-plugin",
+    version,
+    about = "Kubernetes KMS v2 plugin with a key-encryption key in Barbican"
+)]
+pub struct Options {
+    /// The plugin's Unix socket (a path or unix:///path); created 0600.
+    #[arg(long, default_value = "/var/lib/kms/kms.sock")]
+    pub socketpath: Endpoint,
+    /// cloud.conf: [Global] credentials and [KeyManager] key-id.
+    #[arg(long, default_value = "/etc/kubernetes/cloud-config")]
+    pub cloud_config: PathBuf,
+    /// Barbican secrets of earlier keys, loaded at start so Decrypt of old
+    /// data needs no round trip (repeatable).
+    #[arg(long = "previous-key-id")]
+    pub previous_key_ids: Vec<String>,
+    /// How often the current key is fetched again from Barbican.
+    #[arg(long, default_value = "5m", value_parser = duration)]
+    pub refresh_interval: Duration,
+    /// How long the plugin stays healthy on a cached key Barbican has not
+    /// confirmed (outage tolerance).
+    #[arg(long, default_value = "1h", value_parser = duration)]
+    pub max_staleness: Duration,
+    /// Serve /metrics and /healthz on this address.
+    #[arg(long)]
+    pub http_endpoint: Option<SocketAddr>,
+    #[command(flatten)]
+    pub log: LogArgs,
+}

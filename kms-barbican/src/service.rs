@@ -1,0 +1,100 @@
+//! The KMS v2 gRPC service: the only place that sees tonic types. Every
+//! error is mapped to a status here; no plaintext, key or ciphertext is
+//! ever logged.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use proto::kms::v2 as kms;
+use proto::kms::v2::key_management_service_server::KeyManagementService;
+use tonic::{Request, Response, Status};
+
+use crate::envelope::{EnvelopeError, FORMAT_ANNOTATION, FORMAT_V1_NAME};
+use crate::keyring::{KeyRing, KeyRingError};
+use crate::keystore::{KeyStore, KeyStoreError};
+
+#[derive(Debug)]
+pub struct KmsService<S> {
+    ring: Arc<KeyRing<S>>,
+}
+
+impl<S> KmsService<S> {
+    pub fn new(ring: Arc<KeyRing<S>>) -> Self {
+        Self { ring }
+    }
+}
+
+fn to_status(e: KeyRingError) -> Status {
+    use EnvelopeError as E;
+    match &e {
+        KeyRingError::NotReady(_) => Status::unavailable(e.to_string()),
+        KeyRingError::Envelope(E::Random) => Status::internal(e.to_string()),
+        KeyRingError::Envelope(_) | KeyRingError::BadKeyId(_) | KeyRingError::BadAnnotation(_) => {
+            Status::invalid_argument(e.to_string())
+        }
+        KeyRingError::KeyChanged { .. } | KeyRingError::BadKey { .. } => {
+            Status::failed_precondition(e.to_string())
+        }
+        KeyRingError::Store(KeyStoreError::NotFound(_)) => Status::not_found(e.to_string()),
+        KeyRingError::Store(KeyStoreError::Denied { .. }) => {
+            Status::permission_denied(e.to_string())
+        }
+        KeyRingError::Store(KeyStoreError::Unavailable(_)) => Status::unavailable(e.to_string()),
+    }
+}
+
+#[tonic::async_trait]
+impl<S: KeyStore> KeyManagementService for KmsService<S> {
+    async fn status(
+        &self,
+        _r: Request<kms::StatusRequest>,
+    ) -> Result<Response<kms::StatusResponse>, Status> {
+        let h = self.ring.health();
+        let healthz = match &h.problem {
+            None => "ok".to_string(),
+            Some(p) => {
+                tracing::warn!(problem = %p, "unhealthy");
+                p.clone()
+            }
+        };
+        Ok(Response::new(kms::StatusResponse {
+            version: "v2".into(),
+            healthz,
+            key_id: h.key_id,
+        }))
+    }
+
+    async fn encrypt(
+        &self,
+        r: Request<kms::EncryptRequest>,
+    ) -> Result<Response<kms::EncryptResponse>, Status> {
+        let req = r.into_inner();
+        let span = tracing::debug_span!("encrypt", uid = %req.uid, bytes = req.plaintext.len());
+        let _e = span.enter();
+        let (ciphertext, key_id) = self.ring.encrypt(&req.plaintext).map_err(to_status)?;
+        let annotations = HashMap::from([(FORMAT_ANNOTATION.to_string(), FORMAT_V1_NAME.to_vec())]);
+        Ok(Response::new(kms::EncryptResponse {
+            ciphertext,
+            key_id,
+            annotations,
+        }))
+    }
+
+    async fn decrypt(
+        &self,
+        r: Request<kms::DecryptRequest>,
+    ) -> Result<Response<kms::DecryptResponse>, Status> {
+        let req = r.into_inner();
+        let plaintext = self
+            .ring
+            .decrypt(&req.ciphertext, &req.key_id, &req.annotations)
+            .await
+            .map_err(|e| {
+                tracing::info!(uid = %req.uid, key_id = %req.key_id, error = %e, "decrypt refused");
+                to_status(e)
+            })?;
+        Ok(Response::new(kms::DecryptResponse {
+            plaintext: plaintext.to_vec(),
+        }))
+    }
+}

@@ -1,0 +1,589 @@
+//! `barbican-kms-plugin` driven over its socket the way a kube-apiserver
+//! drives it, against the emulator's Barbican.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use aes::cipher::{BlockEncryptMut, KeyIvInit, block_padding::Pkcs7};
+use openstack_client::barbican::{CreateSecret, KeyManager};
+use openstack_client::config::{CloudConf, ConfigEnv};
+use openstack_client::{Session, SessionOptions};
+use openstack_emulator::{Emulator, EmulatorConfig, FaultAction, FaultRule};
+use proto::kms::v2::key_management_service_client::KeyManagementServiceClient;
+use proto::kms::v2::{DecryptRequest, EncryptRequest, StatusRequest};
+use tonic::transport::Channel;
+use zeroize::Zeroizing;
+
+const BIN: &str = env!("CARGO_BIN_EXE_barbican-kms-plugin");
+
+struct Plugin {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Plugin {
+    fn start(dir: &Path, conf: &Path, extra: &[&str]) -> Plugin {
+        let socket = dir.join("run/kms.sock");
+        let log = dir.join("plugin.log");
+        let child = Command::new(BIN)
+            .arg("--socketpath")
+            .arg(&socket)
+            .arg("--cloud-config")
+            .arg(conf)
+            .args(["--refresh-interval", "200ms", "--log-level", "debug"])
+            .args(extra)
+            .stderr(std::fs::File::create(&log).unwrap())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        Plugin { child, socket, log }
+    }
+
+    async fn client(&self) -> KeyManagementServiceClient<Channel> {
+        // a socket left by a killed predecessor refuses until replaced
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(ch) = plugin_runtime::connect_unix(&self.socket).await {
+                return KeyManagementServiceClient::new(ch);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no socket; log:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn sighup(&self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGHUP,
+        )
+        .unwrap();
+    }
+}
+
+struct Cloud {
+    emu: Emulator,
+    barbican: KeyManager,
+}
+
+impl Cloud {
+    async fn start() -> Cloud {
+        let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
+        let conf = CloudConf::from_texts(
+            &[(PathBuf::from("c"), emu.cloud_conf())],
+            ConfigEnv::default(),
+        )
+        .unwrap();
+        let barbican = KeyManager::new(
+            Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap(),
+        );
+        Cloud { emu, barbican }
+    }
+
+    async fn secret(&self, bytes: &[u8]) -> String {
+        self.barbican
+            .create_secret(&CreateSecret {
+                name: "kek".into(),
+                payload: Some(Zeroizing::new(bytes.to_vec())),
+                algorithm: Some("aes".into()),
+                bit_length: Some(256),
+                mode: Some("gcm".into()),
+                secret_type: "symmetric".into(),
+            })
+            .await
+            .unwrap()
+    }
+
+    fn write_conf(&self, path: &Path, key_id: &str) {
+        std::fs::write(
+            path,
+            format!(
+                "{}\n[KeyManager]\nkey-id = {key_id}\n",
+                self.emu.cloud_conf()
+            ),
+        )
+        .unwrap();
+    }
+}
+
+async fn wait_healthy(c: &mut KeyManagementServiceClient<Channel>) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = c.status(StatusRequest {}).await.unwrap().into_inner();
+        if s.healthz == "ok" {
+            assert_eq!(s.version, "v2");
+            return s.key_id;
+        }
+        assert!(Instant::now() < deadline, "never healthy: {}", s.healthz);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_status(
+    c: &mut KeyManagementServiceClient<Channel>,
+    what: &str,
+    pred: impl Fn(&str, &str) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = c.status(StatusRequest {}).await.unwrap().into_inner();
+        if pred(&s.healthz, &s.key_id) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: status stayed {:?} / {}",
+            s.healthz,
+            s.key_id
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn seed(n: u8) -> Vec<u8> {
+    (0..32).map(|i| i ^ n).collect()
+}
+
+#[tokio::test]
+async fn drives_like_an_apiserver_and_survives_restart() {
+    let cloud = Cloud::start().await;
+    let key = [7u8; 32];
+    let secret = cloud.secret(&key).await;
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("cloud.conf");
+    cloud.write_conf(&conf, &secret);
+    let plugin = Plugin::start(dir.path(), &conf, &[]);
+    let mut c = plugin.client().await;
+    assert_eq!(
+        std::fs::metadata(&plugin.socket)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+
+    // Status, then Encrypt of a 32-byte seed, as the apiserver does at start
+    let key_id = wait_healthy(&mut c).await;
+    assert!(key_id.starts_with(&format!("{secret}:")), "{key_id}");
+    let enc = c
+        .encrypt(EncryptRequest {
+            plaintext: seed(1),
+            uid: "u-1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(enc.key_id, key_id, "Encrypt and Status agree on key_id");
+    assert!(enc.ciphertext.len() <= 1024 && !enc.ciphertext.is_empty());
+    assert!(enc.annotations.keys().all(|k| {
+        k.contains('.')
+            && k.chars()
+                .all(|c| c.is_ascii_lowercase() || c == '.' || c == '-')
+    }));
+
+    // a burst of Decrypts with the returned key_id and annotations
+    let mut tasks = Vec::new();
+    for i in 0..300 {
+        let mut c = c.clone();
+        let (ct, kid, ann) = (
+            enc.ciphertext.clone(),
+            enc.key_id.clone(),
+            enc.annotations.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            c.decrypt(DecryptRequest {
+                ciphertext: ct,
+                uid: format!("d-{i}"),
+                key_id: kid,
+                annotations: ann,
+            })
+            .await
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap().into_inner().plaintext, seed(1));
+    }
+
+    // no seed or key material in the log, at debug level
+    let log = std::fs::read_to_string(&plugin.log).unwrap();
+    for secret_bytes in [seed(1), key.to_vec(), enc.ciphertext.clone()] {
+        let as_list = format!("{:?}", &secret_bytes[..8]);
+        assert!(
+            !log.contains(&as_list[1..as_list.len() - 1]),
+            "key material in the log"
+        );
+    }
+
+    // a restarted plugin still opens what the old one sealed
+    drop(c);
+    drop(plugin);
+    let plugin = Plugin::start(dir.path(), &conf, &[]);
+    let mut c = plugin.client().await;
+    assert_eq!(wait_healthy(&mut c).await, key_id);
+    let dec = c
+        .decrypt(DecryptRequest {
+            ciphertext: enc.ciphertext,
+            uid: "r".into(),
+            key_id: enc.key_id,
+            annotations: enc.annotations,
+        })
+        .await
+        .unwrap();
+    assert_eq!(dec.into_inner().plaintext, seed(1));
+}
+
+#[tokio::test]
+async fn rotation_keeps_old_data_readable() {
+    let cloud = Cloud::start().await;
+    let first = cloud.secret(&[1u8; 32]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("cloud.conf");
+    cloud.write_conf(&conf, &first);
+    let plugin = Plugin::start(dir.path(), &conf, &[]);
+    let mut c = plugin.client().await;
+    let old_id = wait_healthy(&mut c).await;
+    let old = c
+        .encrypt(EncryptRequest {
+            plaintext: seed(2),
+            uid: "a".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+
+    // key-id changes in the file; SIGHUP (a changed file alone also works)
+    let second = cloud.secret(&[2u8; 32]).await;
+    cloud.write_conf(&conf, &second);
+    plugin.sighup();
+    wait_status(&mut c, "rotation", |h, k| {
+        h == "ok" && k.starts_with(&second)
+    })
+    .await;
+    let new = c
+        .encrypt(EncryptRequest {
+            plaintext: seed(3),
+            uid: "b".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(new.key_id.starts_with(&second) && new.key_id != old_id);
+    let status = c.status(StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(
+        status.key_id, new.key_id,
+        "Status and Encrypt agree after rotation"
+    );
+    for (ct, want) in [(old, seed(2)), (new, seed(3))] {
+        let pt = c
+            .decrypt(DecryptRequest {
+                ciphertext: ct.ciphertext,
+                uid: "d".into(),
+                key_id: ct.key_id,
+                annotations: ct.annotations,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .plaintext;
+        assert_eq!(pt, want);
+    }
+}
+
+#[tokio::test]
+async fn barbican_outage_degrades_only_after_the_allowed_staleness() {
+    let cloud = Cloud::start().await;
+    let secret = cloud.secret(&[9u8; 32]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("cloud.conf");
+    cloud.write_conf(&conf, &secret);
+    let plugin = Plugin::start(dir.path(), &conf, &["--max-staleness", "2s"]);
+    let mut c = plugin.client().await;
+    wait_healthy(&mut c).await;
+    let enc = c
+        .encrypt(EncryptRequest {
+            plaintext: seed(4),
+            uid: "e".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+
+    cloud
+        .emu
+        .control()
+        .add_fault(FaultRule::new(None, "/key-manager/", FaultAction::Drop));
+    // keeps serving from the cached key
+    let started = Instant::now();
+    let pt = c
+        .decrypt(DecryptRequest {
+            ciphertext: enc.ciphertext.clone(),
+            uid: "o".into(),
+            key_id: enc.key_id.clone(),
+            annotations: enc.annotations.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(pt.into_inner().plaintext, seed(4));
+    c.encrypt(EncryptRequest {
+        plaintext: seed(5),
+        uid: "o2".into(),
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        c.status(StatusRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .healthz,
+        "ok",
+        "healthy within the staleness"
+    );
+    wait_status(&mut c, "degraded", |h, _| {
+        h.contains("not confirmed by Barbican")
+    })
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "degraded too early: {:?}",
+        started.elapsed()
+    );
+    // and recovers
+    cloud.emu.control().clear_faults();
+    wait_healthy(&mut c).await;
+}
+
+#[tokio::test]
+async fn decrypts_what_the_upstream_plugin_wrote() {
+    let cloud = Cloud::start().await;
+    let key = [0x42u8; 32];
+    let secret = cloud.secret(&key).await;
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("cloud.conf");
+    cloud.write_conf(&conf, &secret);
+    let plugin = Plugin::start(dir.path(), &conf, &[]);
+    let mut c = plugin.client().await;
+    wait_healthy(&mut c).await;
+    // upstream: IV ‖ AES-256-CBC(PKCS#7(seed)), key_id = the bare secret UUID
+    let iv = [3u8; 16];
+    let body = cbc::Encryptor::<aes::Aes256>::new_from_slices(&key, &iv)
+        .unwrap()
+        .encrypt_padded_vec_mut::<Pkcs7>(&seed(6));
+    let legacy = [iv.as_slice(), &body].concat();
+    let pt = c
+        .decrypt(DecryptRequest {
+            ciphertext: legacy.clone(),
+            uid: "l".into(),
+            key_id: secret.clone(),
+            annotations: HashMap::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .plaintext;
+    assert_eq!(pt, seed(6));
+    // a broken legacy ciphertext is refused
+    let err = c
+        .decrypt(DecryptRequest {
+            ciphertext: legacy[..40].to_vec(),
+            uid: "l2".into(),
+            key_id: secret,
+            annotations: HashMap::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+}
+
+#[tokio::test]
+async fn bad_input_gets_clear_errors_and_the_process_stays_up() {
+    let cloud = Cloud::start().await;
+    let secret = cloud.secret(&[5u8; 32]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("cloud.conf");
+    cloud.write_conf(&conf, &secret);
+    let plugin = Plugin::start(dir.path(), &conf, &[]);
+    let mut c = plugin.client().await;
+    wait_healthy(&mut c).await;
+    let enc = c
+        .encrypt(EncryptRequest {
+            plaintext: seed(7),
+            uid: "x".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let dec = |ct: Vec<u8>, kid: &str, ann: HashMap<String, Vec<u8>>| DecryptRequest {
+        ciphertext: ct,
+        uid: "b".into(),
+        key_id: kid.into(),
+        annotations: ann,
+    };
+
+    let code =
+        |r: Result<tonic::Response<proto::kms::v2::EncryptResponse>, tonic::Status>| r.unwrap_err();
+    let e = code(
+        c.encrypt(EncryptRequest {
+            plaintext: vec![],
+            uid: "e".into(),
+        })
+        .await,
+    );
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("empty"), "{e}");
+    let e = code(
+        c.encrypt(EncryptRequest {
+            plaintext: vec![1; 2000],
+            uid: "e".into(),
+        })
+        .await,
+    );
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("2000 bytes"), "{e}");
+
+    let cases: Vec<(DecryptRequest, tonic::Code, &str)> = vec![
+        (
+            dec(enc.ciphertext.clone(), "", enc.annotations.clone()),
+            tonic::Code::InvalidArgument,
+            "key_id",
+        ),
+        (
+            dec(
+                enc.ciphertext.clone(),
+                &"x".repeat(2000),
+                enc.annotations.clone(),
+            ),
+            tonic::Code::InvalidArgument,
+            "key_id",
+        ),
+        (
+            dec(enc.ciphertext.clone(), "not-a-key-id", HashMap::new()),
+            tonic::Code::InvalidArgument,
+            "key_id",
+        ),
+        (
+            dec(
+                enc.ciphertext.clone(),
+                &enc.key_id,
+                HashMap::from([("evil.example.com".to_string(), b"x".to_vec())]),
+            ),
+            tonic::Code::InvalidArgument,
+            "annotation",
+        ),
+        (
+            dec(
+                enc.ciphertext.clone(),
+                &enc.key_id,
+                HashMap::from([(
+                    kms_barbican::envelope::FORMAT_ANNOTATION.to_string(),
+                    b"rot13".to_vec(),
+                )]),
+            ),
+            tonic::Code::InvalidArgument,
+            "not a format",
+        ),
+        (
+            {
+                let mut t = enc.ciphertext.clone();
+                t[20] ^= 1;
+                dec(t, &enc.key_id, enc.annotations.clone())
+            },
+            tonic::Code::InvalidArgument,
+            "does not authenticate",
+        ),
+        (
+            dec(vec![], &enc.key_id, enc.annotations.clone()),
+            tonic::Code::InvalidArgument,
+            "shorter",
+        ),
+        (
+            dec(
+                enc.ciphertext.clone(),
+                "00000000-0000-4000-8000-000000000000:0123456789abcdef",
+                HashMap::new(),
+            ),
+            tonic::Code::NotFound,
+            "does not exist",
+        ),
+    ];
+    for (req, want, text) in cases {
+        let e = c.decrypt(req).await.unwrap_err();
+        assert_eq!(e.code(), want, "{e}");
+        assert!(e.message().contains(text), "{e}");
+    }
+    // still serving
+    wait_healthy(&mut c).await;
+}
+
+#[tokio::test]
+async fn an_unusable_key_or_login_keeps_status_unhealthy_with_the_reason() {
+    let cloud = Cloud::start().await;
+    let short = cloud.secret(&[1u8; 16]).await;
+    let dir = tempfile::tempdir().unwrap();
+    for (key_id, conf_text, want) in [
+        (short.clone(), None, "16 bytes"),
+        (
+            "3f1d2c4b-0000-4000-8000-000000000000".to_string(),
+            None,
+            "does not exist",
+        ),
+        (
+            short.clone(),
+            Some(cloud.emu.cloud_conf().replace("admin-secret", "wrong")),
+            "refused password authentication",
+        ),
+    ] {
+        let conf = dir.path().join(format!("c-{}.conf", want.len()));
+        match conf_text {
+            None => cloud.write_conf(&conf, &key_id),
+            Some(text) => {
+                std::fs::write(&conf, format!("{text}\n[KeyManager]\nkey-id = {key_id}\n")).unwrap()
+            }
+        }
+        let sub = dir.path().join(format!("p-{}", want.len()));
+        std::fs::create_dir_all(&sub).unwrap();
+        let plugin = Plugin::start(&sub, &conf, &[]);
+        let mut c = plugin.client().await;
+        wait_status(&mut c, want, |h, _| h.contains(want)).await;
+        let e = c
+            .encrypt(EncryptRequest {
+                plaintext: seed(1),
+                uid: "n".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{want}: {e}");
+    }
+
+    // a cloud.conf without [KeyManager] key-id is refused at start
+    let conf = dir.path().join("nokey.conf");
+    std::fs::write(&conf, cloud.emu.cloud_conf()).unwrap();
+    let out = Command::new(BIN)
+        .args(["--socketpath", "/tmp/never-kms.sock", "--cloud-config"])
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("[KeyManager] key-id"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
