@@ -35,6 +35,8 @@ cloud_started=1
 phase "real OpenStack up ($cloud_profile)" python3 tests/openstack/cloud.py up "$cloud_profile"
 phase "contract tests (real OpenStack)" bash -o pipefail -c \
   'OPENSTACK_TEST_BACKEND=real cargo test --locked -p openstack-client --test contract 2>&1 | tee -a "$0"' "$log"
+phase "KMS plugin against real Keystone + Barbican" bash -o pipefail -c \
+  'OPENSTACK_TEST_BACKEND=real cargo test --locked -p kms-barbican --test plugin 2>&1 | tee -a "$0"' "$log"
 phase "real OpenStack down" python3 tests/openstack/cloud.py down
 cloud_started=
 
