@@ -29,6 +29,7 @@ phase() {
 phase "prerequisites" bash scripts/install-test-deps.sh
 phase "cargo fmt --check" cargo fmt --all -- --check
 phase "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
+phase "manifests (deploy/)" python3 deploy/validate.py
 phase "cargo test (emulator tier)" bash -o pipefail -c 'cargo test --workspace --locked 2>&1 | tee -a "$0"' "$log"
 
 cloud_started=1

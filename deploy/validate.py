@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Validates every manifest under deploy/: Kubernetes objects against the
+strict upstream JSON schemas shipped by the `kubernetes-validate` package,
+EncryptionConfiguration against deploy/schemas/encryption-configuration.json,
+and the cloud.conf inside the KMS Secret with the suite's own parser rules
+(sections and keys). Installs its tools into a venv ($DEPLOY_VALIDATE_VENV,
+default .venv-tools) on first use. Exits 1 listing every problem."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+VENV = Path(os.environ.get("DEPLOY_VALIDATE_VENV", REPO / ".venv-tools"))
+K8S_VERSION = "1.33.0"
+PINS = ["kubernetes-validate==1.37.0", "jsonschema==4.26.0", "PyYAML==6.0.3"]
+
+
+def ensure_tools():
+    py = VENV / "bin" / "python"
+    marker = VENV / ".pins"
+    if py.exists() and marker.exists() and marker.read_text() == "\n".join(PINS):
+        return py
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", *PINS], check=True)
+    marker.write_text("\n".join(PINS))
+    return py
+
+
+def documents():
+    import yaml
+
+    for path in sorted(HERE.rglob("*.yaml")):
+        for n, doc in enumerate(yaml.safe_load_all(path.read_text())):
+            if doc is not None:
+                yield f"{path.relative_to(REPO)}#{n}", doc
+
+
+# each must be reported: proves the checks can fail
+BROKEN = [
+    ("pod with an unknown field", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                                    "spec": {"containers": [{"name": "c", "image": "i", "bogus": 1}]}}),
+    ("pod without containers", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}}),
+    ("kms provider of API v1", {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "EncryptionConfiguration",
+                                 "resources": [{"resources": ["secrets"], "providers": [
+                                     {"kms": {"apiVersion": "v1", "name": "b", "endpoint": "unix:///s"}}]}]}),
+    ("kms endpoint over tcp", {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "EncryptionConfiguration",
+                                "resources": [{"resources": ["secrets"], "providers": [
+                                    {"kms": {"apiVersion": "v2", "name": "b", "endpoint": "tcp://1.2.3.4:1"}}]}]}),
+    ("secret cloud.conf without key-id", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
+                                           "stringData": {"cloud.conf": "[Global]\n[KeyManager]\n"}}),
+]
+
+
+def validate(docs):
+    import jsonschema
+    import kubernetes_validate
+
+    problems = []
+    checked = 0
+    enc_schema = json.loads((HERE / "schemas" / "encryption-configuration.json").read_text())
+    for where, doc in docs:
+        checked += 1
+        if doc.get("kind") == "EncryptionConfiguration":
+            for e in jsonschema.Draft202012Validator(enc_schema).iter_errors(doc):
+                problems.append(f"{where}: {'/'.join(map(str, e.path))}: {e.message}")
+            continue
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            problems.append(f"{where}: {e.message} at {'/'.join(map(str, e.path))}")
+        except Exception as e:  # unknown kinds, schema lookups
+            problems.append(f"{where}: {e}")
+        if doc.get("kind") == "Secret" and "cloud.conf" in (doc.get("stringData") or {}):
+            text = doc["stringData"]["cloud.conf"]
+            sections = [l.strip() for l in text.splitlines() if l.strip().startswith("[")]
+            if "[Global]" not in sections or "[KeyManager]" not in sections:
+                problems.append(f"{where}: cloud.conf needs [Global] and [KeyManager]")
+            if "key-id" not in text:
+                problems.append(f"{where}: cloud.conf lacks [KeyManager] key-id")
+    return checked, problems
+
+
+def main():
+    if os.environ.get("_DEPLOY_VALIDATE_INNER") != "1":
+        py = ensure_tools()
+        env = {**os.environ, "_DEPLOY_VALIDATE_INNER": "1"}
+        return subprocess.run([str(py), __file__], env=env).returncode
+    missed = [name for name, doc in BROKEN if not validate([(name, doc)])[1]]
+    if missed:
+        print(f"the validator accepted broken documents: {', '.join(missed)}")
+        return 1
+    checked, problems = validate(documents())
+    for p in problems:
+        print(f"INVALID {p}")
+    print(f"manifests: {checked} checked, {len(problems)} problems; {len(BROKEN)} broken examples rejected")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
