@@ -57,12 +57,46 @@ pub enum EnvelopeError {
     Random,
 }
 
-/// A key-encryption key and the `key_id` derived from it.
+/// A key-encryption key and the `key_id` derived from it. The raw bytes
+/// sit in their own heap allocation, locked into RAM where the process may
+/// (`mlock`: root or CAP_IPC_LOCK) and wiped on drop.
 pub struct Kek {
     secret_id: String,
     key_id: String,
-    raw: Zeroizing<[u8; KEY_LEN]>,
+    raw: Box<Zeroizing<[u8; KEY_LEN]>>,
+    locked: bool,
     aead: LessSafeKey,
+}
+
+/// Locks the page(s) of `buf` into RAM so the key cannot reach swap.
+#[allow(unsafe_code)]
+fn lock_in_memory(buf: &[u8; KEY_LEN]) -> bool {
+    let Some(ptr) = std::ptr::NonNull::new(buf.as_ptr() as *mut std::ffi::c_void) else {
+        return false;
+    };
+    // SAFETY: `ptr` and the length describe `buf`, a live allocation owned
+    // by the `Kek` that calls this; mlock only changes the paging of those
+    // pages and neither reads nor writes them.
+    unsafe { nix::sys::mman::mlock(ptr, KEY_LEN) }.is_ok()
+}
+
+#[allow(unsafe_code)]
+fn unlock(buf: &[u8; KEY_LEN]) {
+    if let Some(ptr) = std::ptr::NonNull::new(buf.as_ptr() as *mut std::ffi::c_void) {
+        // SAFETY: as in `lock_in_memory`; called once, from `Kek::drop`,
+        // while the buffer is still allocated.
+        let _ = unsafe { nix::sys::mman::munlock(ptr, KEY_LEN) };
+    }
+}
+
+impl Drop for Kek {
+    fn drop(&mut self) {
+        use zeroize::Zeroize;
+        self.raw.zeroize();
+        if self.locked {
+            unlock(&self.raw);
+        }
+    }
 }
 
 impl std::fmt::Debug for Kek {
@@ -92,7 +126,8 @@ impl Kek {
         if key.len() != KEY_LEN {
             return Err(EnvelopeError::KeyLength(key.len()));
         }
-        let mut raw = Zeroizing::new([0u8; KEY_LEN]);
+        let mut raw = Box::new(Zeroizing::new([0u8; KEY_LEN]));
+        let locked = lock_in_memory(&raw);
         raw.copy_from_slice(key);
         let unbound =
             UnboundKey::new(&AES_256_GCM, key).map_err(|_| EnvelopeError::KeyLength(key.len()))?;
@@ -100,12 +135,18 @@ impl Kek {
             secret_id: secret_id.to_string(),
             key_id: format!("{secret_id}:{}", fingerprint(key)),
             raw,
+            locked,
             aead: LessSafeKey::new(unbound),
         })
     }
 
     pub fn key_id(&self) -> &str {
         &self.key_id
+    }
+
+    /// Whether the key bytes are locked into RAM.
+    pub fn is_locked(&self) -> bool {
+        self.locked
     }
 
     pub fn secret_id(&self) -> &str {
@@ -184,8 +225,9 @@ impl Kek {
         }
         let (iv, body) = ciphertext.split_at(BLOCK);
         let mut buf = Zeroizing::new(body.to_vec());
-        let decryptor = cbc::Decryptor::<aes::Aes256>::new_from_slices(self.raw.as_slice(), iv)
-            .map_err(|_| EnvelopeError::KeyLength(self.raw.len()))?;
+        let decryptor =
+            cbc::Decryptor::<aes::Aes256>::new_from_slices(self.raw.as_ref().as_slice(), iv)
+                .map_err(|_| EnvelopeError::KeyLength(self.raw.len()))?;
         let len = decryptor
             .decrypt_padded_mut::<Pkcs7>(&mut buf)
             .map_err(|_| EnvelopeError::LegacyPadding)?
@@ -255,6 +297,15 @@ mod tests {
             other_id.open(&ct).is_err(),
             "the key_id is bound into the ciphertext"
         );
+    }
+
+    #[test]
+    fn key_bytes_are_locked_when_permitted() {
+        let k = kek(9);
+        if nix::unistd::geteuid().is_root() {
+            assert!(k.is_locked(), "root may mlock");
+        }
+        assert_eq!(format!("{k:?}").contains("redacted"), true);
     }
 
     #[test]

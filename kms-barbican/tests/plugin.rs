@@ -185,7 +185,13 @@ async fn drives_like_an_apiserver_and_survives_restart() {
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("cloud.conf");
     cloud.write_conf(&conf, &secret);
-    let plugin = Plugin::start(dir.path(), &conf, &[]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let http = format!("127.0.0.1:{port}");
+    let plugin = Plugin::start(dir.path(), &conf, &["--http-endpoint", &http]);
     let mut c = plugin.client().await;
     assert_eq!(
         std::fs::metadata(&plugin.socket)
@@ -236,6 +242,20 @@ async fn drives_like_an_apiserver_and_survives_restart() {
     }
     for t in tasks {
         assert_eq!(t.await.unwrap().unwrap().into_inner().plaintext, seed(1));
+    }
+
+    // /healthz mirrors Status; /metrics counts RPCs and Barbican fetches
+    let (code, body) = http_get(port, "/healthz").await;
+    assert_eq!((code, body.trim()), (200, "ok"));
+    let (_, metrics) = http_get(port, "/metrics").await;
+    for want in [
+        "grpc_server_handled_total{method=\"/v2.KeyManagementService/Decrypt\",code=\"OK\"} 300",
+        "grpc_server_handled_total{method=\"/v2.KeyManagementService/Encrypt\",code=\"OK\"} 1",
+        "request=\"secret_payload_get\",status=\"200\"}",
+        "kms_key_age_seconds",
+        "kms_key_refresh_failures_total 0",
+    ] {
+        assert!(metrics.contains(want), "{want} missing from:\n{metrics}");
     }
 
     // no seed or key material in the log, at debug level
@@ -605,4 +625,23 @@ async fn an_unusable_key_or_login_keeps_status_unhealthy_with_the_reason() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+async fn http_get(port: u16, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    let code = buf.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (
+        code,
+        buf.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default(),
+    )
 }
