@@ -305,7 +305,7 @@ mod tests {
         if nix::unistd::geteuid().is_root() {
             assert!(k.is_locked(), "root may mlock");
         }
-        assert_eq!(format!("{k:?}").contains("redacted"), true);
+        assert!(format!("{k:?}").contains("redacted"));
     }
 
     #[test]
