@@ -645,3 +645,60 @@ async fn http_get(port: u16, path: &str) -> (u16, String) {
             .unwrap_or_default(),
     )
 }
+
+/// `--previous-key-id` keys are loaded at start: with Barbican cut off
+/// afterwards, old data still decrypts (no on-demand fetch is possible).
+#[tokio::test]
+async fn previous_keys_are_loaded_at_start() {
+    let cloud = Cloud::start().await;
+    let Some(emu) = cloud.emu.as_ref() else {
+        eprintln!("skipped: outages are injected by the emulator");
+        return;
+    };
+    let old = cloud.secret(&[11u8; 32]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("cloud.conf");
+    cloud.write_conf(&conf, &old);
+    let first = Plugin::start(dir.path(), &conf, &[]);
+    let mut c = first.client().await;
+    wait_healthy(&mut c).await;
+    let sealed = c
+        .encrypt(EncryptRequest {
+            plaintext: seed(8),
+            uid: "p".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    drop(c);
+    drop(first);
+
+    let new = cloud.secret(&[12u8; 32]).await;
+    cloud.write_conf(&conf, &new);
+    let second = Plugin::start(dir.path(), &conf, &["--previous-key-id", &old]);
+    let mut c = second.client().await;
+    wait_healthy(&mut c).await;
+    // the previous key is loaded right after the current one
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&second.log)
+        .unwrap_or_default()
+        .contains("previous key loaded")
+    {
+        assert!(Instant::now() < deadline, "previous key never loaded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    emu.control()
+        .add_fault(FaultRule::new(None, "/key-manager/", FaultAction::Drop));
+    let pt = c
+        .decrypt(DecryptRequest {
+            ciphertext: sealed.ciphertext,
+            uid: "q".into(),
+            key_id: sealed.key_id,
+            annotations: sealed.annotations,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .plaintext;
+    assert_eq!(pt, seed(8));
+}
