@@ -24,7 +24,10 @@ use openstack_emulator::{Emulator, EmulatorConfig};
 use zeroize::Zeroizing;
 
 mod common;
-use common::{deadline, wait_gone, wait_rule, wait_share, wait_snapshot, wait_volume};
+use common::{
+    deadline, wait_gone, wait_rule, wait_share, wait_share_size, wait_snapshot, wait_volume,
+    wait_volume_size,
+};
 
 enum Backend {
     Emulator(Emulator),
@@ -378,22 +381,7 @@ async fn cinder_volume_lifecycle_listing_and_errors() {
 
     // offline extend
     c.extend_volume(&v.id, 2, false).await.unwrap();
-    poll_until(
-        "extend",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            let x = c.get_volume(&v.id).await?;
-            Ok(if x.size == 2 && x.status == VolumeStatus::Available {
-                Poll::Ready(())
-            } else {
-                Poll::Pending(x.status.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap();
+    wait_volume_size(&c, &v.id, 2, VolumeStatus::Available).await;
     let err = c.extend_volume(&v.id, 1, false).await.unwrap_err();
     assert!(
         matches!(err, Error::BadRequest(_)),
@@ -688,22 +676,7 @@ async fn nova_attach_extend_detach() {
     c.extend_volume(&v.id, 2, true)
         .await
         .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
-    poll_until(
-        "online extend",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            let x = c.get_volume(&v.id).await?;
-            Ok(if x.size == 2 && x.status == VolumeStatus::InUse {
-                Poll::Ready(())
-            } else {
-                Poll::Pending(x.status.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap();
+    wait_volume_size(&c, &v.id, 2, VolumeStatus::InUse).await;
 
     nova.detach_volume(&server, &v.id).await.unwrap();
     let detached = wait_volume(&c, &v.id, VolumeStatus::Available).await;
@@ -883,39 +856,9 @@ async fn manila_nfs_share_lifecycle() {
 
     // resize
     member.extend_share(&share.id, 2).await.unwrap();
-    poll_until(
-        "extend",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            let s = member.get_share(&share.id).await?;
-            Ok(if s.size == 2 && s.status == ShareStatus::Available {
-                Poll::Ready(())
-            } else {
-                Poll::Pending(s.status.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap();
+    wait_share_size(&member, &share.id, 2).await;
     member.shrink_share(&share.id, 1).await.unwrap();
-    poll_until(
-        "shrink",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            let s = member.get_share(&share.id).await?;
-            Ok(if s.size == 1 && s.status == ShareStatus::Available {
-                Poll::Ready(())
-            } else {
-                Poll::Pending(s.status.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap();
+    wait_share_size(&member, &share.id, 1).await;
     let err = member.extend_share(&share.id, 1).await.unwrap_err();
     assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
 

@@ -50,6 +50,32 @@ pub async fn wait_volume(c: &BlockStorage, id: &str, want: VolumeStatus) -> Volu
     .await
 }
 
+/// Waits until the volume has `size` GiB and is `status` again (extend).
+pub async fn wait_volume_size(c: &BlockStorage, id: &str, size: u64, status: VolumeStatus) {
+    until("volume resize", || async {
+        let v = c.get_volume(id).await?;
+        Ok(if v.size == size && v.status == status {
+            Poll::Ready(())
+        } else {
+            Poll::Pending(v.status.to_string())
+        })
+    })
+    .await
+}
+
+/// Waits until the share has `size` GiB and is available again.
+pub async fn wait_share_size(m: &SharedFileSystems, id: &str, size: u64) {
+    until("share resize", || async {
+        let s = m.get_share(id).await?;
+        Ok(if s.size == size && s.status == ShareStatus::Available {
+            Poll::Ready(())
+        } else {
+            Poll::Pending(s.status.to_string())
+        })
+    })
+    .await
+}
+
 pub async fn wait_snapshot(c: &BlockStorage, id: &str) {
     until("snapshot", || async {
         let s = c.get_snapshot(id).await?;
