@@ -130,6 +130,16 @@ impl Cloud {
             .unwrap()
     }
 
+    /// A secret holding `key`, and a cloud.conf naming it in a fresh
+    /// directory.
+    async fn configured(&self, key: &[u8]) -> (String, tempfile::TempDir, PathBuf) {
+        let secret = self.secret(key).await;
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("cloud.conf");
+        self.write_conf(&conf, &secret);
+        (secret, dir, conf)
+    }
+
     fn write_conf(&self, path: &Path, key_id: &str) {
         std::fs::write(
             path,
@@ -205,14 +215,7 @@ async fn drives_like_an_apiserver_and_survives_restart() {
     // Status, then Encrypt of a 32-byte seed, as the apiserver does at start
     let key_id = wait_healthy(&mut c).await;
     assert!(key_id.starts_with(&format!("{secret}:")), "{key_id}");
-    let enc = c
-        .encrypt(EncryptRequest {
-            plaintext: seed(1),
-            uid: "u-1".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let enc = encrypt(&mut c, seed(1), "u-1").await;
     assert_eq!(enc.key_id, key_id, "Encrypt and Status agree on key_id");
     assert!(enc.ciphertext.len() <= 1024 && !enc.ciphertext.is_empty());
     assert!(enc.annotations.keys().all(|k| {
@@ -289,21 +292,11 @@ async fn drives_like_an_apiserver_and_survives_restart() {
 #[tokio::test]
 async fn rotation_keeps_old_data_readable() {
     let cloud = Cloud::start().await;
-    let first = cloud.secret(&[1u8; 32]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("cloud.conf");
-    cloud.write_conf(&conf, &first);
+    let (_first, dir, conf) = cloud.configured(&[1u8; 32]).await;
     let plugin = Plugin::start(dir.path(), &conf, &[]);
     let mut c = plugin.client().await;
     let old_id = wait_healthy(&mut c).await;
-    let old = c
-        .encrypt(EncryptRequest {
-            plaintext: seed(2),
-            uid: "a".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let old = encrypt(&mut c, seed(2), "a").await;
 
     // key-id changes in the file; SIGHUP (a changed file alone also works)
     let second = cloud.secret(&[2u8; 32]).await;
@@ -313,14 +306,7 @@ async fn rotation_keeps_old_data_readable() {
         h == "ok" && k.starts_with(&second)
     })
     .await;
-    let new = c
-        .encrypt(EncryptRequest {
-            plaintext: seed(3),
-            uid: "b".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let new = encrypt(&mut c, seed(3), "b").await;
     assert!(new.key_id.starts_with(&second) && new.key_id != old_id);
     let status = c.status(StatusRequest {}).await.unwrap().into_inner();
     assert_eq!(
@@ -350,21 +336,11 @@ async fn barbican_outage_degrades_only_after_the_allowed_staleness() {
         eprintln!("skipped: outages are injected by the emulator");
         return;
     };
-    let secret = cloud.secret(&[9u8; 32]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("cloud.conf");
-    cloud.write_conf(&conf, &secret);
+    let (_secret, dir, conf) = cloud.configured(&[9u8; 32]).await;
     let plugin = Plugin::start(dir.path(), &conf, &["--max-staleness", "2s"]);
     let mut c = plugin.client().await;
     wait_healthy(&mut c).await;
-    let enc = c
-        .encrypt(EncryptRequest {
-            plaintext: seed(4),
-            uid: "e".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let enc = encrypt(&mut c, seed(4), "e").await;
 
     emu.control()
         .add_fault(FaultRule::new(None, "/key-manager/", FaultAction::Drop));
@@ -454,21 +430,11 @@ async fn decrypts_what_the_upstream_plugin_wrote() {
 #[tokio::test]
 async fn bad_input_gets_clear_errors_and_the_process_stays_up() {
     let cloud = Cloud::start().await;
-    let secret = cloud.secret(&[5u8; 32]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("cloud.conf");
-    cloud.write_conf(&conf, &secret);
+    let (_secret, dir, conf) = cloud.configured(&[5u8; 32]).await;
     let plugin = Plugin::start(dir.path(), &conf, &[]);
     let mut c = plugin.client().await;
     wait_healthy(&mut c).await;
-    let enc = c
-        .encrypt(EncryptRequest {
-            plaintext: seed(7),
-            uid: "x".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let enc = encrypt(&mut c, seed(7), "x").await;
     let dec = |ct: Vec<u8>, kid: &str, ann: HashMap<String, Vec<u8>>| DecryptRequest {
         ciphertext: ct,
         uid: "b".into(),
@@ -655,21 +621,11 @@ async fn previous_keys_are_loaded_at_start() {
         eprintln!("skipped: outages are injected by the emulator");
         return;
     };
-    let old = cloud.secret(&[11u8; 32]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("cloud.conf");
-    cloud.write_conf(&conf, &old);
+    let (old, dir, conf) = cloud.configured(&[11u8; 32]).await;
     let first = Plugin::start(dir.path(), &conf, &[]);
     let mut c = first.client().await;
     wait_healthy(&mut c).await;
-    let sealed = c
-        .encrypt(EncryptRequest {
-            plaintext: seed(8),
-            uid: "p".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let sealed = encrypt(&mut c, seed(8), "p").await;
     drop(c);
     drop(first);
 
@@ -701,4 +657,18 @@ async fn previous_keys_are_loaded_at_start() {
         .into_inner()
         .plaintext;
     assert_eq!(pt, seed(8));
+}
+
+async fn encrypt(
+    c: &mut KeyManagementServiceClient<Channel>,
+    plaintext: Vec<u8>,
+    uid: &str,
+) -> proto::kms::v2::EncryptResponse {
+    c.encrypt(EncryptRequest {
+        plaintext,
+        uid: uid.into(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
 }
