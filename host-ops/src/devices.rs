@@ -1,0 +1,246 @@
+//! Block devices: finding a volume's device, probing what it holds,
+//! formatting, growing.
+
+use std::fmt;
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use crate::{HostError, Result, io_err, run};
+
+/// Filesystems the drivers create and grow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filesystem {
+    Ext2,
+    Ext3,
+    Ext4,
+    Xfs,
+}
+
+impl Filesystem {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "ext2" => Ok(Self::Ext2),
+            "ext3" => Ok(Self::Ext3),
+            "ext4" => Ok(Self::Ext4),
+            "xfs" => Ok(Self::Xfs),
+            other => Err(HostError::UnsupportedFilesystem(other.to_string())),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ext2 => "ext2",
+            Self::Ext3 => "ext3",
+            Self::Ext4 => "ext4",
+            Self::Xfs => "xfs",
+        }
+    }
+}
+
+impl fmt::Display for Filesystem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What low-level probing found on a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceContent {
+    /// No signature of any kind: safe to format.
+    Empty,
+    /// A filesystem (or other superblock, e.g. LVM, swap, LUKS) of this type.
+    Filesystem(String),
+    /// A partition table of this type (`gpt`, `dos`, ...).
+    PartitionTable(String),
+}
+
+/// Block-device operations a node plugin needs.
+pub trait BlockDevices: Send + Sync + fmt::Debug {
+    /// The device of a Cinder volume as the guest sees it, if present.
+    fn find_volume_device(&self, volume_id: &str) -> Option<PathBuf>;
+    /// Asks the kernel and udev to look for new devices.
+    fn rescan(&self);
+    /// What the device holds, from its on-disk signatures.
+    fn probe(&self, device: &Path) -> Result<DeviceContent>;
+    /// Creates a filesystem. Callers must have probed the device empty;
+    /// the tools are also run without their force flags, as a second check.
+    fn format(&self, device: &Path, fs: Filesystem) -> Result<()>;
+    fn size_bytes(&self, device: &Path) -> Result<u64>;
+    /// Grows the filesystem on `device`, mounted at `mount_point`, to the
+    /// device's size.
+    fn grow_filesystem(&self, device: &Path, mount_point: &Path, fs: Filesystem) -> Result<()>;
+    /// Makes the kernel re-read a device's size where the bus supports it.
+    fn rescan_device(&self, device: &Path) -> Result<()>;
+    /// `(major, minor)` of a device node.
+    fn device_number(&self, device: &Path) -> Result<(u64, u64)>;
+}
+
+/// The by-id names a Cinder volume gets, in the order upstream tries them:
+/// virtio (serial truncated to 20 characters, then whole), QEMU SCSI, and
+/// ESXi's WWN.
+pub fn by_id_candidates(volume_id: &str) -> Vec<String> {
+    let short: String = volume_id.chars().take(20).collect();
+    vec![
+        format!("virtio-{short}"),
+        format!("virtio-{volume_id}"),
+        format!("scsi-0QEMU_QEMU_HARDDISK_{short}"),
+        format!("scsi-0QEMU_QEMU_HARDDISK_{volume_id}"),
+        format!("wwn-0x{}", volume_id.replace('-', "")),
+    ]
+}
+
+#[derive(Debug, Clone)]
+pub struct LinuxBlockDevices {
+    by_id_dir: PathBuf,
+}
+
+impl LinuxBlockDevices {
+    pub fn new(by_id_dir: PathBuf) -> Self {
+        Self { by_id_dir }
+    }
+}
+
+impl BlockDevices for LinuxBlockDevices {
+    fn find_volume_device(&self, volume_id: &str) -> Option<PathBuf> {
+        for name in by_id_candidates(volume_id) {
+            let link = self.by_id_dir.join(name);
+            let Ok(dev) = link.canonicalize() else {
+                continue;
+            };
+            match std::fs::metadata(&dev) {
+                Ok(m) if m.file_type().is_block_device() => return Some(dev),
+                _ => continue,
+            }
+        }
+        None
+    }
+
+    fn rescan(&self) {
+        if let Ok(hosts) = std::fs::read_dir("/sys/class/scsi_host") {
+            for h in hosts.flatten() {
+                let _ = std::fs::write(h.path().join("scan"), "- - -");
+            }
+        }
+        // udev creates the by-id links; without udevadm (containers) this
+        // is a no-op
+        let _ = std::process::Command::new("udevadm")
+            .args(["trigger", "--subsystem-match=block", "--action=change"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+
+    fn probe(&self, device: &Path) -> Result<DeviceContent> {
+        let dev = device.to_string_lossy();
+        // -p: low-level probing of the device itself, bypassing the cache,
+        // so a filesystem written a moment ago is seen
+        let out = std::process::Command::new("blkid")
+            .args(["-p", "-o", "export", &dev])
+            .env("LC_ALL", "C")
+            .output()
+            .map_err(io_err("running blkid on", device))?;
+        match out.status.code() {
+            Some(0) => {}
+            // 2: nothing identified
+            Some(2) => return Ok(DeviceContent::Empty),
+            code => {
+                return Err(HostError::Command {
+                    command: format!("blkid -p -o export {dev}"),
+                    code,
+                    stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                });
+            }
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
+                .map(str::to_string)
+        };
+        if let Some(t) = field("TYPE") {
+            return Ok(DeviceContent::Filesystem(t));
+        }
+        if let Some(t) = field("PTTYPE") {
+            return Ok(DeviceContent::PartitionTable(t));
+        }
+        // blkid identified something it could not name: not empty
+        Ok(DeviceContent::Filesystem("unknown".into()))
+    }
+
+    fn format(&self, device: &Path, fs: Filesystem) -> Result<()> {
+        let dev = device.to_string_lossy();
+        let program = format!("mkfs.{}", fs.as_str());
+        run(&program, &["-q", &dev])?;
+        Ok(())
+    }
+
+    fn size_bytes(&self, device: &Path) -> Result<u64> {
+        let mut f = std::fs::File::open(device).map_err(io_err("opening", device))?;
+        f.seek(SeekFrom::End(0)).map_err(io_err("sizing", device))
+    }
+
+    fn grow_filesystem(&self, device: &Path, mount_point: &Path, fs: Filesystem) -> Result<()> {
+        match fs {
+            Filesystem::Xfs => run("xfs_growfs", &[&mount_point.to_string_lossy()])?,
+            _ => run("resize2fs", &[&device.to_string_lossy()])?,
+        };
+        Ok(())
+    }
+
+    fn rescan_device(&self, device: &Path) -> Result<()> {
+        let Some(name) = device.file_name() else {
+            return Ok(());
+        };
+        let rescan = Path::new("/sys/class/block")
+            .join(name)
+            .join("device/rescan");
+        if rescan.exists() {
+            std::fs::write(&rescan, "1").map_err(io_err("writing", &rescan))?;
+        }
+        Ok(())
+    }
+
+    fn device_number(&self, device: &Path) -> Result<(u64, u64)> {
+        let m = std::fs::metadata(device).map_err(io_err("reading", device))?;
+        let rdev = m.rdev();
+        Ok((nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_follow_upstream_order() {
+        let c = by_id_candidates("0123456789abcdef0123456789abcdef0123");
+        assert_eq!(c[0], "virtio-0123456789abcdef0123");
+        assert_eq!(c[1], "virtio-0123456789abcdef0123456789abcdef0123");
+        assert_eq!(c[4], "wwn-0x0123456789abcdef0123456789abcdef0123");
+    }
+
+    #[test]
+    fn filesystems_parse() {
+        assert_eq!(Filesystem::parse("xfs").unwrap(), Filesystem::Xfs);
+        assert!(Filesystem::parse("ntfs").is_err());
+    }
+
+    #[test]
+    fn missing_links_find_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = LinuxBlockDevices::new(dir.path().to_path_buf());
+        assert_eq!(
+            d.find_volume_device("5d4d6bb2-0000-4000-8000-000000000000"),
+            None
+        );
+        // a link to a regular file is not a device
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        std::os::unix::fs::symlink(&file, dir.path().join("virtio-5d4d6bb2-0000-4000-8")).unwrap();
+        assert_eq!(
+            d.find_volume_device("5d4d6bb2-0000-4000-8000-000000000000"),
+            None
+        );
+    }
+}
