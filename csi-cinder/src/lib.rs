@@ -1,12 +1,17 @@
 //! The Cinder CSI driver: drop-in for the upstream `cinder-csi-plugin`.
 //!
-//! This crate holds the binary's flags and start-up (configuration,
-//! readiness) and serves the CSI Identity service; the Controller and Node
-//! services are added by their own work items and are not advertised
-//! until they exist.
+//! - [`controller`]: volumes, snapshots, attachments (Cinder and Nova
+//!   through `openstack-client`);
+//! - [`node`]: devices, filesystems and mounts (through `host-ops`);
+//! - [`errors`]: the one mapping from driver errors to gRPC codes;
+//! - [`rpc`]: deadlines, per-key locks and CSI argument checks they share.
 
+pub mod controller;
+pub mod errors;
+pub mod node;
 pub mod options;
 pub mod readiness;
+pub mod rpc;
 
 pub use options::Options;
 

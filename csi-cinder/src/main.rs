@@ -1,14 +1,25 @@
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use csi_cinder::Options;
+use csi_cinder::controller::{Cloud, ControllerOptions, ControllerService};
+use csi_cinder::node::{NodeOptions, NodeService, attach_limit};
 use csi_cinder::readiness::{Readiness, State};
+use openstack_client::cinder::BlockStorage;
 use openstack_client::config::{CloudConf, ConfigEnv};
+use openstack_client::metadata::MetadataReader;
+use openstack_client::nova::Compute;
 use openstack_client::{ApiMetrics, Session, SessionOptions};
 use plugin_runtime::PluginServer;
-use plugin_runtime::csi_identity::IdentityService;
+use plugin_runtime::csi_identity::{IdentityService, expansion_capability, service_capability};
+use proto::csi::v1::controller_server::ControllerServer;
 use proto::csi::v1::identity_server::IdentityServer;
+use proto::csi::v1::node_server::NodeServer;
+use proto::csi::v1::plugin_capability::service::Type as ServiceType;
+use proto::csi::v1::plugin_capability::volume_expansion::Type as ExpansionType;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -17,12 +28,26 @@ async fn main() -> anyhow::Result<()> {
     opts.validate().map_err(anyhow::Error::msg)?;
     let server = PluginServer::new(opts.endpoint.clone()).http_endpoint(opts.http_endpoint);
 
-    let readiness = if opts.provide_controller_service {
-        let conf = CloudConf::load(&opts.cloud_config, ConfigEnv::from_process())
-            .context("reading --cloud-config")?;
+    // the node needs only [BlockStorage] and [Metadata], so its cloud.conf
+    // is optional
+    let conf = if opts.cloud_config.is_empty() {
+        CloudConf::default()
+    } else {
+        CloudConf::load(&opts.cloud_config, ConfigEnv::from_process())
+            .context("reading --cloud-config")?
+    };
+    for w in &conf.warnings {
+        tracing::warn!(warning = %w, "cloud.conf");
+    }
+
+    let mut parts = Vec::new();
+    let mut routes = tonic::service::Routes::default();
+    let mut capabilities = Vec::new();
+    if opts.provide_controller_service {
         let metrics = ApiMetrics::default();
         metrics.register(&mut server.registry().lock().unwrap_or_else(|p| p.into_inner()));
         let mut sessions = Vec::new();
+        let mut clouds = Vec::new();
         for name in &opts.cloud_name {
             let cfg = conf
                 .cloud(name)
@@ -34,33 +59,79 @@ async fn main() -> anyhow::Result<()> {
                     ..Default::default()
                 },
             )?;
+            let mut block = BlockStorage::new(session.clone());
+            if conf.block_storage.ignore_volume_microversion {
+                block = block.without_microversions();
+            }
+            clouds.push(Cloud {
+                name: name.clone(),
+                block,
+                compute: Compute::new(session.clone()),
+            });
             sessions.push((name.clone(), session));
         }
         let r = Readiness::default();
         r.watch_clouds(sessions);
-        r
-    } else {
-        Readiness::ready()
-    };
+        parts.push(r);
+        let controller = ControllerService::new(
+            clouds,
+            ControllerOptions {
+                cluster: opts.cluster.clone(),
+                with_topology: opts.with_topology,
+                ignore_volume_az: conf.block_storage.ignore_volume_az,
+            },
+        );
+        routes = routes.add_service(ControllerServer::new(controller));
+        capabilities.push(service_capability(ServiceType::ControllerService));
+        if opts.with_topology {
+            capabilities.push(service_capability(
+                ServiceType::VolumeAccessibilityConstraints,
+            ));
+        }
+    }
+    if opts.provide_node_service {
+        let mut reader = MetadataReader::new(conf.metadata.clone());
+        reader.service_url = opts.metadata_url.clone();
+        let identity = Arc::new(RwLock::new(None));
+        let r = Readiness::default();
+        r.watch_metadata(reader, identity.clone());
+        parts.push(r);
+        let node = NodeService::new(
+            identity,
+            Arc::new(host_ops::LinuxMounter),
+            Arc::new(host_ops::LinuxBlockDevices::new(opts.by_id_dir.clone())),
+            NodeOptions {
+                with_topology: opts.with_topology,
+                additional_topology: opts.additional_topology.clone(),
+                max_volumes_per_node: attach_limit(conf.block_storage.node_volume_attach_limit),
+                path_roots: opts.path_root.iter().map(PathBuf::from).collect(),
+                device_wait: Duration::from_secs(opts.device_wait_secs),
+                rescan_on_resize: conf.block_storage.rescan_on_resize,
+            },
+        );
+        routes = routes.add_service(NodeServer::new(node));
+        if !opts.provide_controller_service && opts.with_topology {
+            capabilities.push(service_capability(
+                ServiceType::VolumeAccessibilityConstraints,
+            ));
+        }
+    }
+    capabilities.push(expansion_capability(ExpansionType::Online));
+    capabilities.push(expansion_capability(ExpansionType::Offline));
 
-    // Capabilities name only services this binary serves: the Controller
-    // and Node services (and with them CONTROLLER_SERVICE, topology and
-    // expansion) are not built yet, so nothing is advertised.
-    let capabilities = Vec::new();
-
-    let probe_state = readiness.clone();
+    let probe_parts = parts.clone();
     let identity = IdentityService::new(
         opts.driver_name.clone(),
         env!("CARGO_PKG_VERSION").to_string(),
         capabilities,
         Arc::new(move || {
-            let s = probe_state.state();
+            let s = Readiness::all(&probe_parts);
             Box::pin(async move { Ok(matches!(s, State::Ready)) })
         }),
     );
-    let health_state = readiness.clone();
+    let health_parts = parts.clone();
     let server = server.health_check(Arc::new(move || {
-        let s = health_state.state();
+        let s = Readiness::all(&health_parts);
         Box::pin(async move {
             match s {
                 State::Ready | State::Starting => Ok(()),
@@ -68,7 +139,7 @@ async fn main() -> anyhow::Result<()> {
             }
         })
     }));
-    let routes = tonic::service::Routes::new(IdentityServer::new(identity));
+    let routes = routes.add_service(IdentityServer::new(identity));
     server
         .serve(routes, plugin_runtime::shutdown_signal())
         .await?;

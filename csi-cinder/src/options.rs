@@ -38,6 +38,21 @@ pub struct Options {
     /// Serve /metrics and /healthz on this address.
     #[arg(long)]
     pub http_endpoint: Option<SocketAddr>,
+    /// Node: where udev links block devices by serial.
+    #[arg(long, default_value = "/dev/disk/by-id")]
+    pub by_id_dir: PathBuf,
+    /// Node: the OpenStack metadata service (instance id and zone), used
+    /// when `[Metadata] search-order` names metadataService.
+    #[arg(long, default_value = "http://169.254.169.254/")]
+    pub metadata_url: url::Url,
+    /// Node: staging and target paths must lie below one of these
+    /// directories (repeatable). Set it to the kubelet's root directory.
+    #[arg(long = "path-root", default_values_t = vec!["/var/lib/kubelet".to_string()])]
+    pub path_root: Vec<String>,
+    /// Node: how long NodeStageVolume waits for the device of a volume
+    /// that was just attached, in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub device_wait_secs: u64,
     /// CSI driver name.
     #[arg(long, default_value = crate::DEFAULT_DRIVER_NAME)]
     pub driver_name: String,
@@ -61,6 +76,13 @@ impl Options {
         plugin_runtime::csi_identity::validate_driver_name(&self.driver_name)?;
         if !self.provide_controller_service && !self.provide_node_service {
             return Err("at least one of --provide-controller-service and --provide-node-service must be true".into());
+        }
+        for r in &self.path_root {
+            if !r.starts_with('/') || r.split('/').any(|c| c == "..") {
+                return Err(format!(
+                    "--path-root {r:?} must be an absolute path without \"..\""
+                ));
+            }
         }
         if self.provide_controller_service && self.cloud_config.is_empty() {
             return Err(

@@ -81,3 +81,51 @@ impl Readiness {
         });
     }
 }
+
+impl Readiness {
+    /// Reads instance metadata (retried with backoff) into `slot`; ready
+    /// once it has been read. The node's identity does not change while
+    /// the instance lives, so it is read once.
+    pub fn watch_metadata(
+        &self,
+        reader: openstack_client::metadata::MetadataReader,
+        slot: std::sync::Arc<std::sync::RwLock<Option<crate::node::NodeIdentity>>>,
+    ) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(500);
+            loop {
+                match reader.read().await {
+                    Ok(m) => {
+                        tracing::info!(instance = %m.uuid, zone = %m.availability_zone, "instance metadata read: ready");
+                        *slot.write().unwrap_or_else(|p| p.into_inner()) =
+                            Some(crate::node::NodeIdentity {
+                                instance_id: m.uuid,
+                                availability_zone: m.availability_zone,
+                            });
+                        this.set(State::Ready);
+                        return;
+                    }
+                    Err(e) => {
+                        let reason = format!("instance metadata: {e}");
+                        tracing::warn!(%reason, retry_in_ms = delay.as_millis() as u64, "node identity not known yet");
+                        this.set(State::Failing(reason));
+                    }
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        });
+    }
+
+    /// Ready when every part is; otherwise the first part's reason.
+    pub fn all(parts: &[Readiness]) -> State {
+        for p in parts {
+            match p.state() {
+                State::Ready => continue,
+                other => return other,
+            }
+        }
+        State::Ready
+    }
+}

@@ -81,6 +81,7 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
         .arg(format!("--endpoint=unix://{}", sock.display()))
         .arg(format!("--cloud-config={}", conf.display()))
         .arg(format!("--http-endpoint=127.0.0.1:{port}"))
+        .arg("--provide-node-service=false")
         .arg("--log-format=json")
         .stderr(Stdio::piped())
         .spawn()
@@ -100,10 +101,9 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
         .await
         .unwrap()
         .into_inner();
-    assert!(
-        caps.capabilities.is_empty(),
-        "no service is advertised before it exists"
-    );
+    // controller + node, topology on: the controller service, topology,
+    // online and offline expansion
+    assert_eq!(caps.capabilities.len(), 4, "{caps:?}");
 
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -165,6 +165,7 @@ async fn wrong_password_keeps_it_unready_with_a_reason() {
             .arg(format!("--endpoint={}", sock.display()))
             .arg(format!("--cloud-config={}", conf.display()))
             .arg(format!("--http-endpoint=127.0.0.1:{port}"))
+            .arg("--provide-node-service=false")
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),

@@ -209,11 +209,18 @@ pub fn volume_usage(path: &Path) -> Result<VolumeUsage> {
     })
 }
 
-/// The device node for `(major, minor)`, via `/dev/block`.
+/// The device node for `(major, minor)`: udev's `/dev/block` link, else
+/// the kernel's name for it from sysfs (containers often lack
+/// `/dev/block`).
 pub fn device_path_of(number: (u64, u64)) -> Option<PathBuf> {
-    PathBuf::from(format!("/dev/block/{}:{}", number.0, number.1))
-        .canonicalize()
-        .ok()
+    let (major, minor) = number;
+    if let Ok(p) = PathBuf::from(format!("/dev/block/{major}:{minor}")).canonicalize() {
+        return Some(p);
+    }
+    let uevent = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent")).ok()?;
+    let name = uevent.lines().find_map(|l| l.strip_prefix("DEVNAME="))?;
+    let p = Path::new("/dev").join(name);
+    p.exists().then_some(p)
 }
 
 #[cfg(test)]

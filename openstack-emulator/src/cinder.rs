@@ -320,6 +320,18 @@ async fn create_volume(
         generation: 0,
     };
     let id = vol.id.clone();
+    if let Some(hv) = &state.hypervisor {
+        let source = match (&vol.snapshot_id, &vol.source_volid) {
+            (Some(s), _) => Some(crate::hypervisor::Hypervisor::snapshot_key(s)),
+            (None, Some(v)) => Some(v.clone()),
+            _ => None,
+        };
+        if let Some(src) = source
+            && let Err(e) = hv.copy_data(&src, &id)
+        {
+            tracing::error!(volume = %id, error = %e, "could not copy the source's data");
+        }
+    }
     let body = json!({ "volume": volume_json(&vol) });
     w.volumes.insert(id.clone(), vol);
     let delay = Delays::d(w.delays.volume_create_ms);
@@ -750,6 +762,14 @@ async fn create_snapshot(
         created_at: now_iso(),
     };
     let id = snap.id.clone();
+    if let Some(hv) = &state.hypervisor
+        && let Err(e) = hv.copy_data(
+            &snap.volume_id,
+            &crate::hypervisor::Hypervisor::snapshot_key(&id),
+        )
+    {
+        tracing::error!(snapshot = %id, error = %e, "could not copy the volume's data");
+    }
     let body = json!({ "snapshot": snapshot_json(&snap) });
     w.snapshots.insert(id.clone(), snap);
     let delay = Delays::d(w.delays.snapshot_create_ms);
@@ -831,8 +851,11 @@ async fn delete_snapshot(
     s.status = "deleting".into();
     let delay = Delays::d(w.delays.snapshot_delete_ms);
     drop(w);
-    state.after(delay, move |_, w| {
+    state.after(delay, move |st, w| {
         w.snapshots.remove(&id);
+        if let Some(hv) = &st.hypervisor {
+            hv.forget_snapshot(&id);
+        }
     });
     Ok(StatusCode::ACCEPTED)
 }

@@ -161,6 +161,37 @@ impl Hypervisor {
         Ok(())
     }
 
+    /// Copies a volume's data (sparse) to a new image: snapshots keep what
+    /// the volume held when taken, and volumes made from a snapshot or a
+    /// clone start with their source's data, as Cinder's backends do.
+    /// A source that was never attached has no data to copy.
+    pub fn copy_data(&self, from: &str, to: &str) -> Result<(), HypervisorError> {
+        let src = self.image(from);
+        if !src.exists() {
+            return Ok(());
+        }
+        let dst = self.image(to);
+        run(
+            "cp",
+            &[
+                "--sparse=always",
+                &src.to_string_lossy(),
+                &dst.to_string_lossy(),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Key of a snapshot's data for [`Hypervisor::copy_data`].
+    pub fn snapshot_key(snapshot_id: &str) -> String {
+        format!("snap-{snapshot_id}")
+    }
+
+    /// Drops a snapshot's data.
+    pub fn forget_snapshot(&self, snapshot_id: &str) {
+        let _ = std::fs::remove_file(self.image(&Self::snapshot_key(snapshot_id)));
+    }
+
     /// The volume was deleted: drop its device and its data.
     pub fn forget_volume(&self, volume_id: &str) {
         self.detach(volume_id);

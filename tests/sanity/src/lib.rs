@@ -4,6 +4,11 @@
 
 use std::path::Path;
 
+pub mod harness;
+pub mod suite;
+
+pub use suite::{Outcome, Report, Suite, SuiteConfig};
+
 use proto::csi::v1 as csi;
 use proto::csi::v1::identity_client::IdentityClient;
 

@@ -1,0 +1,869 @@
+//! The CSI Node service: finds the attached volume's device, formats it
+//! only when it holds nothing, mounts, binds, grows and reports usage.
+//! Needs no OpenStack credentials: the node's identity comes from instance
+//! metadata, read once at start.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use host_ops::{
+    BlockDevices, DeviceContent, Filesystem, MountOptions, Mounter, validate_host_path,
+};
+use proto::csi::v1 as csi;
+use proto::csi::v1::node_server::Node;
+use proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use crate::TOPOLOGY_KEY;
+use crate::controller::RESIZE_REQUIRED_KEY;
+use crate::errors::{Context, DriverError, DriverResult};
+use crate::rpc::{AccessType, KeyedLocks, deadline_from, is_uuid, parse_capability, require};
+
+/// Upstream leaves an unset `node-volume-attach-limit` at 0, which tells
+/// the scheduler "unlimited", while a KVM guest runs out of PCI slots for
+/// virtio disks at about 26 (one of them the root disk).
+pub const DEFAULT_ATTACH_LIMIT: i64 = 25;
+pub const MAX_ATTACH_LIMIT: i64 = 256;
+
+/// Who this node is, from instance metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeIdentity {
+    pub instance_id: String,
+    pub availability_zone: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    pub with_topology: bool,
+    pub additional_topology: Vec<(String, String)>,
+    pub max_volumes_per_node: i64,
+    /// Request paths must lie below one of these (the kubelet directory).
+    pub path_roots: Vec<PathBuf>,
+    /// How long NodeStage looks for a device that is not there yet.
+    pub device_wait: Duration,
+    pub rescan_on_resize: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct NodeService {
+    identity: Arc<RwLock<Option<NodeIdentity>>>,
+    mounter: Arc<dyn Mounter>,
+    devices: Arc<dyn BlockDevices>,
+    opts: NodeOptions,
+    locks: KeyedLocks,
+}
+
+/// The attach limit from `[BlockStorage] node-volume-attach-limit`.
+pub fn attach_limit(configured: Option<i64>) -> i64 {
+    match configured {
+        Some(n) if n > 0 => n.min(MAX_ATTACH_LIMIT),
+        _ => DEFAULT_ATTACH_LIMIT,
+    }
+}
+
+/// A topology value as Kubernetes label values allow (upstream's
+/// `SanitizeLabel`): other characters become `-`, the ends are
+/// alphanumeric, at most 63 characters.
+pub fn sanitize_label(s: &str) -> String {
+    let replaced: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let mut out: String = replaced
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .chars()
+        .take(63)
+        .collect();
+    while out.ends_with(|c: char| !c.is_ascii_alphanumeric()) {
+        out.pop();
+    }
+    out
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> DriverResult<T> + Send + 'static,
+) -> DriverResult<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        DriverError::Internal(format!("host operation panicked or was cancelled: {e}"))
+    })?
+}
+
+fn path_arg(value: &str, what: &str, roots: &[PathBuf]) -> DriverResult<PathBuf> {
+    require(value, what)?;
+    validate_host_path(value, roots)
+        .map_err(|e| DriverError::InvalidArgument(format!("{what}: {e}")))
+}
+
+fn io_ctx<T>(r: std::io::Result<T>, what: String) -> DriverResult<T> {
+    r.map_err(|e| DriverError::Internal(format!("{what}: {e}")))
+}
+
+/// What mounting a volume's filesystem needs.
+struct StagePlan {
+    device: PathBuf,
+    staging: PathBuf,
+    fs_type: String,
+    mount_flags: Vec<String>,
+    grow: bool,
+}
+
+impl NodeService {
+    pub fn new(
+        identity: Arc<RwLock<Option<NodeIdentity>>>,
+        mounter: Arc<dyn Mounter>,
+        devices: Arc<dyn BlockDevices>,
+        opts: NodeOptions,
+    ) -> Self {
+        Self {
+            identity,
+            mounter,
+            devices,
+            opts,
+            locks: KeyedLocks::default(),
+        }
+    }
+
+    pub fn capabilities() -> Vec<csi::NodeServiceCapability> {
+        [
+            NodeRpc::StageUnstageVolume,
+            NodeRpc::GetVolumeStats,
+            NodeRpc::ExpandVolume,
+            NodeRpc::VolumeCondition,
+        ]
+        .into_iter()
+        .map(|t| csi::NodeServiceCapability {
+            r#type: Some(csi::node_service_capability::Type::Rpc(
+                csi::node_service_capability::Rpc { r#type: t as i32 },
+            )),
+        })
+        .collect()
+    }
+
+    /// Waits for the volume's device to appear, rescanning between looks.
+    async fn find_device(&self, volume_id: &str, deadline: Instant) -> DriverResult<PathBuf> {
+        let until = deadline.min(Instant::now() + self.opts.device_wait);
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let devices = self.devices.clone();
+            let id = volume_id.to_string();
+            if let Some(d) = blocking(move || Ok(devices.find_volume_device(&id))).await? {
+                return Ok(d);
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Err(DriverError::NotFound(format!(
+                    "no device for volume {volume_id} appeared within {:?}; is it attached to this node?",
+                    self.opts
+                        .device_wait
+                        .min(deadline.saturating_duration_since(now))
+                )));
+            }
+            let devices = self.devices.clone();
+            blocking(move || {
+                devices.rescan();
+                Ok(())
+            })
+            .await?;
+            tokio::time::sleep(delay.min(until - now)).await;
+            delay = (delay * 3 / 2).min(Duration::from_secs(1));
+        }
+    }
+
+    async fn stage(
+        &self,
+        r: csi::NodeStageVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::NodeStageVolumeResponse> {
+        let id = require(&r.volume_id, "volume_id")?.to_string();
+        let staging = path_arg(
+            &r.staging_target_path,
+            "staging_target_path",
+            &self.opts.path_roots,
+        )?;
+        let cap = r
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| DriverError::InvalidArgument("volume_capability is required".into()))
+            .and_then(parse_capability)?;
+        if !is_uuid(&id) {
+            return Err(DriverError::NotFound(format!(
+                "volume {id} does not exist (volume ids are Cinder UUIDs)"
+            )));
+        }
+        let _guard = self.locks.lock(&id, deadline).await?;
+        let device = self.find_device(&id, deadline).await?;
+        if cap.access_type == AccessType::Block {
+            // a raw block volume is used where it is: publish binds the device
+            return Ok(csi::NodeStageVolumeResponse {});
+        }
+        let plan = StagePlan {
+            device,
+            staging,
+            fs_type: cap.fs_type.clone(),
+            mount_flags: cap.mount_flags.clone(),
+            grow: r
+                .volume_context
+                .get(RESIZE_REQUIRED_KEY)
+                .map(String::as_str)
+                == Some("true"),
+        };
+        let mounter = self.mounter.clone();
+        let devices = self.devices.clone();
+        blocking(move || stage_filesystem(&*mounter, &*devices, &id, plan)).await?;
+        Ok(csi::NodeStageVolumeResponse {})
+    }
+
+    async fn unstage(
+        &self,
+        r: csi::NodeUnstageVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::NodeUnstageVolumeResponse> {
+        let id = require(&r.volume_id, "volume_id")?.to_string();
+        let staging = path_arg(
+            &r.staging_target_path,
+            "staging_target_path",
+            &self.opts.path_roots,
+        )?;
+        let _guard = self.locks.lock(&id, deadline).await?;
+        let mounter = self.mounter.clone();
+        blocking(move || unmount_and_remove(&*mounter, &staging)).await?;
+        Ok(csi::NodeUnstageVolumeResponse {})
+    }
+
+    async fn publish(
+        &self,
+        r: csi::NodePublishVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::NodePublishVolumeResponse> {
+        let id = require(&r.volume_id, "volume_id")?.to_string();
+        let staging = path_arg(
+            &r.staging_target_path,
+            "staging_target_path",
+            &self.opts.path_roots,
+        )?;
+        let target = path_arg(&r.target_path, "target_path", &self.opts.path_roots)?;
+        let cap = r
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| DriverError::InvalidArgument("volume_capability is required".into()))
+            .and_then(parse_capability)?;
+        if r.volume_context
+            .get("csi.storage.k8s.io/ephemeral")
+            .map(String::as_str)
+            == Some("true")
+        {
+            return Err(DriverError::InvalidArgument(
+                "inline ephemeral volumes are not supported".into(),
+            ));
+        }
+        if !is_uuid(&id) {
+            return Err(DriverError::NotFound(format!(
+                "volume {id} does not exist (volume ids are Cinder UUIDs)"
+            )));
+        }
+        let read_only = r.readonly || cap.read_only_mode();
+        let options = MountOptions::parse(&cap.mount_flags)
+            .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
+        let _guard = self.locks.lock(&target.to_string_lossy(), deadline).await?;
+        let mounter = self.mounter.clone();
+        let devices = self.devices.clone();
+        if cap.access_type == AccessType::Block {
+            let device = self.find_device(&id, deadline).await?;
+            blocking(move || publish_block(&*mounter, &*devices, &device, &target, read_only))
+                .await?;
+        } else {
+            blocking(move || publish_mount(&*mounter, &staging, &target, read_only, &options))
+                .await?;
+        }
+        Ok(csi::NodePublishVolumeResponse {})
+    }
+
+    async fn unpublish(
+        &self,
+        r: csi::NodeUnpublishVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::NodeUnpublishVolumeResponse> {
+        require(&r.volume_id, "volume_id")?;
+        let target = path_arg(&r.target_path, "target_path", &self.opts.path_roots)?;
+        let _guard = self.locks.lock(&target.to_string_lossy(), deadline).await?;
+        let mounter = self.mounter.clone();
+        blocking(move || unmount_and_remove(&*mounter, &target)).await?;
+        Ok(csi::NodeUnpublishVolumeResponse {})
+    }
+
+    async fn stats(
+        &self,
+        r: csi::NodeGetVolumeStatsRequest,
+        _deadline: Instant,
+    ) -> DriverResult<csi::NodeGetVolumeStatsResponse> {
+        require(&r.volume_id, "volume_id")?;
+        let path = path_arg(&r.volume_path, "volume_path", &self.opts.path_roots)?;
+        let mounter = self.mounter.clone();
+        let devices = self.devices.clone();
+        blocking(move || volume_stats(&*mounter, &*devices, &path)).await
+    }
+
+    async fn expand(
+        &self,
+        r: csi::NodeExpandVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::NodeExpandVolumeResponse> {
+        let id = require(&r.volume_id, "volume_id")?.to_string();
+        let path = path_arg(&r.volume_path, "volume_path", &self.opts.path_roots)?;
+        if let Some(c) = &r.volume_capability {
+            parse_capability(c)?;
+        }
+        let required = r
+            .capacity_range
+            .as_ref()
+            .map(|c| c.required_bytes)
+            .unwrap_or(0);
+        if required < 0 {
+            return Err(DriverError::InvalidArgument(
+                "required_bytes must not be negative".into(),
+            ));
+        }
+        let _guard = self.locks.lock(&id, deadline).await?;
+        let mounter = self.mounter.clone();
+        let devices = self.devices.clone();
+        let rescan = self.opts.rescan_on_resize;
+        let (device, fs) = blocking(move || {
+            expansion_target(&*mounter, &*devices, &path).map(|(d, fs)| (d, fs, path))
+        })
+        .await
+        .map(|(d, fs, path)| (d, fs.map(|f| (f, path))))?;
+        // the hypervisor may tell the guest about the new size a moment
+        // after Cinder reports it: look again until the deadline
+        let mut delay = Duration::from_millis(50);
+        let size = loop {
+            let devices = self.devices.clone();
+            let d = device.clone();
+            let size = blocking(move || {
+                if rescan {
+                    devices
+                        .rescan_device(&d)
+                        .context(format!("rescanning {}", d.display()))?;
+                }
+                devices
+                    .size_bytes(&d)
+                    .context(format!("sizing {}", d.display()))
+            })
+            .await?;
+            if size as i64 >= required {
+                break size;
+            }
+            if Instant::now() >= deadline {
+                return Err(DriverError::DeadlineExceeded(format!(
+                    "device {} of volume {id} is {size} bytes, not yet the requested {required}",
+                    device.display()
+                )));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 3 / 2).min(Duration::from_secs(1));
+        };
+        if let Some((fs, mount_point)) = fs {
+            let devices = self.devices.clone();
+            let d = device.clone();
+            blocking(move || {
+                devices
+                    .grow_filesystem(&d, &mount_point, fs)
+                    .context(format!("growing the {fs} filesystem on {}", d.display()))
+            })
+            .await?;
+            tracing::info!(volume_id = %id, bytes = size, "filesystem grown");
+        }
+        Ok(csi::NodeExpandVolumeResponse {
+            capacity_bytes: size as i64,
+        })
+    }
+
+    fn node_info(&self) -> DriverResult<csi::NodeGetInfoResponse> {
+        let identity = self
+            .identity
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| {
+                DriverError::Unavailable("instance metadata has not been read yet".into())
+            })?;
+        let accessible_topology = self.opts.with_topology.then(|| {
+            let mut segments = HashMap::from([(
+                TOPOLOGY_KEY.to_string(),
+                sanitize_label(&identity.availability_zone),
+            )]);
+            for (k, v) in &self.opts.additional_topology {
+                segments.insert(k.clone(), v.clone());
+            }
+            csi::Topology { segments }
+        });
+        Ok(csi::NodeGetInfoResponse {
+            node_id: identity.instance_id,
+            max_volumes_per_node: self.opts.max_volumes_per_node,
+            accessible_topology,
+        })
+    }
+}
+
+fn stage_filesystem(
+    mounter: &dyn Mounter,
+    devices: &dyn BlockDevices,
+    id: &str,
+    plan: StagePlan,
+) -> DriverResult<()> {
+    let StagePlan {
+        device,
+        staging,
+        fs_type,
+        mount_flags,
+        grow,
+    } = plan;
+    let mounts = mounter.mounts_at(&staging).context("reading mounts")?;
+    if let Some(top) = mounts.last() {
+        let number = devices
+            .device_number(&device)
+            .context(format!("device {}", device.display()))?;
+        if top.device == number {
+            tracing::info!(volume_id = id, "already staged");
+            return Ok(());
+        }
+        return Err(DriverError::FailedPrecondition(format!(
+            "{} already has {} ({}) mounted, not volume {id}'s device {}",
+            staging.display(),
+            top.source,
+            top.fs_type,
+            device.display()
+        )));
+    }
+    io_ctx(
+        std::fs::create_dir_all(&staging),
+        format!("creating {}", staging.display()),
+    )?;
+    let content = devices
+        .probe(&device)
+        .context(format!("probing {}", device.display()))?;
+    let fs = match content {
+        DeviceContent::Empty => {
+            let fs = if fs_type.is_empty() {
+                Filesystem::Ext4
+            } else {
+                Filesystem::parse(&fs_type).context("fs_type")?
+            };
+            tracing::info!(volume_id = id, device = %device.display(), %fs, "device holds nothing: formatting");
+            devices
+                .format(&device, fs)
+                .context(format!("formatting {} as {fs}", device.display()))?;
+            fs
+        }
+        DeviceContent::Filesystem(found) => {
+            let existing = Filesystem::parse(&found).map_err(|_| {
+                DriverError::FailedPrecondition(format!(
+                    "device {} of volume {id} holds {found:?}, which this driver does not mount; it is left untouched",
+                    device.display()
+                ))
+            })?;
+            if !fs_type.is_empty() {
+                let wanted = Filesystem::parse(&fs_type).context("fs_type")?;
+                let family = |f: Filesystem| if f == Filesystem::Xfs { "xfs" } else { "ext" };
+                if family(wanted) != family(existing) {
+                    return Err(DriverError::FailedPrecondition(format!(
+                        "volume {id} already holds an {existing} filesystem but {wanted} was requested; refusing to reformat it"
+                    )));
+                }
+            }
+            existing
+        }
+        DeviceContent::PartitionTable(t) => {
+            return Err(DriverError::FailedPrecondition(format!(
+                "device {} of volume {id} holds a {t} partition table; it is neither formatted nor mounted",
+                device.display()
+            )));
+        }
+    };
+    let mut flags = mount_flags;
+    if fs == Filesystem::Xfs {
+        // clones and restores carry their source's UUID: let them mount
+        // beside it
+        flags.push("nouuid".into());
+    }
+    let options = MountOptions::parse(&flags).context("mount flags")?;
+    mounter
+        .mount_filesystem(&device, &staging, fs.as_str(), &options)
+        .context(format!(
+            "mounting {} ({fs}) at {}",
+            device.display(),
+            staging.display()
+        ))?;
+    if grow {
+        if let Err(e) = devices.grow_filesystem(&device, &staging, fs) {
+            let _ = mounter.unmount(&staging);
+            return Err(e).context(format!(
+                "growing the {fs} filesystem of volume {id} to its new size"
+            ));
+        }
+        tracing::info!(volume_id = id, "filesystem grown to the volume's size");
+    }
+    tracing::info!(volume_id = id, device = %device.display(), staging = %staging.display(), %fs, "staged");
+    Ok(())
+}
+
+fn publish_block(
+    mounter: &dyn Mounter,
+    devices: &dyn BlockDevices,
+    device: &Path,
+    target: &Path,
+    read_only: bool,
+) -> DriverResult<()> {
+    if !mounter
+        .mounts_at(target)
+        .context("reading mounts")?
+        .is_empty()
+    {
+        let want = devices
+            .device_number(device)
+            .context(format!("device {}", device.display()))?;
+        let have = devices.device_number(target).ok();
+        if have == Some(want) {
+            return Ok(());
+        }
+        return Err(DriverError::AlreadyExists(format!(
+            "{} already has another device bound to it",
+            target.display()
+        )));
+    }
+    if let Some(parent) = target.parent() {
+        io_ctx(
+            std::fs::create_dir_all(parent),
+            format!("creating {}", parent.display()),
+        )?;
+    }
+    if !target.exists() {
+        io_ctx(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(target)
+                .map(drop),
+            format!("creating {}", target.display()),
+        )?;
+    }
+    mounter
+        .bind(device, target, read_only, &MountOptions::default())
+        .context(format!(
+            "binding {} to {}",
+            device.display(),
+            target.display()
+        ))
+}
+
+fn publish_mount(
+    mounter: &dyn Mounter,
+    staging: &Path,
+    target: &Path,
+    read_only: bool,
+    options: &MountOptions,
+) -> DriverResult<()> {
+    let staged = mounter.mounts_at(staging).context("reading mounts")?;
+    let Some(staged) = staged.last() else {
+        return Err(DriverError::FailedPrecondition(format!(
+            "volume is not staged at {}",
+            staging.display()
+        )));
+    };
+    if let Some(existing) = mounter.mounts_at(target).context("reading mounts")?.last() {
+        if existing.device == staged.device && existing.read_only() == read_only {
+            return Ok(());
+        }
+        return Err(DriverError::AlreadyExists(format!(
+            "{} is already mounted ({}, {}) incompatibly with this request",
+            target.display(),
+            existing.source,
+            if existing.read_only() { "ro" } else { "rw" }
+        )));
+    }
+    io_ctx(
+        std::fs::create_dir_all(target),
+        format!("creating {}", target.display()),
+    )?;
+    mounter
+        .bind(staging, target, read_only, options)
+        .context(format!(
+            "binding {} to {}",
+            staging.display(),
+            target.display()
+        ))
+}
+
+/// Unmounts everything stacked at `path`, then removes the directory or
+/// file the mount point was (it is ours: kubelet expects it gone).
+fn unmount_and_remove(mounter: &dyn Mounter, path: &Path) -> DriverResult<()> {
+    for _ in 0..16 {
+        if mounter
+            .mounts_at(path)
+            .context("reading mounts")?
+            .is_empty()
+        {
+            break;
+        }
+        mounter
+            .unmount(path)
+            .context(format!("unmounting {}", path.display()))?;
+    }
+    if !mounter
+        .mounts_at(path)
+        .context("reading mounts")?
+        .is_empty()
+    {
+        return Err(DriverError::Internal(format!(
+            "{} is still mounted",
+            path.display()
+        )));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => match std::fs::remove_dir(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
+                // something the volume did not put there: keep it
+                tracing::warn!(path = %path.display(), "mount point not empty after unmount; left in place");
+            }
+            Err(e) => return io_ctx(Err(e), format!("removing {}", path.display())),
+        },
+        Ok(_) => io_ctx(
+            std::fs::remove_file(path),
+            format!("removing {}", path.display()),
+        )?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return io_ctx(Err(e), format!("inspecting {}", path.display())),
+    }
+    Ok(())
+}
+
+fn is_block_device(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path)
+        .map(|m| m.file_type().is_block_device())
+        .unwrap_or(false)
+}
+
+fn volume_stats(
+    mounter: &dyn Mounter,
+    devices: &dyn BlockDevices,
+    path: &Path,
+) -> DriverResult<csi::NodeGetVolumeStatsResponse> {
+    if !path.exists() {
+        return Err(DriverError::NotFound(format!(
+            "{} does not exist",
+            path.display()
+        )));
+    }
+    if mounter
+        .mounts_at(path)
+        .context("reading mounts")?
+        .is_empty()
+    {
+        return Err(DriverError::NotFound(format!(
+            "no volume is mounted at {}",
+            path.display()
+        )));
+    }
+    use csi::volume_usage::Unit;
+    if is_block_device(path) {
+        return Ok(match devices.size_bytes(path) {
+            Ok(size) => csi::NodeGetVolumeStatsResponse {
+                usage: vec![csi::VolumeUsage {
+                    available: 0,
+                    total: size as i64,
+                    used: 0,
+                    unit: Unit::Bytes as i32,
+                }],
+                volume_condition: Some(csi::VolumeCondition {
+                    abnormal: false,
+                    message: "block device readable".into(),
+                }),
+            },
+            Err(e) => csi::NodeGetVolumeStatsResponse {
+                usage: vec![],
+                volume_condition: Some(csi::VolumeCondition {
+                    abnormal: true,
+                    message: format!("block device unreadable: {e}"),
+                }),
+            },
+        });
+    }
+    Ok(match host_ops::volume_usage(path) {
+        Ok(u) => csi::NodeGetVolumeStatsResponse {
+            usage: vec![
+                csi::VolumeUsage {
+                    available: u.available_bytes as i64,
+                    total: u.total_bytes as i64,
+                    used: u.used_bytes as i64,
+                    unit: Unit::Bytes as i32,
+                },
+                csi::VolumeUsage {
+                    available: u.free_inodes as i64,
+                    total: u.total_inodes as i64,
+                    used: u.used_inodes as i64,
+                    unit: Unit::Inodes as i32,
+                },
+            ],
+            volume_condition: Some(csi::VolumeCondition {
+                abnormal: false,
+                message: "filesystem mounted and answering".into(),
+            }),
+        },
+        Err(e) => csi::NodeGetVolumeStatsResponse {
+            usage: vec![],
+            volume_condition: Some(csi::VolumeCondition {
+                abnormal: true,
+                message: format!("filesystem does not answer: {e}"),
+            }),
+        },
+    })
+}
+
+/// The device behind a published or staged path, and its filesystem when
+/// it is mounted as one (`None` for a raw block volume).
+fn expansion_target(
+    mounter: &dyn Mounter,
+    _devices: &dyn BlockDevices,
+    path: &Path,
+) -> DriverResult<(PathBuf, Option<Filesystem>)> {
+    if !path.exists() {
+        return Err(DriverError::NotFound(format!(
+            "{} does not exist",
+            path.display()
+        )));
+    }
+    let mounts = mounter.mounts_at(path).context("reading mounts")?;
+    let Some(top) = mounts.last() else {
+        return Err(DriverError::NotFound(format!(
+            "no volume is mounted at {}",
+            path.display()
+        )));
+    };
+    if is_block_device(path) {
+        let device = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+        use std::os::unix::fs::MetadataExt;
+        let rdev = io_ctx(
+            std::fs::metadata(path),
+            format!("reading {}", path.display()),
+        )?
+        .rdev();
+        let number = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
+        return Ok((host_ops::device_path_of(number).unwrap_or(device), None));
+    }
+    let device = host_ops::device_path_of(top.device).ok_or_else(|| {
+        DriverError::Internal(format!(
+            "no device node for {}:{} mounted at {}",
+            top.device.0,
+            top.device.1,
+            path.display()
+        ))
+    })?;
+    let fs = Filesystem::parse(&top.fs_type).map_err(|_| {
+        DriverError::FailedPrecondition(format!(
+            "{} holds {}, which this driver does not grow",
+            path.display(),
+            top.fs_type
+        ))
+    })?;
+    Ok((device, Some(fs)))
+}
+
+macro_rules! handle {
+    ($self:ident, $req:ident, $rpc:literal, $method:ident) => {{
+        let deadline = deadline_from($req.metadata());
+        let r = $req.into_inner();
+        let span = tracing::info_span!($rpc, volume_id = %r.volume_id);
+        $self.$method(r, deadline).instrument(span).await.map(Response::new).map_err(Status::from)
+    }};
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        req: Request<csi::NodeStageVolumeRequest>,
+    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        handle!(self, req, "NodeStageVolume", stage)
+    }
+    async fn node_unstage_volume(
+        &self,
+        req: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        handle!(self, req, "NodeUnstageVolume", unstage)
+    }
+    async fn node_publish_volume(
+        &self,
+        req: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        handle!(self, req, "NodePublishVolume", publish)
+    }
+    async fn node_unpublish_volume(
+        &self,
+        req: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        handle!(self, req, "NodeUnpublishVolume", unpublish)
+    }
+    async fn node_get_volume_stats(
+        &self,
+        req: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        handle!(self, req, "NodeGetVolumeStats", stats)
+    }
+    async fn node_expand_volume(
+        &self,
+        req: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        handle!(self, req, "NodeExpandVolume", expand)
+    }
+    async fn node_get_capabilities(
+        &self,
+        _req: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse {
+            capabilities: Self::capabilities(),
+        }))
+    }
+    async fn node_get_info(
+        &self,
+        _req: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        self.node_info().map(Response::new).map_err(Status::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_sanitised_like_upstream() {
+        assert_eq!(sanitize_label("nova"), "nova");
+        assert_eq!(sanitize_label("az 1/a"), "az-1-a");
+        assert_eq!(sanitize_label("--x--"), "x");
+        assert_eq!(sanitize_label(&"a".repeat(80)).len(), 63);
+        assert_eq!(
+            sanitize_label(&format!("{}-b", "a".repeat(62))),
+            "a".repeat(62)
+        );
+    }
+
+    #[test]
+    fn attach_limit_has_a_safe_default() {
+        assert_eq!(attach_limit(None), DEFAULT_ATTACH_LIMIT);
+        assert_eq!(attach_limit(Some(0)), DEFAULT_ATTACH_LIMIT);
+        assert_eq!(attach_limit(Some(-3)), DEFAULT_ATTACH_LIMIT);
+        assert_eq!(attach_limit(Some(10)), 10);
+        assert_eq!(attach_limit(Some(1000)), MAX_ATTACH_LIMIT);
+    }
+}

@@ -1,0 +1,356 @@
+//! Request plumbing shared by the controller and node services: deadlines,
+//! per-key serialisation, and validation of the CSI types.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use proto::csi::v1 as csi;
+use proto::csi::v1::volume_capability::access_mode::Mode;
+use tonic::metadata::MetadataMap;
+
+use crate::errors::{DriverError, DriverResult};
+
+pub const GIB: i64 = 1 << 30;
+
+/// Without a `grpc-timeout` from the caller, work stops after this long
+/// (the sidecars send one; their default is 3 minutes, upstream's chart
+/// too).
+pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// When the caller's deadline passes, its answer is lost; so stop a little
+/// earlier and say why, leaving room for the reply.
+pub fn deadline_from(metadata: &MetadataMap) -> Instant {
+    let timeout = metadata
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+        .unwrap_or(DEFAULT_RPC_TIMEOUT);
+    let margin = (timeout / 20).clamp(Duration::from_millis(50), Duration::from_secs(2));
+    Instant::now() + timeout.saturating_sub(margin)
+}
+
+/// `grpc-timeout` is up to 8 digits and a unit (H M S m u n).
+pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    if v.len() < 2 || v.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = v.split_at(v.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// Serialises work on one key (a volume id or name): concurrent identical
+/// requests from a retrying sidecar wait for the first instead of racing
+/// it, and then see its result through the idempotent path.
+#[derive(Debug, Default, Clone)]
+pub struct KeyedLocks {
+    locks: Arc<Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>>,
+}
+
+impl KeyedLocks {
+    pub async fn lock(
+        &self,
+        key: &str,
+        deadline: Instant,
+    ) -> DriverResult<tokio::sync::OwnedMutexGuard<()>> {
+        let m = {
+            let mut map = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            map.retain(|_, w| w.strong_count() > 0);
+            match map.get(key).and_then(Weak::upgrade) {
+                Some(m) => m,
+                None => {
+                    let m = Arc::new(tokio::sync::Mutex::new(()));
+                    map.insert(key.to_string(), Arc::downgrade(&m));
+                    m
+                }
+            }
+        };
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(wait, m.lock_owned()).await {
+            Ok(g) => Ok(g),
+            Err(_) => Err(DriverError::Aborted(format!(
+                "an operation on {key} is still in progress"
+            ))),
+        }
+    }
+}
+
+pub fn require<'a>(value: &'a str, what: &str) -> DriverResult<&'a str> {
+    if value.is_empty() {
+        Err(DriverError::InvalidArgument(format!("{what} is required")))
+    } else {
+        Ok(value)
+    }
+}
+
+/// Cinder and Nova ids are UUIDs; anything else cannot name one of them,
+/// so it is answered without asking OpenStack.
+pub fn is_uuid(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
+/// Size in GiB for a capacity range: `required_bytes` rounded up, 1 GiB
+/// when absent, never above `limit_bytes`.
+pub fn size_gib(range: Option<&csi::CapacityRange>) -> DriverResult<i64> {
+    let Some(r) = range else {
+        return Ok(1);
+    };
+    if r.required_bytes < 0 || r.limit_bytes < 0 {
+        return Err(DriverError::InvalidArgument(
+            "capacity_range bytes must not be negative".into(),
+        ));
+    }
+    if r.limit_bytes > 0 && r.required_bytes > r.limit_bytes {
+        return Err(DriverError::InvalidArgument(format!(
+            "required_bytes {} exceeds limit_bytes {}",
+            r.required_bytes, r.limit_bytes
+        )));
+    }
+    let gib = if r.required_bytes == 0 {
+        1
+    } else {
+        ceil_gib(r.required_bytes)
+    };
+    if r.limit_bytes > 0 && gib.saturating_mul(GIB) > r.limit_bytes {
+        return Err(DriverError::OutOfRange(format!(
+            "Cinder sizes volumes in whole GiB: {gib} GiB exceeds limit_bytes {}",
+            r.limit_bytes
+        )));
+    }
+    Ok(gib)
+}
+
+fn ceil_gib(bytes: i64) -> i64 {
+    bytes / GIB + i64::from(bytes % GIB != 0)
+}
+
+/// Whether a volume of `size_gib` satisfies `range`.
+pub fn size_fits(size_gib: i64, range: Option<&csi::CapacityRange>) -> bool {
+    let Some(r) = range else {
+        return true;
+    };
+    let bytes = size_gib.saturating_mul(GIB);
+    bytes >= r.required_bytes && (r.limit_bytes == 0 || bytes <= r.limit_bytes)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessType {
+    Block,
+    Mount,
+}
+
+/// A capability checked for shape: access type and a known access mode.
+#[derive(Debug, Clone)]
+pub struct Capability {
+    pub access_type: AccessType,
+    pub mode: Mode,
+    pub fs_type: String,
+    pub mount_flags: Vec<String>,
+}
+
+impl Capability {
+    pub fn multi_node(&self) -> bool {
+        matches!(
+            self.mode,
+            Mode::MultiNodeReaderOnly | Mode::MultiNodeSingleWriter | Mode::MultiNodeMultiWriter
+        )
+    }
+
+    pub fn read_only_mode(&self) -> bool {
+        matches!(
+            self.mode,
+            Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly
+        )
+    }
+}
+
+pub fn parse_capability(c: &csi::VolumeCapability) -> DriverResult<Capability> {
+    let mode = c
+        .access_mode
+        .as_ref()
+        .and_then(|m| Mode::try_from(m.mode).ok())
+        .filter(|m| *m != Mode::Unknown)
+        .ok_or_else(|| {
+            DriverError::InvalidArgument("volume capability has no valid access mode".into())
+        })?;
+    let (access_type, fs_type, mount_flags) = match &c.access_type {
+        Some(csi::volume_capability::AccessType::Block(_)) => {
+            (AccessType::Block, String::new(), Vec::new())
+        }
+        Some(csi::volume_capability::AccessType::Mount(m)) => {
+            if !m.volume_mount_group.is_empty() {
+                return Err(DriverError::InvalidArgument(
+                    "volume_mount_group is not supported (fsGroupPolicy File applies it)".into(),
+                ));
+            }
+            if !m.fs_type.is_empty() {
+                host_ops::Filesystem::parse(&m.fs_type)
+                    .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
+            }
+            host_ops::MountOptions::parse(&m.mount_flags)
+                .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
+            (AccessType::Mount, m.fs_type.clone(), m.mount_flags.clone())
+        }
+        None => {
+            return Err(DriverError::InvalidArgument(
+                "volume capability has no access type (block or mount)".into(),
+            ));
+        }
+    };
+    Ok(Capability {
+        access_type,
+        mode,
+        fs_type,
+        mount_flags,
+    })
+}
+
+pub fn parse_capabilities(caps: &[csi::VolumeCapability]) -> DriverResult<Vec<Capability>> {
+    if caps.is_empty() {
+        return Err(DriverError::InvalidArgument(
+            "volume_capabilities are required".into(),
+        ));
+    }
+    caps.iter().map(parse_capability).collect()
+}
+
+/// Why a volume cannot serve a capability: several nodes may use one
+/// Cinder volume only when its type allows multi-attach, and only as a raw
+/// block device (a filesystem such as ext4 mounted on two nodes corrupts).
+pub fn capability_unsupported(c: &Capability, multiattach: bool) -> Option<String> {
+    if c.multi_node() {
+        if c.access_type == AccessType::Mount {
+            return Some(format!(
+                "access mode {} needs volumeMode Block: a filesystem cannot be mounted on several nodes",
+                c.mode.as_str_name()
+            ));
+        }
+        if !multiattach {
+            return Some(format!(
+                "access mode {} needs a volume type with multiattach=\"<is> True\"",
+                c.mode.as_str_name()
+            ));
+        }
+    }
+    None
+}
+
+/// Cinder's `created_at` (`2024-05-01T10:00:00.000000`, UTC without a
+/// zone) as a protobuf timestamp.
+pub fn timestamp(created_at: Option<&str>) -> Option<prost_types::Timestamp> {
+    let s = created_at?;
+    let s = s.trim_end_matches('Z');
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.split(':').map(|p| p.parse::<i64>());
+    let (hh, mm, ss) = (t.next()?.ok()?, t.next()?.ok()?, t.next()?.ok()?);
+    let frac: String = frac
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .take(9)
+        .collect();
+    let nanos = format!("{frac:0<9}").parse::<i32>().ok()?;
+    // days from civil (Howard Hinnant's algorithm)
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146097 + doe - 719468;
+    Some(prost_types::Timestamp {
+        seconds: days * 86400 + hh * 3600 + mm * 60 + ss,
+        nanos,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("30S"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("S"), None);
+        assert_eq!(parse_grpc_timeout("10x"), None);
+    }
+
+    #[test]
+    fn sizes_round_up_and_respect_limits() {
+        let r = |req, lim| csi::CapacityRange {
+            required_bytes: req,
+            limit_bytes: lim,
+        };
+        assert_eq!(size_gib(None).unwrap(), 1);
+        assert_eq!(size_gib(Some(&r(1, 0))).unwrap(), 1);
+        assert_eq!(size_gib(Some(&r(GIB + 1, 0))).unwrap(), 2);
+        assert_eq!(size_gib(Some(&r(0, 0))).unwrap(), 1);
+        assert!(matches!(
+            size_gib(Some(&r(-1, 0))),
+            Err(DriverError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            size_gib(Some(&r(GIB + 1, GIB + 2))),
+            Err(DriverError::OutOfRange(_))
+        ));
+        assert!(matches!(
+            size_gib(Some(&r(3 * GIB, GIB))),
+            Err(DriverError::InvalidArgument(_))
+        ));
+        assert_eq!(size_gib(Some(&r(i64::MAX, 0))).unwrap(), ceil_gib(i64::MAX));
+        assert!(size_fits(2, Some(&r(GIB, 2 * GIB))));
+        assert!(!size_fits(3, Some(&r(GIB, 2 * GIB))));
+    }
+
+    #[test]
+    fn uuids() {
+        assert!(is_uuid("5d4d6bb2-0000-4000-8000-00000000000a"));
+        assert!(!is_uuid("some-fake-volume-id"));
+        assert!(!is_uuid("5d4d6bb2-0000-4000-8000-00000000000a/../x"));
+    }
+
+    #[test]
+    fn cinder_timestamps() {
+        let t = timestamp(Some("1970-01-02T00:00:01.500000")).unwrap();
+        assert_eq!((t.seconds, t.nanos), (86401, 500_000_000));
+        let t = timestamp(Some("2024-03-01T12:00:00")).unwrap();
+        assert_eq!(t.seconds, 1_709_294_400);
+        assert!(timestamp(Some("garbage")).is_none());
+    }
+
+    #[test]
+    fn multi_node_modes_need_block_and_multiattach() {
+        let cap = |mode, block| Capability {
+            access_type: if block {
+                AccessType::Block
+            } else {
+                AccessType::Mount
+            },
+            mode,
+            fs_type: String::new(),
+            mount_flags: vec![],
+        };
+        assert!(capability_unsupported(&cap(Mode::SingleNodeWriter, false), false).is_none());
+        assert!(capability_unsupported(&cap(Mode::MultiNodeMultiWriter, false), true).is_some());
+        assert!(capability_unsupported(&cap(Mode::MultiNodeMultiWriter, true), false).is_some());
+        assert!(capability_unsupported(&cap(Mode::MultiNodeMultiWriter, true), true).is_none());
+    }
+}

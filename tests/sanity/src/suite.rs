@@ -1,0 +1,1842 @@
+//! The controller, node, snapshot and expansion checks, in the manner of
+//! csi-sanity: missing and invalid arguments and unknown ids must get the
+//! codes the CSI spec requires, every mutating call is repeated to prove
+//! idempotency, and full lifecycles run on real mounts.
+//!
+//! A check returns `Ok` (pass), `Err(problem)` (a violation) or is skipped
+//! when the plugin does not advertise the capability it needs. Volumes
+//! and snapshots a check creates are deleted at the end of the run.
+
+use std::collections::HashMap;
+use std::os::unix::fs::FileTypeExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use proto::csi::v1 as csi;
+use proto::csi::v1::controller_client::ControllerClient;
+use proto::csi::v1::controller_service_capability::rpc::Type as CRpc;
+use proto::csi::v1::identity_client::IdentityClient;
+use proto::csi::v1::node_client::NodeClient;
+use proto::csi::v1::node_service_capability::rpc::Type as NRpc;
+use proto::csi::v1::volume_capability::access_mode::Mode;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+const GIB: i64 = 1 << 30;
+const FAKE_VOLUME: &str = "00000000-0000-4000-8000-0000000000ff";
+const FAKE_NODE: &str = "00000000-0000-4000-8000-0000000000fe";
+
+/// What the run needs to know about the plugin under test.
+#[derive(Debug, Clone)]
+pub struct SuiteConfig {
+    pub socket: PathBuf,
+    /// A directory the node plugin accepts staging and target paths under.
+    pub mount_dir: PathBuf,
+    /// StorageClass parameters for CreateVolume (`--csi.testvolumeparameters`).
+    pub parameters: HashMap<String, String>,
+    /// Secrets passed to every call that takes them.
+    pub secrets: HashMap<String, String>,
+    pub volume_size: i64,
+    pub fs_type: String,
+    /// Filesystem of the online-expansion lifecycle (growing ext4 online
+    /// needs CAP_SYS_RESOURCE, which some sandboxes lack; xfs does not).
+    pub expansion_fs_type: String,
+    /// Per-call deadline.
+    pub timeout: Duration,
+}
+
+impl SuiteConfig {
+    pub fn new(socket: impl Into<PathBuf>, mount_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            socket: socket.into(),
+            mount_dir: mount_dir.into(),
+            parameters: HashMap::new(),
+            secrets: HashMap::new(),
+            volume_size: GIB,
+            fs_type: "ext4".into(),
+            expansion_fs_type: "ext4".into(),
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Pass,
+    Fail(String),
+    Skip(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct CheckResult {
+    pub name: &'static str,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Default)]
+pub struct Report {
+    pub results: Vec<CheckResult>,
+}
+
+impl Report {
+    pub fn failures(&self) -> Vec<&CheckResult> {
+        self.results
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::Fail(_)))
+            .collect()
+    }
+    pub fn count(&self, f: impl Fn(&Outcome) -> bool) -> usize {
+        self.results.iter().filter(|r| f(&r.outcome)).count()
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for r in &self.results {
+            match &r.outcome {
+                Outcome::Pass => writeln!(f, "PASS {}", r.name)?,
+                Outcome::Fail(p) => writeln!(f, "FAIL {}: {p}", r.name)?,
+                Outcome::Skip(why) => writeln!(f, "SKIP {}: {why}", r.name)?,
+            }
+        }
+        write!(
+            f,
+            "{} passed, {} failed, {} skipped",
+            self.count(|o| *o == Outcome::Pass),
+            self.count(|o| matches!(o, Outcome::Fail(_))),
+            self.count(|o| matches!(o, Outcome::Skip(_)))
+        )
+    }
+}
+
+type Check = Result<(), String>;
+
+enum Skip {
+    No,
+    Because(String),
+}
+
+pub struct Suite {
+    cfg: SuiteConfig,
+    identity: IdentityClient<Channel>,
+    controller: ControllerClient<Channel>,
+    node: NodeClient<Channel>,
+    controller_caps: Vec<CRpc>,
+    node_caps: Vec<NRpc>,
+    has_controller: bool,
+    node_id: Option<String>,
+    volumes: Vec<String>,
+    snapshots: Vec<String>,
+    seq: u32,
+}
+
+impl std::fmt::Debug for Suite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Suite")
+            .field("socket", &self.cfg.socket)
+            .finish()
+    }
+}
+
+fn expect_code<T>(r: Result<tonic::Response<T>, Status>, want: Code, what: &str) -> Check {
+    match r {
+        Ok(_) => Err(format!("{what}: succeeded, expected {want:?}")),
+        Err(s) if s.code() == want => Ok(()),
+        Err(s) => Err(format!(
+            "{what}: got {:?} ({}), expected {want:?}",
+            s.code(),
+            s.message()
+        )),
+    }
+}
+
+fn ok<T>(r: Result<tonic::Response<T>, Status>, what: &str) -> Result<T, String> {
+    r.map(tonic::Response::into_inner)
+        .map_err(|s| format!("{what}: {:?}: {}", s.code(), s.message()))
+}
+
+fn ensure(cond: bool, problem: impl FnOnce() -> String) -> Check {
+    if cond { Ok(()) } else { Err(problem()) }
+}
+
+fn mount_cap(fs: &str, mode: Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(csi::volume_capability::AccessType::Mount(
+            csi::volume_capability::MountVolume {
+                fs_type: fs.to_string(),
+                mount_flags: vec![],
+                volume_mount_group: String::new(),
+            },
+        )),
+        access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
+    }
+}
+
+fn block_cap(mode: Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(csi::volume_capability::AccessType::Block(
+            csi::volume_capability::BlockVolume {},
+        )),
+        access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
+    }
+}
+
+fn mounted(path: &std::path::Path) -> bool {
+    host_ops::mounts_at(path)
+        .map(|m| !m.is_empty())
+        .unwrap_or(false)
+}
+
+impl Suite {
+    pub async fn connect(cfg: SuiteConfig) -> Result<Self, tonic::transport::Error> {
+        let ch = plugin_runtime::connect_unix(&cfg.socket).await?;
+        let mut s = Self {
+            identity: IdentityClient::new(ch.clone()),
+            controller: ControllerClient::new(ch.clone()),
+            node: NodeClient::new(ch),
+            cfg,
+            controller_caps: Vec::new(),
+            node_caps: Vec::new(),
+            has_controller: false,
+            node_id: None,
+            volumes: Vec::new(),
+            snapshots: Vec::new(),
+            seq: 0,
+        };
+        s.discover().await;
+        Ok(s)
+    }
+
+    fn req<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        r.set_timeout(self.cfg.timeout);
+        r
+    }
+
+    async fn discover(&mut self) {
+        use csi::plugin_capability::Type;
+        if let Ok(r) = self
+            .identity
+            .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+            .await
+        {
+            self.has_controller = r.into_inner().capabilities.iter().any(|c| {
+                matches!(&c.r#type, Some(Type::Service(s)) if s.r#type == csi::plugin_capability::service::Type::ControllerService as i32)
+            });
+        }
+        if self.has_controller
+            && let Ok(r) = self
+                .controller
+                .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+                .await
+        {
+            self.controller_caps = r
+                .into_inner()
+                .capabilities
+                .iter()
+                .filter_map(|c| match &c.r#type {
+                    Some(csi::controller_service_capability::Type::Rpc(r)) => {
+                        CRpc::try_from(r.r#type).ok()
+                    }
+                    None => None,
+                })
+                .collect();
+        }
+        if let Ok(r) = self
+            .node
+            .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+            .await
+        {
+            self.node_caps = r
+                .into_inner()
+                .capabilities
+                .iter()
+                .filter_map(|c| match &c.r#type {
+                    Some(csi::node_service_capability::Type::Rpc(r)) => {
+                        NRpc::try_from(r.r#type).ok()
+                    }
+                    None => None,
+                })
+                .collect();
+        }
+        if let Ok(r) = self.node.node_get_info(csi::NodeGetInfoRequest {}).await {
+            self.node_id = Some(r.into_inner().node_id);
+        }
+    }
+
+    fn name(&mut self, what: &str) -> String {
+        self.seq += 1;
+        format!("sanity-{what}-{}-{}", std::process::id(), self.seq)
+    }
+
+    fn create_req(
+        &self,
+        name: &str,
+        cap: csi::VolumeCapability,
+        size: i64,
+    ) -> csi::CreateVolumeRequest {
+        csi::CreateVolumeRequest {
+            name: name.to_string(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: size,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![cap],
+            parameters: self.cfg.parameters.clone(),
+            secrets: self.cfg.secrets.clone(),
+            ..Default::default()
+        }
+    }
+
+    async fn create_volume(
+        &mut self,
+        name: &str,
+        cap: csi::VolumeCapability,
+    ) -> Result<csi::Volume, String> {
+        let req = self.create_req(name, cap, self.cfg.volume_size);
+        let v = ok(
+            self.controller.create_volume(self.req(req)).await,
+            "CreateVolume",
+        )?
+        .volume
+        .ok_or("CreateVolume returned no volume")?;
+        self.volumes.push(v.volume_id.clone());
+        Ok(v)
+    }
+
+    async fn new_volume(
+        &mut self,
+        what: &str,
+        cap: csi::VolumeCapability,
+    ) -> Result<csi::Volume, String> {
+        let name = self.name(what);
+        self.create_volume(&name, cap).await
+    }
+
+    async fn delete_volume(&mut self, id: &str) -> Check {
+        let req = csi::DeleteVolumeRequest {
+            volume_id: id.into(),
+            secrets: self.cfg.secrets.clone(),
+        };
+        ok(
+            self.controller.delete_volume(self.req(req)).await,
+            "DeleteVolume",
+        )?;
+        self.volumes.retain(|v| v != id);
+        Ok(())
+    }
+
+    fn publish_req(
+        &self,
+        volume_id: &str,
+        node_id: &str,
+        cap: csi::VolumeCapability,
+    ) -> csi::ControllerPublishVolumeRequest {
+        csi::ControllerPublishVolumeRequest {
+            volume_id: volume_id.into(),
+            node_id: node_id.into(),
+            volume_capability: Some(cap),
+            readonly: false,
+            secrets: self.cfg.secrets.clone(),
+            volume_context: HashMap::new(),
+        }
+    }
+
+    fn controller_skip(&self, cap: CRpc) -> Skip {
+        if !self.has_controller {
+            Skip::Because("no controller service".into())
+        } else if !self.controller_caps.contains(&cap) {
+            Skip::Because(format!(
+                "controller capability {} not advertised",
+                cap.as_str_name()
+            ))
+        } else {
+            Skip::No
+        }
+    }
+
+    fn lifecycle_skip(&self) -> Skip {
+        if let Skip::Because(w) = self.controller_skip(CRpc::PublishUnpublishVolume) {
+            return Skip::Because(w);
+        }
+        if !self.node_caps.contains(&NRpc::StageUnstageVolume) || self.node_id.is_none() {
+            return Skip::Because(
+                "needs a node service with STAGE_UNSTAGE_VOLUME and a node id".into(),
+            );
+        }
+        Skip::No
+    }
+
+    /// Runs every check and cleans up what they left behind.
+    pub async fn run(mut self) -> Report {
+        let mut report = Report::default();
+        macro_rules! check {
+            ($name:literal, $skip:expr, $body:ident) => {{
+                let outcome = match $skip {
+                    Skip::Because(why) => Outcome::Skip(why),
+                    Skip::No => match self.$body().await {
+                        Ok(()) => Outcome::Pass,
+                        Err(p) => Outcome::Fail(p),
+                    },
+                };
+                report.results.push(CheckResult {
+                    name: $name,
+                    outcome,
+                });
+            }};
+        }
+        check!(
+            "Controller/GetCapabilities: known capabilities only",
+            if self.has_controller {
+                Skip::No
+            } else {
+                Skip::Because("no controller service".into())
+            },
+            controller_caps_known
+        );
+        check!(
+            "CreateVolume: missing name or capabilities -> InvalidArgument",
+            self.controller_skip(CRpc::CreateDeleteVolume),
+            create_bad_args
+        );
+        check!(
+            "CreateVolume: same request twice -> same volume",
+            self.controller_skip(CRpc::CreateDeleteVolume),
+            create_idempotent
+        );
+        check!(
+            "CreateVolume: same name, other size -> AlreadyExists",
+            self.controller_skip(CRpc::CreateDeleteVolume),
+            create_conflict
+        );
+        check!(
+            "DeleteVolume: missing id -> InvalidArgument; unknown id and repeats -> OK",
+            self.controller_skip(CRpc::CreateDeleteVolume),
+            delete_rules
+        );
+        check!(
+            "ValidateVolumeCapabilities: arguments, unknown volume, confirmation",
+            self.controller_skip(CRpc::CreateDeleteVolume),
+            validate_rules
+        );
+        check!(
+            "ListVolumes: pagination covers created volumes; bad token -> Aborted",
+            self.controller_skip(CRpc::ListVolumes),
+            list_volumes_rules
+        );
+        check!(
+            "ControllerGetVolume: arguments, unknown volume, published nodes",
+            self.controller_skip(CRpc::GetVolume),
+            get_volume_rules
+        );
+        check!(
+            "ControllerPublishVolume: arguments and unknown ids",
+            self.controller_skip(CRpc::PublishUnpublishVolume),
+            publish_bad_args
+        );
+        check!(
+            "ControllerPublish/Unpublish: repeated calls are idempotent",
+            self.lifecycle_skip(),
+            publish_idempotent
+        );
+        check!(
+            "CreateSnapshot/DeleteSnapshot: arguments and idempotency",
+            self.controller_skip(CRpc::CreateDeleteSnapshot),
+            snapshot_rules
+        );
+        check!(
+            "ListSnapshots: by id, by source, paginated",
+            self.controller_skip(CRpc::ListSnapshots),
+            list_snapshots_rules
+        );
+        check!(
+            "CreateVolume from a snapshot and from a volume",
+            self.controller_skip(CRpc::CreateDeleteSnapshot),
+            create_from_sources
+        );
+        check!(
+            "ControllerExpandVolume: arguments, growth, repeat",
+            self.controller_skip(CRpc::ExpandVolume),
+            controller_expand_rules
+        );
+        check!(
+            "Node/GetCapabilities and NodeGetInfo",
+            Skip::No,
+            node_info_rules
+        );
+        check!(
+            "Node calls: missing arguments -> InvalidArgument",
+            Skip::No,
+            node_bad_args
+        );
+        check!(
+            "NodeGetVolumeStats: unknown path -> NotFound",
+            if self.node_caps.contains(&NRpc::GetVolumeStats) {
+                Skip::No
+            } else {
+                Skip::Because("GET_VOLUME_STATS not advertised".into())
+            },
+            stats_not_found
+        );
+        check!(
+            "Lifecycle (filesystem): create, publish, stage x2, publish x2, write, stats, unpublish x2, unstage x2, unpublish x2, delete x2",
+            self.lifecycle_skip(),
+            lifecycle_mount
+        );
+        check!(
+            "Lifecycle (raw block)",
+            self.lifecycle_skip(),
+            lifecycle_block
+        );
+        check!(
+            "Lifecycle with expansion: controller then node, data kept",
+            match self.lifecycle_skip() {
+                Skip::No if self.node_caps.contains(&NRpc::ExpandVolume) =>
+                    self.controller_skip(CRpc::ExpandVolume),
+                Skip::No => Skip::Because("node EXPAND_VOLUME not advertised".into()),
+                s => s,
+            },
+            lifecycle_expand
+        );
+        self.cleanup().await;
+        report
+    }
+
+    async fn cleanup(&mut self) {
+        for s in std::mem::take(&mut self.snapshots) {
+            let req = csi::DeleteSnapshotRequest {
+                snapshot_id: s,
+                secrets: self.cfg.secrets.clone(),
+            };
+            let _ = self.controller.delete_snapshot(self.req(req)).await;
+        }
+        for v in std::mem::take(&mut self.volumes) {
+            if let Some(node) = self.node_id.clone() {
+                let req = csi::ControllerUnpublishVolumeRequest {
+                    volume_id: v.clone(),
+                    node_id: node,
+                    secrets: self.cfg.secrets.clone(),
+                };
+                let _ = self
+                    .controller
+                    .controller_unpublish_volume(self.req(req))
+                    .await;
+            }
+            let req = csi::DeleteVolumeRequest {
+                volume_id: v,
+                secrets: self.cfg.secrets.clone(),
+            };
+            let _ = self.controller.delete_volume(self.req(req)).await;
+        }
+    }
+
+    // ------------------------------------------------------------- checks
+
+    async fn controller_caps_known(&mut self) -> Check {
+        let r = ok(
+            self.controller
+                .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+                .await,
+            "ControllerGetCapabilities",
+        )?;
+        for c in r.capabilities {
+            match c.r#type {
+                Some(csi::controller_service_capability::Type::Rpc(r))
+                    if CRpc::try_from(r.r#type).is_ok_and(|t| t != CRpc::Unknown) => {}
+                other => return Err(format!("unknown capability {other:?}")),
+            }
+        }
+        Ok(())
+    }
+
+    async fn create_bad_args(&mut self) -> Check {
+        let mut r = self.create_req(
+            "",
+            mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter),
+            GIB,
+        );
+        expect_code(
+            self.controller.create_volume(self.req(r.clone())).await,
+            Code::InvalidArgument,
+            "no name",
+        )?;
+        r.name = self.name("nocaps");
+        r.volume_capabilities.clear();
+        expect_code(
+            self.controller.create_volume(self.req(r.clone())).await,
+            Code::InvalidArgument,
+            "no capabilities",
+        )?;
+        r.volume_capabilities = vec![csi::VolumeCapability {
+            access_type: None,
+            access_mode: None,
+        }];
+        expect_code(
+            self.controller.create_volume(self.req(r.clone())).await,
+            Code::InvalidArgument,
+            "empty capability",
+        )?;
+        r.volume_capabilities = vec![mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter)];
+        r.capacity_range = Some(csi::CapacityRange {
+            required_bytes: -1,
+            limit_bytes: 0,
+        });
+        expect_code(
+            self.controller.create_volume(self.req(r)).await,
+            Code::InvalidArgument,
+            "negative capacity",
+        )
+    }
+
+    async fn create_idempotent(&mut self) -> Check {
+        let name = self.name("idem");
+        let a = self
+            .create_volume(&name, mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter))
+            .await?;
+        let b = self
+            .create_volume(&name, mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter))
+            .await?;
+        ensure(a.volume_id == b.volume_id, || {
+            format!(
+                "two volumes for one name: {} and {}",
+                a.volume_id, b.volume_id
+            )
+        })?;
+        ensure(a.capacity_bytes >= self.cfg.volume_size, || {
+            format!(
+                "capacity {} < requested {}",
+                a.capacity_bytes, self.cfg.volume_size
+            )
+        })?;
+        self.delete_volume(&a.volume_id).await
+    }
+
+    async fn create_conflict(&mut self) -> Check {
+        let name = self.name("conflict");
+        let a = self
+            .create_volume(&name, mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter))
+            .await?;
+        let mut r = self.create_req(
+            &name,
+            mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter),
+            0,
+        );
+        r.capacity_range = Some(csi::CapacityRange {
+            required_bytes: a.capacity_bytes + 2 * GIB,
+            limit_bytes: a.capacity_bytes + 3 * GIB,
+        });
+        expect_code(
+            self.controller.create_volume(self.req(r)).await,
+            Code::AlreadyExists,
+            "same name, larger size",
+        )?;
+        self.delete_volume(&a.volume_id).await
+    }
+
+    async fn delete_rules(&mut self) -> Check {
+        let req = |id: &str, s: &HashMap<String, String>| csi::DeleteVolumeRequest {
+            volume_id: id.into(),
+            secrets: s.clone(),
+        };
+        expect_code(
+            self.controller
+                .delete_volume(self.req(req("", &self.cfg.secrets)))
+                .await,
+            Code::InvalidArgument,
+            "no id",
+        )?;
+        ok(
+            self.controller
+                .delete_volume(self.req(req(FAKE_VOLUME, &self.cfg.secrets)))
+                .await,
+            "unknown id",
+        )?;
+        ok(
+            self.controller
+                .delete_volume(self.req(req("not-a-volume-id", &self.cfg.secrets)))
+                .await,
+            "malformed id",
+        )?;
+        let name = self.name("delete");
+        let v = self
+            .create_volume(&name, mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter))
+            .await?;
+        self.delete_volume(&v.volume_id).await?;
+        self.delete_volume(&v.volume_id).await
+    }
+
+    async fn validate_rules(&mut self) -> Check {
+        let caps = vec![mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter)];
+        let req =
+            |id: &str, caps: Vec<csi::VolumeCapability>| csi::ValidateVolumeCapabilitiesRequest {
+                volume_id: id.into(),
+                volume_capabilities: caps,
+                ..Default::default()
+            };
+        expect_code(
+            self.controller
+                .validate_volume_capabilities(self.req(req("", caps.clone())))
+                .await,
+            Code::InvalidArgument,
+            "no id",
+        )?;
+        expect_code(
+            self.controller
+                .validate_volume_capabilities(self.req(req(FAKE_VOLUME, caps.clone())))
+                .await,
+            Code::NotFound,
+            "unknown volume",
+        )?;
+        let name = self.name("validate");
+        let v = self.create_volume(&name, caps[0].clone()).await?;
+        expect_code(
+            self.controller
+                .validate_volume_capabilities(self.req(req(&v.volume_id, vec![])))
+                .await,
+            Code::InvalidArgument,
+            "no capabilities",
+        )?;
+        let r = ok(
+            self.controller
+                .validate_volume_capabilities(self.req(req(&v.volume_id, caps.clone())))
+                .await,
+            "valid request",
+        )?;
+        ensure(r.confirmed.is_some(), || {
+            format!("SINGLE_NODE_WRITER not confirmed: {}", r.message)
+        })?;
+        self.delete_volume(&v.volume_id).await
+    }
+
+    async fn list_volumes_rules(&mut self) -> Check {
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            let name = self.name("list");
+            ids.push(
+                self.create_volume(&name, mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter))
+                    .await?
+                    .volume_id,
+            );
+        }
+        let mut seen = Vec::new();
+        let mut token = String::new();
+        for _ in 0..10_000 {
+            let r = ok(
+                self.controller
+                    .list_volumes(self.req(csi::ListVolumesRequest {
+                        max_entries: 1,
+                        starting_token: token.clone(),
+                    }))
+                    .await,
+                "ListVolumes",
+            )?;
+            ensure(r.entries.len() <= 1, || {
+                format!("max_entries 1 returned {}", r.entries.len())
+            })?;
+            seen.extend(
+                r.entries
+                    .into_iter()
+                    .filter_map(|e| e.volume.map(|v| v.volume_id)),
+            );
+            if r.next_token.is_empty() {
+                break;
+            }
+            token = r.next_token;
+        }
+        for id in &ids {
+            ensure(seen.contains(id), || {
+                format!("volume {id} missing from the paginated listing")
+            })?;
+        }
+        expect_code(
+            self.controller
+                .list_volumes(self.req(csi::ListVolumesRequest {
+                    max_entries: 0,
+                    starting_token: "no-such-token".into(),
+                }))
+                .await,
+            Code::Aborted,
+            "bad token",
+        )?;
+        expect_code(
+            self.controller
+                .list_volumes(self.req(csi::ListVolumesRequest {
+                    max_entries: -1,
+                    starting_token: String::new(),
+                }))
+                .await,
+            Code::InvalidArgument,
+            "negative max_entries",
+        )?;
+        for id in ids {
+            self.delete_volume(&id).await?;
+        }
+        Ok(())
+    }
+
+    async fn get_volume_rules(&mut self) -> Check {
+        let req = |id: &str| csi::ControllerGetVolumeRequest {
+            volume_id: id.into(),
+        };
+        expect_code(
+            self.controller
+                .controller_get_volume(self.req(req("")))
+                .await,
+            Code::InvalidArgument,
+            "no id",
+        )?;
+        expect_code(
+            self.controller
+                .controller_get_volume(self.req(req(FAKE_VOLUME)))
+                .await,
+            Code::NotFound,
+            "unknown id",
+        )?;
+        let name = self.name("get");
+        let v = self
+            .create_volume(&name, mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter))
+            .await?;
+        let r = ok(
+            self.controller
+                .controller_get_volume(self.req(req(&v.volume_id)))
+                .await,
+            "ControllerGetVolume",
+        )?;
+        let got = r.volume.ok_or("no volume in the answer")?;
+        ensure(got.volume_id == v.volume_id, || {
+            format!("asked for {}, got {}", v.volume_id, got.volume_id)
+        })?;
+        let status = r.status.ok_or("no status")?;
+        ensure(status.published_node_ids.is_empty(), || {
+            format!(
+                "unpublished volume lists nodes {:?}",
+                status.published_node_ids
+            )
+        })?;
+        self.delete_volume(&v.volume_id).await
+    }
+
+    async fn publish_bad_args(&mut self) -> Check {
+        let cap = mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter);
+        let node = self.node_id.clone().unwrap_or_else(|| FAKE_NODE.into());
+        let r = self.publish_req("", &node, cap.clone());
+        expect_code(
+            self.controller.controller_publish_volume(self.req(r)).await,
+            Code::InvalidArgument,
+            "no volume id",
+        )?;
+        let r = self.publish_req(FAKE_VOLUME, "", cap.clone());
+        expect_code(
+            self.controller.controller_publish_volume(self.req(r)).await,
+            Code::InvalidArgument,
+            "no node id",
+        )?;
+        let mut r = self.publish_req(FAKE_VOLUME, &node, cap.clone());
+        r.volume_capability = None;
+        expect_code(
+            self.controller.controller_publish_volume(self.req(r)).await,
+            Code::InvalidArgument,
+            "no capability",
+        )?;
+        let r = self.publish_req(FAKE_VOLUME, &node, cap.clone());
+        expect_code(
+            self.controller.controller_publish_volume(self.req(r)).await,
+            Code::NotFound,
+            "unknown volume",
+        )?;
+        let name = self.name("pubargs");
+        let v = self.create_volume(&name, cap.clone()).await?;
+        let r = self.publish_req(&v.volume_id, FAKE_NODE, cap.clone());
+        expect_code(
+            self.controller.controller_publish_volume(self.req(r)).await,
+            Code::NotFound,
+            "unknown node",
+        )?;
+        let r = csi::ControllerUnpublishVolumeRequest {
+            volume_id: String::new(),
+            node_id: node,
+            secrets: self.cfg.secrets.clone(),
+        };
+        expect_code(
+            self.controller
+                .controller_unpublish_volume(self.req(r))
+                .await,
+            Code::InvalidArgument,
+            "unpublish without volume id",
+        )?;
+        self.delete_volume(&v.volume_id).await
+    }
+
+    async fn publish_idempotent(&mut self) -> Check {
+        let node = self.node_id.clone().ok_or("no node id")?;
+        let cap = mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter);
+        let name = self.name("pubidem");
+        let v = self.create_volume(&name, cap.clone()).await?;
+        let a = ok(
+            self.controller
+                .controller_publish_volume(self.req(self.publish_req(
+                    &v.volume_id,
+                    &node,
+                    cap.clone(),
+                )))
+                .await,
+            "publish",
+        )?;
+        let b = ok(
+            self.controller
+                .controller_publish_volume(self.req(self.publish_req(
+                    &v.volume_id,
+                    &node,
+                    cap.clone(),
+                )))
+                .await,
+            "publish again",
+        )?;
+        ensure(a.publish_context == b.publish_context, || {
+            format!(
+                "publish contexts differ: {:?} vs {:?}",
+                a.publish_context, b.publish_context
+            )
+        })?;
+        if self.controller_caps.contains(&CRpc::GetVolume) {
+            let r = ok(
+                self.controller
+                    .controller_get_volume(self.req(csi::ControllerGetVolumeRequest {
+                        volume_id: v.volume_id.clone(),
+                    }))
+                    .await,
+                "get",
+            )?;
+            let nodes = r.status.map(|s| s.published_node_ids).unwrap_or_default();
+            ensure(nodes == vec![node.clone()], || {
+                format!("published nodes {nodes:?}, expected [{node}]")
+            })?;
+        }
+        let un = || csi::ControllerUnpublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            node_id: node.clone(),
+            secrets: self.cfg.secrets.clone(),
+        };
+        ok(
+            self.controller
+                .controller_unpublish_volume(self.req(un()))
+                .await,
+            "unpublish",
+        )?;
+        ok(
+            self.controller
+                .controller_unpublish_volume(self.req(un()))
+                .await,
+            "unpublish again",
+        )?;
+        self.delete_volume(&v.volume_id).await
+    }
+
+    async fn snapshot_rules(&mut self) -> Check {
+        let s = self.cfg.secrets.clone();
+        let snap = |name: &str, src: &str| csi::CreateSnapshotRequest {
+            source_volume_id: src.into(),
+            name: name.into(),
+            secrets: s.clone(),
+            parameters: HashMap::new(),
+        };
+        expect_code(
+            self.controller
+                .create_snapshot(self.req(snap("", FAKE_VOLUME)))
+                .await,
+            Code::InvalidArgument,
+            "no name",
+        )?;
+        let n = self.name("snap");
+        expect_code(
+            self.controller
+                .create_snapshot(self.req(snap(&n, "")))
+                .await,
+            Code::InvalidArgument,
+            "no source",
+        )?;
+        let a = self
+            .new_volume(
+                "snapsrc",
+                mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter),
+            )
+            .await?;
+        let b = self
+            .new_volume(
+                "snapsrc",
+                mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter),
+            )
+            .await?;
+        let s1 = ok(
+            self.controller
+                .create_snapshot(self.req(snap(&n, &a.volume_id)))
+                .await,
+            "CreateSnapshot",
+        )?
+        .snapshot
+        .ok_or("no snapshot")?;
+        self.snapshots.push(s1.snapshot_id.clone());
+        let s2 = ok(
+            self.controller
+                .create_snapshot(self.req(snap(&n, &a.volume_id)))
+                .await,
+            "CreateSnapshot again",
+        )?
+        .snapshot
+        .ok_or("no snapshot")?;
+        ensure(s1.snapshot_id == s2.snapshot_id, || {
+            format!(
+                "two snapshots for one name: {} {}",
+                s1.snapshot_id, s2.snapshot_id
+            )
+        })?;
+        ensure(s1.source_volume_id == a.volume_id, || {
+            "wrong source_volume_id".into()
+        })?;
+        expect_code(
+            self.controller
+                .create_snapshot(self.req(snap(&n, &b.volume_id)))
+                .await,
+            Code::AlreadyExists,
+            "same name, other source",
+        )?;
+        let del = |id: &str| csi::DeleteSnapshotRequest {
+            snapshot_id: id.into(),
+            secrets: s.clone(),
+        };
+        expect_code(
+            self.controller.delete_snapshot(self.req(del(""))).await,
+            Code::InvalidArgument,
+            "delete without id",
+        )?;
+        ok(
+            self.controller
+                .delete_snapshot(self.req(del(FAKE_VOLUME)))
+                .await,
+            "delete unknown snapshot",
+        )?;
+        ok(
+            self.controller
+                .delete_snapshot(self.req(del(&s1.snapshot_id)))
+                .await,
+            "DeleteSnapshot",
+        )?;
+        ok(
+            self.controller
+                .delete_snapshot(self.req(del(&s1.snapshot_id)))
+                .await,
+            "DeleteSnapshot again",
+        )?;
+        self.snapshots.retain(|x| *x != s1.snapshot_id);
+        self.wait_snapshot_gone(&s1.snapshot_id).await?;
+        self.delete_volume(&a.volume_id).await?;
+        self.delete_volume(&b.volume_id).await
+    }
+
+    async fn wait_snapshot_gone(&mut self, id: &str) -> Check {
+        for _ in 0..200 {
+            let r = ok(
+                self.controller
+                    .list_snapshots(self.req(csi::ListSnapshotsRequest {
+                        snapshot_id: id.into(),
+                        secrets: self.cfg.secrets.clone(),
+                        ..Default::default()
+                    }))
+                    .await,
+                "ListSnapshots",
+            )?;
+            if r.entries.is_empty() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(format!("snapshot {id} still listed 10 s after deletion"))
+    }
+
+    async fn create_snapshot(&mut self, source: &str) -> Result<csi::Snapshot, String> {
+        let name = self.name("snap");
+        let req = csi::CreateSnapshotRequest {
+            source_volume_id: source.into(),
+            name,
+            secrets: self.cfg.secrets.clone(),
+            parameters: HashMap::new(),
+        };
+        let s = ok(
+            self.controller.create_snapshot(self.req(req)).await,
+            "CreateSnapshot",
+        )?
+        .snapshot
+        .ok_or("no snapshot")?;
+        self.snapshots.push(s.snapshot_id.clone());
+        Ok(s)
+    }
+
+    async fn list_snapshots_rules(&mut self) -> Check {
+        let v = self
+            .new_volume(
+                "lsnap",
+                mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter),
+            )
+            .await?;
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            ids.push(self.create_snapshot(&v.volume_id).await?.snapshot_id);
+        }
+        let base = csi::ListSnapshotsRequest {
+            secrets: self.cfg.secrets.clone(),
+            ..Default::default()
+        };
+        let r = ok(
+            self.controller
+                .list_snapshots(self.req(csi::ListSnapshotsRequest {
+                    snapshot_id: ids[0].clone(),
+                    ..base.clone()
+                }))
+                .await,
+            "by id",
+        )?;
+        ensure(
+            r.entries.len() == 1
+                && r.entries[0]
+                    .snapshot
+                    .as_ref()
+                    .is_some_and(|s| s.snapshot_id == ids[0]),
+            || format!("by id returned {:?}", r.entries),
+        )?;
+        let r = ok(
+            self.controller
+                .list_snapshots(self.req(csi::ListSnapshotsRequest {
+                    snapshot_id: FAKE_VOLUME.into(),
+                    ..base.clone()
+                }))
+                .await,
+            "unknown id",
+        )?;
+        ensure(r.entries.is_empty(), || {
+            "an unknown snapshot id listed something".into()
+        })?;
+        let r = ok(
+            self.controller
+                .list_snapshots(self.req(csi::ListSnapshotsRequest {
+                    source_volume_id: v.volume_id.clone(),
+                    ..base.clone()
+                }))
+                .await,
+            "by source",
+        )?;
+        let by_source: Vec<String> = r
+            .entries
+            .iter()
+            .filter_map(|e| e.snapshot.as_ref().map(|s| s.snapshot_id.clone()))
+            .collect();
+        ensure(
+            ids.iter().all(|i| by_source.contains(i)) && by_source.len() == 3,
+            || format!("by source: {by_source:?}, expected {ids:?}"),
+        )?;
+        let mut seen = Vec::new();
+        let mut token = String::new();
+        for _ in 0..10_000 {
+            let r = ok(
+                self.controller
+                    .list_snapshots(self.req(csi::ListSnapshotsRequest {
+                        max_entries: 2,
+                        starting_token: token.clone(),
+                        ..base.clone()
+                    }))
+                    .await,
+                "paginated",
+            )?;
+            ensure(r.entries.len() <= 2, || {
+                format!("max_entries 2 returned {}", r.entries.len())
+            })?;
+            seen.extend(
+                r.entries
+                    .into_iter()
+                    .filter_map(|e| e.snapshot.map(|s| s.snapshot_id)),
+            );
+            if r.next_token.is_empty() {
+                break;
+            }
+            token = r.next_token;
+        }
+        ensure(ids.iter().all(|i| seen.contains(i)), || {
+            "pagination lost snapshots".into()
+        })?;
+        expect_code(
+            self.controller
+                .list_snapshots(self.req(csi::ListSnapshotsRequest {
+                    starting_token: "bogus".into(),
+                    ..base.clone()
+                }))
+                .await,
+            Code::Aborted,
+            "bad token",
+        )?;
+        for id in ids {
+            ok(
+                self.controller
+                    .delete_snapshot(self.req(csi::DeleteSnapshotRequest {
+                        snapshot_id: id.clone(),
+                        secrets: self.cfg.secrets.clone(),
+                    }))
+                    .await,
+                "DeleteSnapshot",
+            )?;
+            self.snapshots.retain(|x| *x != id);
+            self.wait_snapshot_gone(&id).await?;
+        }
+        self.delete_volume(&v.volume_id).await
+    }
+
+    async fn create_from_sources(&mut self) -> Check {
+        let cap = mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter);
+        let src = self.new_volume("src", cap.clone()).await?;
+        let snap = self.create_snapshot(&src.volume_id).await?;
+        for _ in 0..200 {
+            let r = ok(
+                self.controller
+                    .list_snapshots(self.req(csi::ListSnapshotsRequest {
+                        snapshot_id: snap.snapshot_id.clone(),
+                        secrets: self.cfg.secrets.clone(),
+                        ..Default::default()
+                    }))
+                    .await,
+                "ListSnapshots",
+            )?;
+            if r.entries
+                .iter()
+                .any(|e| e.snapshot.as_ref().is_some_and(|s| s.ready_to_use))
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let n = self.name("restore");
+        let mut req = self.create_req(&n, cap.clone(), self.cfg.volume_size);
+        req.volume_content_source = Some(csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Snapshot(
+                csi::volume_content_source::SnapshotSource {
+                    snapshot_id: snap.snapshot_id.clone(),
+                },
+            )),
+        });
+        let restored = ok(
+            self.controller.create_volume(self.req(req.clone())).await,
+            "restore",
+        )?
+        .volume
+        .ok_or("no volume")?;
+        self.volumes.push(restored.volume_id.clone());
+        ensure(restored.content_source == req.volume_content_source, || {
+            format!("content source not echoed: {:?}", restored.content_source)
+        })?;
+        let mut bad = req.clone();
+        bad.name = self.name("restoremissing");
+        bad.volume_content_source = Some(csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Snapshot(
+                csi::volume_content_source::SnapshotSource {
+                    snapshot_id: FAKE_VOLUME.into(),
+                },
+            )),
+        });
+        expect_code(
+            self.controller.create_volume(self.req(bad)).await,
+            Code::NotFound,
+            "restore from an unknown snapshot",
+        )?;
+        if self.controller_caps.contains(&CRpc::CloneVolume) {
+            let n = self.name("clone");
+            let mut req = self.create_req(&n, cap.clone(), self.cfg.volume_size);
+            req.volume_content_source = Some(csi::VolumeContentSource {
+                r#type: Some(csi::volume_content_source::Type::Volume(
+                    csi::volume_content_source::VolumeSource {
+                        volume_id: src.volume_id.clone(),
+                    },
+                )),
+            });
+            let clone = ok(
+                self.controller.create_volume(self.req(req.clone())).await,
+                "clone",
+            )?
+            .volume
+            .ok_or("no volume")?;
+            self.volumes.push(clone.volume_id.clone());
+            ensure(clone.content_source == req.volume_content_source, || {
+                "clone source not echoed".into()
+            })?;
+            self.delete_volume(&clone.volume_id).await?;
+        }
+        self.delete_volume(&restored.volume_id).await?;
+        ok(
+            self.controller
+                .delete_snapshot(self.req(csi::DeleteSnapshotRequest {
+                    snapshot_id: snap.snapshot_id.clone(),
+                    secrets: self.cfg.secrets.clone(),
+                }))
+                .await,
+            "DeleteSnapshot",
+        )?;
+        self.snapshots.retain(|x| *x != snap.snapshot_id);
+        self.wait_snapshot_gone(&snap.snapshot_id).await?;
+        self.delete_volume(&src.volume_id).await
+    }
+
+    async fn controller_expand_rules(&mut self) -> Check {
+        let range = |b: i64| {
+            Some(csi::CapacityRange {
+                required_bytes: b,
+                limit_bytes: 0,
+            })
+        };
+        let req = |id: &str, r: Option<csi::CapacityRange>, s: &HashMap<String, String>| {
+            csi::ControllerExpandVolumeRequest {
+                volume_id: id.into(),
+                capacity_range: r,
+                secrets: s.clone(),
+                volume_capability: None,
+            }
+        };
+        expect_code(
+            self.controller
+                .controller_expand_volume(self.req(req("", range(2 * GIB), &self.cfg.secrets)))
+                .await,
+            Code::InvalidArgument,
+            "no id",
+        )?;
+        expect_code(
+            self.controller
+                .controller_expand_volume(self.req(req(
+                    FAKE_VOLUME,
+                    range(2 * GIB),
+                    &self.cfg.secrets,
+                )))
+                .await,
+            Code::NotFound,
+            "unknown volume",
+        )?;
+        let v = self
+            .new_volume(
+                "cexpand",
+                mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter),
+            )
+            .await?;
+        expect_code(
+            self.controller
+                .controller_expand_volume(self.req(req(&v.volume_id, None, &self.cfg.secrets)))
+                .await,
+            Code::InvalidArgument,
+            "no capacity range",
+        )?;
+        let want = v.capacity_bytes + GIB;
+        let a = ok(
+            self.controller
+                .controller_expand_volume(self.req(req(
+                    &v.volume_id,
+                    range(want),
+                    &self.cfg.secrets,
+                )))
+                .await,
+            "expand",
+        )?;
+        ensure(a.capacity_bytes >= want, || {
+            format!("expanded to {} < {want}", a.capacity_bytes)
+        })?;
+        let b = ok(
+            self.controller
+                .controller_expand_volume(self.req(req(
+                    &v.volume_id,
+                    range(want),
+                    &self.cfg.secrets,
+                )))
+                .await,
+            "expand again",
+        )?;
+        ensure(b.capacity_bytes == a.capacity_bytes, || {
+            "repeat changed the size".into()
+        })?;
+        self.delete_volume(&v.volume_id).await
+    }
+
+    async fn node_info_rules(&mut self) -> Check {
+        let caps = ok(
+            self.node
+                .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+                .await,
+            "NodeGetCapabilities",
+        )?;
+        for c in caps.capabilities {
+            match c.r#type {
+                Some(csi::node_service_capability::Type::Rpc(r))
+                    if NRpc::try_from(r.r#type).is_ok_and(|t| t != NRpc::Unknown) => {}
+                other => return Err(format!("unknown node capability {other:?}")),
+            }
+        }
+        let info = ok(
+            self.node.node_get_info(csi::NodeGetInfoRequest {}).await,
+            "NodeGetInfo",
+        )?;
+        ensure(!info.node_id.is_empty(), || "empty node_id".into())?;
+        ensure(info.max_volumes_per_node >= 0, || {
+            "negative max_volumes_per_node".into()
+        })
+    }
+
+    async fn node_bad_args(&mut self) -> Check {
+        let cap = mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter);
+        let staging = self
+            .cfg
+            .mount_dir
+            .join("bad-args/staging")
+            .to_string_lossy()
+            .into_owned();
+        let target = self
+            .cfg
+            .mount_dir
+            .join("bad-args/target")
+            .to_string_lossy()
+            .into_owned();
+        let stage = |id: &str, path: &str, cap: Option<csi::VolumeCapability>| {
+            csi::NodeStageVolumeRequest {
+                volume_id: id.into(),
+                staging_target_path: path.into(),
+                volume_capability: cap,
+                ..Default::default()
+            }
+        };
+        expect_code(
+            self.node
+                .node_stage_volume(self.req(stage("", &staging, Some(cap.clone()))))
+                .await,
+            Code::InvalidArgument,
+            "stage: no volume id",
+        )?;
+        expect_code(
+            self.node
+                .node_stage_volume(self.req(stage(FAKE_VOLUME, "", Some(cap.clone()))))
+                .await,
+            Code::InvalidArgument,
+            "stage: no staging path",
+        )?;
+        expect_code(
+            self.node
+                .node_stage_volume(self.req(stage(FAKE_VOLUME, &staging, None)))
+                .await,
+            Code::InvalidArgument,
+            "stage: no capability",
+        )?;
+        expect_code(
+            self.node
+                .node_stage_volume(self.req(stage(FAKE_VOLUME, "relative/path", Some(cap.clone()))))
+                .await,
+            Code::InvalidArgument,
+            "stage: relative path",
+        )?;
+        let publish =
+            |id: &str, t: &str, cap: Option<csi::VolumeCapability>| csi::NodePublishVolumeRequest {
+                volume_id: id.into(),
+                staging_target_path: staging.clone(),
+                target_path: t.into(),
+                volume_capability: cap,
+                ..Default::default()
+            };
+        expect_code(
+            self.node
+                .node_publish_volume(self.req(publish("", &target, Some(cap.clone()))))
+                .await,
+            Code::InvalidArgument,
+            "publish: no volume id",
+        )?;
+        expect_code(
+            self.node
+                .node_publish_volume(self.req(publish(FAKE_VOLUME, "", Some(cap.clone()))))
+                .await,
+            Code::InvalidArgument,
+            "publish: no target path",
+        )?;
+        expect_code(
+            self.node
+                .node_publish_volume(self.req(publish(FAKE_VOLUME, &target, None)))
+                .await,
+            Code::InvalidArgument,
+            "publish: no capability",
+        )?;
+        let dotdot = format!("{target}/../../../../etc");
+        expect_code(
+            self.node
+                .node_publish_volume(self.req(publish(FAKE_VOLUME, &dotdot, Some(cap.clone()))))
+                .await,
+            Code::InvalidArgument,
+            "publish: path with ..",
+        )?;
+        expect_code(
+            self.node
+                .node_unpublish_volume(self.req(csi::NodeUnpublishVolumeRequest {
+                    volume_id: String::new(),
+                    target_path: target.clone(),
+                }))
+                .await,
+            Code::InvalidArgument,
+            "unpublish: no volume id",
+        )?;
+        expect_code(
+            self.node
+                .node_unpublish_volume(self.req(csi::NodeUnpublishVolumeRequest {
+                    volume_id: FAKE_VOLUME.into(),
+                    target_path: String::new(),
+                }))
+                .await,
+            Code::InvalidArgument,
+            "unpublish: no target",
+        )?;
+        expect_code(
+            self.node
+                .node_unstage_volume(self.req(csi::NodeUnstageVolumeRequest {
+                    volume_id: String::new(),
+                    staging_target_path: staging.clone(),
+                }))
+                .await,
+            Code::InvalidArgument,
+            "unstage: no volume id",
+        )?;
+        expect_code(
+            self.node
+                .node_unstage_volume(self.req(csi::NodeUnstageVolumeRequest {
+                    volume_id: FAKE_VOLUME.into(),
+                    staging_target_path: String::new(),
+                }))
+                .await,
+            Code::InvalidArgument,
+            "unstage: no staging path",
+        )?;
+        if self.node_caps.contains(&NRpc::GetVolumeStats) {
+            expect_code(
+                self.node
+                    .node_get_volume_stats(self.req(csi::NodeGetVolumeStatsRequest {
+                        volume_id: String::new(),
+                        volume_path: target.clone(),
+                        staging_target_path: String::new(),
+                    }))
+                    .await,
+                Code::InvalidArgument,
+                "stats: no volume id",
+            )?;
+            expect_code(
+                self.node
+                    .node_get_volume_stats(self.req(csi::NodeGetVolumeStatsRequest {
+                        volume_id: FAKE_VOLUME.into(),
+                        volume_path: String::new(),
+                        staging_target_path: String::new(),
+                    }))
+                    .await,
+                Code::InvalidArgument,
+                "stats: no path",
+            )?;
+        }
+        if self.node_caps.contains(&NRpc::ExpandVolume) {
+            expect_code(
+                self.node
+                    .node_expand_volume(self.req(csi::NodeExpandVolumeRequest {
+                        volume_id: String::new(),
+                        volume_path: target.clone(),
+                        ..Default::default()
+                    }))
+                    .await,
+                Code::InvalidArgument,
+                "expand: no volume id",
+            )?;
+            expect_code(
+                self.node
+                    .node_expand_volume(self.req(csi::NodeExpandVolumeRequest {
+                        volume_id: FAKE_VOLUME.into(),
+                        volume_path: String::new(),
+                        ..Default::default()
+                    }))
+                    .await,
+                Code::InvalidArgument,
+                "expand: no path",
+            )?;
+        }
+        Ok(())
+    }
+
+    async fn stats_not_found(&mut self) -> Check {
+        let path = self
+            .cfg
+            .mount_dir
+            .join("never-created")
+            .to_string_lossy()
+            .into_owned();
+        expect_code(
+            self.node
+                .node_get_volume_stats(self.req(csi::NodeGetVolumeStatsRequest {
+                    volume_id: FAKE_VOLUME.into(),
+                    volume_path: path,
+                    staging_target_path: String::new(),
+                }))
+                .await,
+            Code::NotFound,
+            "unknown path",
+        )
+    }
+
+    fn lifecycle_paths(&self, id: &str) -> (PathBuf, PathBuf) {
+        (
+            self.cfg.mount_dir.join(format!("staging/{id}")),
+            self.cfg.mount_dir.join(format!("pods/{id}/target")),
+        )
+    }
+
+    /// create → publish → stage ×2 → publish ×2; returns the paths.
+    async fn bring_up(
+        &mut self,
+        cap: csi::VolumeCapability,
+        what: &str,
+    ) -> Result<(csi::Volume, PathBuf, PathBuf, HashMap<String, String>), String> {
+        let node = self.node_id.clone().ok_or("no node id")?;
+        let name = self.name(what);
+        let v = self.create_volume(&name, cap.clone()).await?;
+        let pc = ok(
+            self.controller
+                .controller_publish_volume(self.req(self.publish_req(
+                    &v.volume_id,
+                    &node,
+                    cap.clone(),
+                )))
+                .await,
+            "ControllerPublishVolume",
+        )?
+        .publish_context;
+        let (staging, target) = self.lifecycle_paths(&v.volume_id);
+        let stage = csi::NodeStageVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            publish_context: pc.clone(),
+            staging_target_path: staging.to_string_lossy().into_owned(),
+            volume_capability: Some(cap.clone()),
+            secrets: self.cfg.secrets.clone(),
+            volume_context: v.volume_context.clone(),
+        };
+        ok(
+            self.node.node_stage_volume(self.req(stage.clone())).await,
+            "NodeStageVolume",
+        )?;
+        ok(
+            self.node.node_stage_volume(self.req(stage)).await,
+            "NodeStageVolume again",
+        )?;
+        let publish = csi::NodePublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            publish_context: pc.clone(),
+            staging_target_path: staging.to_string_lossy().into_owned(),
+            target_path: target.to_string_lossy().into_owned(),
+            volume_capability: Some(cap),
+            readonly: false,
+            secrets: self.cfg.secrets.clone(),
+            volume_context: v.volume_context.clone(),
+        };
+        ok(
+            self.node
+                .node_publish_volume(self.req(publish.clone()))
+                .await,
+            "NodePublishVolume",
+        )?;
+        ok(
+            self.node.node_publish_volume(self.req(publish)).await,
+            "NodePublishVolume again",
+        )?;
+        Ok((v, staging, target, pc))
+    }
+
+    /// unpublish ×2 → unstage ×2 → controller unpublish ×2 → delete ×2.
+    async fn tear_down(
+        &mut self,
+        v: &csi::Volume,
+        staging: &std::path::Path,
+        target: &std::path::Path,
+    ) -> Check {
+        let node = self.node_id.clone().ok_or("no node id")?;
+        let un = csi::NodeUnpublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            target_path: target.to_string_lossy().into_owned(),
+        };
+        ok(
+            self.node.node_unpublish_volume(self.req(un.clone())).await,
+            "NodeUnpublishVolume",
+        )?;
+        ok(
+            self.node.node_unpublish_volume(self.req(un)).await,
+            "NodeUnpublishVolume again",
+        )?;
+        ensure(!mounted(target) && !target.exists(), || {
+            format!("{} left behind", target.display())
+        })?;
+        let us = csi::NodeUnstageVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            staging_target_path: staging.to_string_lossy().into_owned(),
+        };
+        ok(
+            self.node.node_unstage_volume(self.req(us.clone())).await,
+            "NodeUnstageVolume",
+        )?;
+        ok(
+            self.node.node_unstage_volume(self.req(us)).await,
+            "NodeUnstageVolume again",
+        )?;
+        ensure(!mounted(staging), || {
+            format!("{} still mounted", staging.display())
+        })?;
+        let cu = csi::ControllerUnpublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            node_id: node,
+            secrets: self.cfg.secrets.clone(),
+        };
+        ok(
+            self.controller
+                .controller_unpublish_volume(self.req(cu.clone()))
+                .await,
+            "ControllerUnpublishVolume",
+        )?;
+        ok(
+            self.controller
+                .controller_unpublish_volume(self.req(cu))
+                .await,
+            "ControllerUnpublishVolume again",
+        )?;
+        self.delete_volume(&v.volume_id).await?;
+        self.delete_volume(&v.volume_id).await
+    }
+
+    async fn lifecycle_mount(&mut self) -> Check {
+        let cap = mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter);
+        let (v, staging, target, _) = self.bring_up(cap, "life").await?;
+        ensure(mounted(&staging), || "staging path not mounted".into())?;
+        ensure(mounted(&target), || "target path not mounted".into())?;
+        std::fs::write(target.join("hello"), b"sanity")
+            .map_err(|e| format!("writing to the volume: {e}"))?;
+        let seen = std::fs::read(staging.join("hello"))
+            .map_err(|e| format!("reading through staging: {e}"))?;
+        ensure(seen == b"sanity", || "target and staging disagree".into())?;
+        if self.node_caps.contains(&NRpc::GetVolumeStats) {
+            let st = ok(
+                self.node
+                    .node_get_volume_stats(self.req(csi::NodeGetVolumeStatsRequest {
+                        volume_id: v.volume_id.clone(),
+                        volume_path: target.to_string_lossy().into_owned(),
+                        staging_target_path: staging.to_string_lossy().into_owned(),
+                    }))
+                    .await,
+                "NodeGetVolumeStats",
+            )?;
+            let bytes = st
+                .usage
+                .iter()
+                .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+                .ok_or("no byte usage")?;
+            ensure(
+                bytes.total > 0 && bytes.total <= v.capacity_bytes && bytes.used > 0,
+                || format!("implausible usage {bytes:?}"),
+            )?;
+            ensure(
+                st.usage
+                    .iter()
+                    .any(|u| u.unit == csi::volume_usage::Unit::Inodes as i32),
+                || "no inode usage".into(),
+            )?;
+        }
+        self.tear_down(&v, &staging, &target).await
+    }
+
+    async fn lifecycle_block(&mut self) -> Check {
+        let cap = block_cap(Mode::SingleNodeWriter);
+        let (v, staging, target, _) = self.bring_up(cap, "block").await?;
+        let meta = std::fs::metadata(&target).map_err(|e| format!("target: {e}"))?;
+        ensure(meta.file_type().is_block_device(), || {
+            "target is not a block device".into()
+        })?;
+        ensure(!mounted(&staging), || {
+            "a block volume was mounted at staging".into()
+        })?;
+        {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&target)
+                .map_err(|e| format!("opening the device: {e}"))?;
+            let size = f.seek(SeekFrom::End(0)).map_err(|e| e.to_string())?;
+            ensure(size as i64 == v.capacity_bytes, || {
+                format!("device is {size} bytes, volume {}", v.capacity_bytes)
+            })?;
+            f.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+            f.write_all(b"raw")
+                .map_err(|e| format!("writing the device: {e}"))?;
+        }
+        self.tear_down(&v, &staging, &target).await
+    }
+
+    async fn lifecycle_expand(&mut self) -> Check {
+        let cap = mount_cap(&self.cfg.expansion_fs_type, Mode::SingleNodeWriter);
+        let (v, staging, target, _) = self.bring_up(cap.clone(), "grow").await?;
+        std::fs::write(target.join("keep"), b"data").map_err(|e| e.to_string())?;
+        let want = v.capacity_bytes + GIB;
+        let r = ok(
+            self.controller
+                .controller_expand_volume(self.req(csi::ControllerExpandVolumeRequest {
+                    volume_id: v.volume_id.clone(),
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: want,
+                        limit_bytes: 0,
+                    }),
+                    secrets: self.cfg.secrets.clone(),
+                    volume_capability: Some(cap.clone()),
+                }))
+                .await,
+            "ControllerExpandVolume",
+        )?;
+        ensure(r.node_expansion_required, || {
+            "a filesystem volume needs node expansion".into()
+        })?;
+        let n = ok(
+            self.node
+                .node_expand_volume(self.req(csi::NodeExpandVolumeRequest {
+                    volume_id: v.volume_id.clone(),
+                    volume_path: target.to_string_lossy().into_owned(),
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: want,
+                        limit_bytes: 0,
+                    }),
+                    staging_target_path: staging.to_string_lossy().into_owned(),
+                    volume_capability: Some(cap),
+                    secrets: HashMap::new(),
+                }))
+                .await,
+            "NodeExpandVolume",
+        )?;
+        ensure(n.capacity_bytes >= want, || {
+            format!("node reports {} < {want}", n.capacity_bytes)
+        })?;
+        let st = ok(
+            self.node
+                .node_get_volume_stats(self.req(csi::NodeGetVolumeStatsRequest {
+                    volume_id: v.volume_id.clone(),
+                    volume_path: target.to_string_lossy().into_owned(),
+                    staging_target_path: String::new(),
+                }))
+                .await,
+            "NodeGetVolumeStats",
+        )?;
+        let total = st
+            .usage
+            .iter()
+            .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+            .map(|u| u.total)
+            .unwrap_or(0);
+        ensure(total > v.capacity_bytes, || {
+            format!(
+                "filesystem is {total} bytes after growing past {}",
+                v.capacity_bytes
+            )
+        })?;
+        let kept = std::fs::read(target.join("keep")).map_err(|e| e.to_string())?;
+        ensure(kept == b"data", || "data changed by the expansion".into())?;
+        self.tear_down(&v, &staging, &target).await
+    }
+}
