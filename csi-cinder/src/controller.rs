@@ -162,6 +162,12 @@ impl ControllerService {
     ) -> DriverResult<csi::CreateVolumeResponse> {
         let name = require(&r.name, "name")?;
         let caps = parse_capabilities(&r.volume_capabilities)?;
+        // what no volume type can make acceptable is refused before any call
+        for c in &caps {
+            if let Some(why) = capability_unsupported(c, true) {
+                return Err(DriverError::InvalidArgument(why));
+            }
+        }
         let mut size = size_gib(r.capacity_range.as_ref())?;
         let cloud = self.cloud(&r.secrets)?;
 

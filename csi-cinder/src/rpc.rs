@@ -12,6 +12,9 @@ use tonic::metadata::MetadataMap;
 use crate::errors::{DriverError, DriverResult};
 
 pub const GIB: i64 = 1 << 30;
+/// 1 PiB: far beyond any Cinder backend; a larger request is a mistake
+/// (or an overflow), refused before it reaches OpenStack.
+pub const MAX_VOLUME_GIB: i64 = 1 << 20;
 
 /// Without a `grpc-timeout` from the caller, work stops after this long
 /// (the sidecars send one; their default is 3 minutes, upstream's chart
@@ -125,6 +128,11 @@ pub fn size_gib(range: Option<&csi::CapacityRange>) -> DriverResult<i64> {
     } else {
         ceil_gib(r.required_bytes)
     };
+    if gib > MAX_VOLUME_GIB {
+        return Err(DriverError::OutOfRange(format!(
+            "{gib} GiB is more than the {MAX_VOLUME_GIB} GiB this driver asks Cinder for"
+        )));
+    }
     if r.limit_bytes > 0 && gib.saturating_mul(GIB) > r.limit_bytes {
         return Err(DriverError::OutOfRange(format!(
             "Cinder sizes volumes in whole GiB: {gib} GiB exceeds limit_bytes {}",
@@ -315,7 +323,14 @@ mod tests {
             size_gib(Some(&r(3 * GIB, GIB))),
             Err(DriverError::InvalidArgument(_))
         ));
-        assert_eq!(size_gib(Some(&r(i64::MAX, 0))).unwrap(), ceil_gib(i64::MAX));
+        assert!(matches!(
+            size_gib(Some(&r(i64::MAX, 0))),
+            Err(DriverError::OutOfRange(_))
+        ));
+        assert_eq!(
+            size_gib(Some(&r(MAX_VOLUME_GIB * GIB, 0))).unwrap(),
+            MAX_VOLUME_GIB
+        );
         assert!(size_fits(2, Some(&r(GIB, 2 * GIB))));
         assert!(!size_fits(3, Some(&r(GIB, 2 * GIB))));
     }
