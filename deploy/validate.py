@@ -31,12 +31,47 @@ def ensure_tools():
 
 
 def documents():
+    """Plain manifests as they are; kustomizations as `kubectl kustomize`
+    renders them (the files inside are then not read on their own)."""
     import yaml
 
+    kustomized = sorted(p.parent for p in HERE.rglob("kustomization.yaml"))
     for path in sorted(HERE.rglob("*.yaml")):
+        if any(d in path.parents or d == path.parent for d in kustomized):
+            continue
         for n, doc in enumerate(yaml.safe_load_all(path.read_text())):
             if doc is not None:
                 yield f"{path.relative_to(REPO)}#{n}", doc
+    for d in kustomized:
+        out = subprocess.run(["kubectl", "kustomize", str(d)], capture_output=True, text=True)
+        if out.returncode != 0:
+            yield f"{d.relative_to(REPO)} (kustomize)", {"kind": "KustomizeError", "error": out.stderr.strip()}
+            continue
+        for n, doc in enumerate(yaml.safe_load_all(out.stdout)):
+            if doc is not None:
+                yield f"{d.relative_to(REPO)} (rendered)#{n} {doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}", doc
+
+
+def cinder_rules(doc):
+    """What the Cinder driver needs of its objects beyond schema validity."""
+    kind, name = doc.get("kind"), (doc.get("metadata") or {}).get("name")
+    if kind == "CSIDriver" and name == "cinder.csi.openstack.org":
+        spec = doc.get("spec", {})
+        if spec.get("attachRequired") is not True or spec.get("fsGroupPolicy") != "File":
+            yield "the Cinder CSIDriver needs attachRequired: true and fsGroupPolicy: File"
+    if kind == "DaemonSet" and name == "csi-cinder-nodeplugin":
+        pod = doc["spec"]["template"]["spec"]
+        plugin = next((c for c in pod["containers"] if c["name"] == "cinder-csi-plugin"), None)
+        if plugin is None:
+            yield "no cinder-csi-plugin container"
+            return
+        if not (plugin.get("securityContext") or {}).get("privileged"):
+            yield "the node plugin must be privileged (it formats and mounts)"
+        mounts = {m["mountPath"]: m for m in plugin.get("volumeMounts", [])}
+        if (mounts.get("/var/lib/kubelet") or {}).get("mountPropagation") != "Bidirectional":
+            yield "the kubelet directory must be mounted with Bidirectional propagation"
+        if "/dev" not in mounts:
+            yield "the node plugin needs /dev"
 
 
 # each must be reported: proves the checks can fail
@@ -50,6 +85,11 @@ BROKEN = [
     ("kms endpoint over tcp", {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "EncryptionConfiguration",
                                 "resources": [{"resources": ["secrets"], "providers": [
                                     {"kms": {"apiVersion": "v2", "name": "b", "endpoint": "tcp://1.2.3.4:1"}}]}]}),
+    ("cinder CSIDriver without attach", {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+                                         "metadata": {"name": "cinder.csi.openstack.org"},
+                                         "spec": {"attachRequired": False, "fsGroupPolicy": "File"}}),
+    ("snapshot class with an unknown policy", {"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+                                                "metadata": {"name": "s"}, "driver": "d", "deletionPolicy": "Keep"}),
     ("secret cloud.conf without key-id", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
                                            "stringData": {"cloud.conf": "[Global]\n[KeyManager]\n"}}),
 ]
@@ -62,8 +102,18 @@ def validate(docs):
     problems = []
     checked = 0
     enc_schema = json.loads((HERE / "schemas" / "encryption-configuration.json").read_text())
+    vsc_schema = json.loads((HERE / "schemas" / "volumesnapshotclass.json").read_text())
     for where, doc in docs:
         checked += 1
+        if doc.get("kind") == "KustomizeError":
+            problems.append(f"{where}: {doc['error']}")
+            continue
+        for p in cinder_rules(doc):
+            problems.append(f"{where}: {p}")
+        if doc.get("kind") == "VolumeSnapshotClass":
+            for e in jsonschema.Draft202012Validator(vsc_schema).iter_errors(doc):
+                problems.append(f"{where}: {'/'.join(map(str, e.path))}: {e.message}")
+            continue
         if doc.get("kind") == "EncryptionConfiguration":
             for e in jsonschema.Draft202012Validator(enc_schema).iter_errors(doc):
                 problems.append(f"{where}: {'/'.join(map(str, e.path))}: {e.message}")
@@ -77,10 +127,14 @@ def validate(docs):
         if doc.get("kind") == "Secret" and "cloud.conf" in (doc.get("stringData") or {}):
             text = doc["stringData"]["cloud.conf"]
             sections = [l.strip() for l in text.splitlines() if l.strip().startswith("[")]
-            if "[Global]" not in sections or "[KeyManager]" not in sections:
-                problems.append(f"{where}: cloud.conf needs [Global] and [KeyManager]")
-            if "key-id" not in text:
+            known = {"[Global]", "[BlockStorage]", "[Metadata]", "[KeyManager]"}
+            for sec in sections:
+                if sec not in known and not sec.startswith("[Global \""):
+                    problems.append(f"{where}: cloud.conf section {sec} is not one the plugins read")
+            if "[KeyManager]" in sections and "key-id" not in text:
                 problems.append(f"{where}: cloud.conf lacks [KeyManager] key-id")
+            if "kms" in where and ("[Global]" not in sections or "[KeyManager]" not in sections):
+                problems.append(f"{where}: the KMS cloud.conf needs [Global] and [KeyManager]")
     return checked, problems
 
 

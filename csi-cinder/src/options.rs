@@ -35,8 +35,9 @@ pub struct Options {
     pub provide_controller_service: bool,
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub provide_node_service: bool,
-    /// Serve /metrics and /healthz on this address.
-    #[arg(long)]
+    /// Serve /metrics and /healthz on this address (`:8080`, as upstream
+    /// writes it, means every interface).
+    #[arg(long, value_parser = parse_listen_address)]
     pub http_endpoint: Option<SocketAddr>,
     /// Node: where udev links block devices by serial.
     #[arg(long, default_value = "/dev/disk/by-id")]
@@ -58,6 +59,16 @@ pub struct Options {
     pub driver_name: String,
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+fn parse_listen_address(s: &str) -> Result<SocketAddr, String> {
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_string()
+    };
+    full.parse()
+        .map_err(|e| format!("{s:?} is not an address like 127.0.0.1:8080 or :8080: {e}"))
 }
 
 fn parse_key_value(s: &str) -> Result<(String, String), String> {

@@ -224,3 +224,131 @@ impl Drop for CinderOnEmulator {
         // the emulator's own drop detaches the loop devices
     }
 }
+
+/// `cinder-csi-plugin` against the real test cloud of
+/// `tests/openstack/cloud.py` (profile `block` or `all`): real Keystone,
+/// Cinder and Nova; the cloud's hypervisor agent turns the test server's
+/// attachments into loop devices under `<cloud dir>/by-id`. The node's
+/// instance metadata (the test server's id and zone) is served here, as a
+/// guest's metadata service would.
+pub struct CinderOnRealCloud {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub kubelet_dir: PathBuf,
+    pub node_id: String,
+    plugin: Option<Child>,
+    metadata: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for CinderOnRealCloud {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CinderOnRealCloud")
+            .field("socket", &self.socket)
+            .finish()
+    }
+}
+
+/// Answers every HTTP request with `body` (a guest's metadata service).
+async fn serve_metadata(
+    body: String,
+) -> Result<(tokio::task::JoinHandle<()>, String), HarnessError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/", listener.local_addr()?);
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    Ok((task, url))
+}
+
+impl CinderOnRealCloud {
+    /// `cloud_dir` is the test cloud's state directory (`.openstack-cloud`).
+    pub async fn start(
+        plugin_binary: &Path,
+        cloud_dir: &Path,
+        log_file: Option<PathBuf>,
+    ) -> Result<Self, HarnessError> {
+        let node_id = std::fs::read_to_string(cloud_dir.join("test-server-id"))?
+            .trim()
+            .to_string();
+        let dir = tempfile::Builder::new()
+            .prefix("cinder-csi-real-")
+            .tempdir()?;
+        let kubelet_dir = dir.path().join("kubelet");
+        std::fs::create_dir_all(&kubelet_dir)?;
+        let body = format!(
+            r#"{{"uuid": "{node_id}", "name": "test-server", "availability_zone": "nova", "devices": []}}"#
+        );
+        let (metadata, url) = serve_metadata(body).await?;
+        let conf = dir.path().join("cloud.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "{}\n[Metadata]\nsearch-order = metadataService\n",
+                std::fs::read_to_string(cloud_dir.join("cloud-admin.conf"))?
+            ),
+        )?;
+        let socket = dir.path().join("csi.sock");
+        let stderr = match &log_file {
+            Some(p) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)?,
+            ),
+            None => Stdio::null(),
+        };
+        let child = Command::new(plugin_binary)
+            .args([
+                format!("--endpoint=unix://{}", socket.display()),
+                format!("--cloud-config={}", conf.display()),
+                format!("--by-id-dir={}", cloud_dir.join("by-id").display()),
+                format!("--metadata-url={url}"),
+                format!("--path-root={}", kubelet_dir.display()),
+                "--cluster=sanity-real".into(),
+            ])
+            .env("RUST_LOG", "info")
+            .stderr(stderr)
+            .spawn()?;
+        let h = Self {
+            dir,
+            socket,
+            kubelet_dir,
+            node_id,
+            plugin: Some(child),
+            metadata,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !h.socket.exists() {
+            if Instant::now() > deadline {
+                return Err(HarnessError::NoSocket(h.socket.clone()));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(h)
+    }
+}
+
+impl Drop for CinderOnRealCloud {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.plugin.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.metadata.abort();
+        for m in mounts_below(self.dir.path()) {
+            let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}

@@ -209,3 +209,51 @@ async fn wait_ready(sock: &Path) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The same suite against real Keystone, Cinder and Nova (the test cloud of
+/// `tests/openstack/cloud.py`, profile block or all), selected by
+/// `OPENSTACK_TEST_BACKEND=real`; devices come from the cloud's hypervisor
+/// agent.
+#[tokio::test]
+async fn cinder_conforms_on_the_real_cloud() {
+    if std::env::var("OPENSTACK_TEST_BACKEND").as_deref() != Ok("real") {
+        eprintln!("skipped: OPENSTACK_TEST_BACKEND is not \"real\"");
+        return;
+    }
+    let cloud_dir = std::env::var("OPENSTACK_TEST_CLOUD_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../.openstack-cloud"
+            ))
+        });
+    if !cloud_dir.join("test-server-id").exists() || !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the real cloud runs no Nova (profile kms or file) or this is not root");
+        return;
+    }
+    let log = std::env::temp_dir().join(format!("cinder-sanity-real-{}.log", std::process::id()));
+    let h = csi_sanity::harness::CinderOnRealCloud::start(
+        &binaries().join("cinder-csi-plugin"),
+        &cloud_dir,
+        Some(log.clone()),
+    )
+    .await
+    .unwrap();
+    wait_ready(&h.socket).await;
+    let mut cfg = csi_sanity::SuiteConfig::new(&h.socket, h.kubelet_dir.join("sanity"));
+    cfg.expansion_fs_type = "xfs".into();
+    cfg.timeout = Duration::from_secs(120);
+    let report = csi_sanity::Suite::connect(cfg).await.unwrap().run().await;
+    println!("{report}");
+    let logs = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    assert!(
+        report.failures().is_empty(),
+        "{report}\n--- plugin log ---\n{logs}"
+    );
+    assert!(
+        csi_sanity::harness::mounts_below(h.dir.path()).is_empty(),
+        "mounts left behind"
+    );
+}
