@@ -1,7 +1,14 @@
-//! `csi-sanity --endpoint unix:///path/csi.sock`: runs the conformance
-//! checks against a running plugin; exits 1 if any check fails.
+//! `csi-sanity --endpoint unix:///path/csi.sock [--mount-dir DIR]`: runs the
+//! conformance checks against a running plugin; exits 1 if any fails.
+//! Without `--mount-dir` only the Identity checks run; with it, the whole
+//! suite (controller, node, snapshots, expansion, lifecycles on real
+//! mounts below DIR, which must be inside the node plugin's path roots).
 
 #![allow(clippy::print_stdout)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Parser;
 use plugin_runtime::Endpoint;
@@ -12,25 +19,84 @@ struct Args {
     /// The plugin's CSI endpoint.
     #[arg(long)]
     endpoint: Endpoint,
+    /// Run the whole suite, staging and publishing below this directory.
+    #[arg(long)]
+    mount_dir: Option<PathBuf>,
+    /// YAML map of CreateVolume parameters (as upstream csi-sanity's
+    /// --csi.testvolumeparameters).
+    #[arg(long)]
+    parameters: Option<PathBuf>,
+    /// YAML map of secrets passed to every call that takes them.
+    #[arg(long)]
+    secrets: Option<PathBuf>,
+    #[arg(long, default_value = "ext4")]
+    fs_type: String,
+    /// Filesystem of the online-expansion lifecycle.
+    #[arg(long, default_value = "ext4")]
+    expansion_fs_type: String,
+    /// Per-call timeout, seconds.
+    #[arg(long, default_value_t = 60)]
+    timeout_secs: u64,
+}
+
+fn read_map(p: &Option<PathBuf>) -> Result<HashMap<String, String>, String> {
+    let Some(p) = p else {
+        return Ok(HashMap::new());
+    };
+    let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    let m: Option<HashMap<String, String>> =
+        serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+    Ok(m.unwrap_or_default())
 }
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    match csi_sanity::check_identity(args.endpoint.path()).await {
+    let identity = match csi_sanity::check_identity(args.endpoint.path()).await {
         Err(e) => {
             println!("cannot reach {}: {e}", args.endpoint);
-            std::process::ExitCode::from(2)
+            return std::process::ExitCode::from(2);
         }
-        Ok(v) if v.is_empty() => {
-            println!("{}: identity checks passed", args.endpoint);
+        Ok(v) => v,
+    };
+    for x in &identity {
+        println!("FAIL {x}");
+    }
+    if identity.is_empty() {
+        println!("PASS identity checks");
+    }
+    let Some(mount_dir) = args.mount_dir.clone() else {
+        return if identity.is_empty() {
             std::process::ExitCode::SUCCESS
-        }
-        Ok(v) => {
-            for x in &v {
-                println!("FAIL {x}");
-            }
+        } else {
             std::process::ExitCode::FAILURE
+        };
+    };
+    let (parameters, secrets) = match (read_map(&args.parameters), read_map(&args.secrets)) {
+        (Ok(p), Ok(s)) => (p, s),
+        (Err(e), _) | (_, Err(e)) => {
+            println!("{e}");
+            return std::process::ExitCode::from(2);
         }
+    };
+    let mut cfg = csi_sanity::SuiteConfig::new(args.endpoint.path(), mount_dir);
+    cfg.parameters = parameters;
+    cfg.secrets = secrets;
+    cfg.fs_type = args.fs_type;
+    cfg.expansion_fs_type = args.expansion_fs_type;
+    cfg.timeout = Duration::from_secs(args.timeout_secs);
+    let suite = match csi_sanity::Suite::connect(cfg).await {
+        Ok(s) => s,
+        Err(e) => {
+            println!("cannot reach {}: {e}", args.endpoint);
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let report = suite.run().await;
+    println!("{report}");
+    if identity.is_empty() && report.failures().is_empty() {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
     }
 }
