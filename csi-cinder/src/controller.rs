@@ -36,7 +36,7 @@ const SNAPSHOT_CONTENT_NAME: &str = "csi.storage.k8s.io/volumesnapshotcontent/na
 const DESCRIPTION: &str = "Created by OpenStack Cinder CSI driver";
 
 /// First poll of a pending resource, and the cap of the growing interval.
-const POLL_FIRST: Duration = Duration::from_millis(100);
+const POLL_FIRST: Duration = Duration::from_millis(25);
 const POLL_MAX: Duration = Duration::from_secs(2);
 /// ListVolumes/ListSnapshots page size when the caller sets no limit:
 /// a page at a time keeps every call short on big projects.

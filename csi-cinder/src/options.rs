@@ -103,3 +103,36 @@ impl Options {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn upstream_style_flags_parse() {
+        let o = Options::try_parse_from([
+            "cinder-csi-plugin",
+            "--endpoint=unix://csi/csi.sock",
+            "--cloud-config=/etc/config/cloud.conf",
+            "--http-endpoint=:8080",
+            "--additional-topology=topology.kubernetes.io/region=R1",
+            "--with-topology=false",
+            "--cloud-name=",
+            "--cloud-name=region-two",
+        ])
+        .unwrap();
+        assert_eq!(o.http_endpoint.unwrap().port(), 8080);
+        assert!(!o.with_topology);
+        assert_eq!(o.cloud_name, vec!["".to_string(), "region-two".to_string()]);
+        assert!(o.validate().is_ok());
+        let bad = Options::try_parse_from([
+            "p",
+            "--endpoint=/s",
+            "--path-root=relative",
+            "--provide-controller-service=false",
+        ])
+        .unwrap();
+        assert!(bad.validate().is_err());
+    }
+}

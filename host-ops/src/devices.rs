@@ -76,6 +76,25 @@ pub trait BlockDevices: Send + Sync + fmt::Debug {
     fn device_number(&self, device: &Path) -> Result<(u64, u64)>;
 }
 
+const EDGE: u64 = 1 << 20;
+
+/// Whether the first and the last MiB of `device` are all zero bytes.
+fn edges_are_zero(device: &Path) -> Result<bool> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(device).map_err(io_err("opening", device))?;
+    let size = f.seek(SeekFrom::End(0)).map_err(io_err("sizing", device))?;
+    let mut buf = vec![0u8; EDGE.min(size) as usize];
+    for start in [0, size.saturating_sub(EDGE)] {
+        f.seek(SeekFrom::Start(start))
+            .map_err(io_err("seeking", device))?;
+        f.read_exact(&mut buf).map_err(io_err("reading", device))?;
+        if buf.iter().any(|b| *b != 0) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// The by-id names a Cinder volume gets, in the order upstream tries them:
 /// virtio (serial truncated to 20 characters, then whole), QEMU SCSI, and
 /// ESXi's WWN.
@@ -132,6 +151,13 @@ impl BlockDevices for LinuxBlockDevices {
     }
 
     fn probe(&self, device: &Path) -> Result<DeviceContent> {
+        // A fresh volume reads as zeros. Every signature blkid knows lies in
+        // the first or the last MiB of a device (superblocks, labels,
+        // partition tables and their backups, RAID and ZFS labels), so zeros
+        // there mean nothing to find; anything else is left to blkid.
+        if edges_are_zero(device)? {
+            return Ok(DeviceContent::Empty);
+        }
         let dev = device.to_string_lossy();
         // -p: low-level probing of the device itself, bypassing the cache,
         // so a filesystem written a moment ago is seen
@@ -171,7 +197,12 @@ impl BlockDevices for LinuxBlockDevices {
     fn format(&self, device: &Path, fs: Filesystem) -> Result<()> {
         let dev = device.to_string_lossy();
         let program = format!("mkfs.{}", fs.as_str());
-        run(&program, &["-q", &dev])?;
+        match fs {
+            // no blocks reserved for root, as Kubernetes' mount-utils
+            // formats: a volume's users get all of its capacity
+            Filesystem::Xfs => run(&program, &["-q", &dev])?,
+            _ => run(&program, &["-q", "-m0", &dev])?,
+        };
         Ok(())
     }
 
@@ -224,6 +255,25 @@ mod tests {
     fn filesystems_parse() {
         assert_eq!(Filesystem::parse("xfs").unwrap(), Filesystem::Xfs);
         assert!(Filesystem::parse("ntfs").is_err());
+    }
+
+    #[test]
+    fn zero_edges_probe_empty_and_any_byte_defers_to_blkid() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk");
+        let f = std::fs::File::create(&img).unwrap();
+        f.set_len(8 << 20).unwrap();
+        assert!(edges_are_zero(&img).unwrap());
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+        // a byte at the very end (where GPT backups and RAID labels live)
+        f.seek(SeekFrom::Start((8 << 20) - 1)).unwrap();
+        f.write_all(&[1]).unwrap();
+        assert!(!edges_are_zero(&img).unwrap());
+        // a tiny device is read whole
+        let small = dir.path().join("small");
+        std::fs::write(&small, [0u8, 0, 7]).unwrap();
+        assert!(!edges_are_zero(&small).unwrap());
     }
 
     #[test]

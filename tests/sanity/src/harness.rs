@@ -23,6 +23,9 @@ pub struct HarnessOptions {
     pub availability_zones: Vec<String>,
     /// Where the plugin's stderr goes: None discards it.
     pub log_file: Option<PathBuf>,
+    /// Simulate the hypervisor (loop devices for attachments); controller
+    /// benchmarks turn it off.
+    pub hypervisor: bool,
 }
 
 impl HarnessOptions {
@@ -33,6 +36,7 @@ impl HarnessOptions {
             extra_cloud_conf: String::new(),
             availability_zones: vec!["nova".into(), "zone-b".into()],
             log_file: None,
+            hypervisor: true,
         }
     }
 }
@@ -78,7 +82,7 @@ impl CinderOnEmulator {
         std::fs::create_dir_all(&kubelet_dir)?;
         let emulator = Emulator::start(EmulatorConfig {
             availability_zones: options.availability_zones.clone(),
-            hypervisor: Some(HypervisorConfig {
+            hypervisor: options.hypervisor.then(|| HypervisorConfig {
                 by_id_dir: by_id_dir.clone(),
                 image_dir: dir.path().join("images"),
             }),
@@ -163,6 +167,11 @@ impl CinderOnEmulator {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(())
+    }
+
+    /// The plugin's process id (for memory figures).
+    pub fn plugin_pid(&self) -> Option<u32> {
+        self.plugin.as_ref().map(Child::id)
     }
 
     /// Kills the plugin (SIGKILL, as a crash) and starts it again.
