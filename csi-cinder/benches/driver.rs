@@ -296,6 +296,11 @@ async fn main() {
         println!("needs root (the emulator's hypervisor uses loop devices)");
         return;
     }
+    // BENCH_ONLY=3: just the staging figure (e.g. under strace)
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("3") {
+        stage_vs_mkfs().await;
+        return;
+    }
     let (controller, ch) = start(&["--provide-node-service=false"], false).await;
     provision_and_publish(&controller, &ch).await;
     rpc_overhead(&controller, &ch).await;
