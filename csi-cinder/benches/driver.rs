@@ -68,17 +68,9 @@ async fn start(extra: &[&str], hypervisor: bool) -> (CinderOnEmulator, Channel) 
     o.availability_zones = vec!["nova".into()];
     let h = CinderOnEmulator::start(o).await.unwrap();
     let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
-    let mut id = proto::csi::v1::identity_client::IdentityClient::new(ch.clone());
-    while id
-        .probe(csi::ProbeRequest {})
+    csi_sanity::harness::wait_until_ready(&h.socket)
         .await
-        .unwrap()
-        .into_inner()
-        .ready
-        != Some(true)
-    {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        .unwrap();
     (h, ch)
 }
 

@@ -44,20 +44,9 @@ async fn env_with(extra_args: &[&str]) -> Env {
     o.extra_args = extra_args.iter().map(|s| s.to_string()).collect();
     let h = CinderOnEmulator::start(o).await.unwrap();
     let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
-    let mut id = proto::csi::v1::identity_client::IdentityClient::new(ch.clone());
-    for _ in 0..400 {
-        if id
-            .probe(csi::ProbeRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .ready
-            == Some(true)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    csi_sanity::harness::wait_until_ready(&h.socket)
+        .await
+        .unwrap();
     let conf = CloudConf::from_texts(
         &[("c".into(), h.emulator.cloud_conf())],
         ConfigEnv::default(),

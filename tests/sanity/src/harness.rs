@@ -205,6 +205,28 @@ impl CinderOnEmulator {
     }
 }
 
+/// Waits (up to 20 s) until the plugin's Probe answers ready.
+pub async fn wait_until_ready(socket: &Path) -> Result<(), String> {
+    let ch = plugin_runtime::connect_unix(socket)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut id = proto::csi::v1::identity_client::IdentityClient::new(ch);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = id
+            .probe(proto::csi::v1::ProbeRequest {})
+            .await
+            .map_err(|s| s.to_string())?;
+        if r.into_inner().ready == Some(true) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{} never became ready", socket.display()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Every mount point at or below `dir`, deepest first.
 pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();

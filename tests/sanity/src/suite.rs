@@ -1403,34 +1403,27 @@ impl Suite {
                 ..Default::default()
             }
         };
-        expect_code(
-            self.node
-                .node_stage_volume(self.req(stage("", &staging, Some(cap.clone()))))
-                .await,
-            Code::InvalidArgument,
-            "stage: no volume id",
-        )?;
-        expect_code(
-            self.node
-                .node_stage_volume(self.req(stage(FAKE_VOLUME, "", Some(cap.clone()))))
-                .await,
-            Code::InvalidArgument,
-            "stage: no staging path",
-        )?;
-        expect_code(
-            self.node
-                .node_stage_volume(self.req(stage(FAKE_VOLUME, &staging, None)))
-                .await,
-            Code::InvalidArgument,
-            "stage: no capability",
-        )?;
-        expect_code(
-            self.node
-                .node_stage_volume(self.req(stage(FAKE_VOLUME, "relative/path", Some(cap.clone()))))
-                .await,
-            Code::InvalidArgument,
-            "stage: relative path",
-        )?;
+        for (what, req) in [
+            (
+                "stage: no volume id",
+                stage("", &staging, Some(cap.clone())),
+            ),
+            (
+                "stage: no staging path",
+                stage(FAKE_VOLUME, "", Some(cap.clone())),
+            ),
+            ("stage: no capability", stage(FAKE_VOLUME, &staging, None)),
+            (
+                "stage: relative path",
+                stage(FAKE_VOLUME, "relative/path", Some(cap.clone())),
+            ),
+        ] {
+            expect_code(
+                self.node.node_stage_volume(self.req(req)).await,
+                Code::InvalidArgument,
+                what,
+            )?;
+        }
         let publish =
             |id: &str, t: &str, cap: Option<csi::VolumeCapability>| csi::NodePublishVolumeRequest {
                 volume_id: id.into(),
@@ -1439,35 +1432,31 @@ impl Suite {
                 volume_capability: cap,
                 ..Default::default()
             };
-        expect_code(
-            self.node
-                .node_publish_volume(self.req(publish("", &target, Some(cap.clone()))))
-                .await,
-            Code::InvalidArgument,
-            "publish: no volume id",
-        )?;
-        expect_code(
-            self.node
-                .node_publish_volume(self.req(publish(FAKE_VOLUME, "", Some(cap.clone()))))
-                .await,
-            Code::InvalidArgument,
-            "publish: no target path",
-        )?;
-        expect_code(
-            self.node
-                .node_publish_volume(self.req(publish(FAKE_VOLUME, &target, None)))
-                .await,
-            Code::InvalidArgument,
-            "publish: no capability",
-        )?;
         let dotdot = format!("{target}/../../../../etc");
-        expect_code(
-            self.node
-                .node_publish_volume(self.req(publish(FAKE_VOLUME, &dotdot, Some(cap.clone()))))
-                .await,
-            Code::InvalidArgument,
-            "publish: path with ..",
-        )?;
+        for (what, req) in [
+            (
+                "publish: no volume id",
+                publish("", &target, Some(cap.clone())),
+            ),
+            (
+                "publish: no target path",
+                publish(FAKE_VOLUME, "", Some(cap.clone())),
+            ),
+            (
+                "publish: no capability",
+                publish(FAKE_VOLUME, &target, None),
+            ),
+            (
+                "publish: path with ..",
+                publish(FAKE_VOLUME, &dotdot, Some(cap.clone())),
+            ),
+        ] {
+            expect_code(
+                self.node.node_publish_volume(self.req(req)).await,
+                Code::InvalidArgument,
+                what,
+            )?;
+        }
         expect_code(
             self.node
                 .node_unpublish_volume(self.req(csi::NodeUnpublishVolumeRequest {

@@ -196,18 +196,7 @@ async fn cinder_conforms_on_the_emulator_with_real_devices() {
 }
 
 async fn wait_ready(sock: &Path) {
-    let mut id = proto::csi::v1::identity_client::IdentityClient::new(
-        plugin_runtime::connect_unix(sock).await.unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = id.probe(proto::csi::v1::ProbeRequest {}).await.unwrap();
-        if r.into_inner().ready == Some(true) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "plugin never became ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    csi_sanity::harness::wait_until_ready(sock).await.unwrap();
 }
 
 /// The same suite against real Keystone, Cinder and Nova (the test cloud of
