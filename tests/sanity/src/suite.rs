@@ -181,6 +181,26 @@ fn block_cap(mode: Mode) -> csi::VolumeCapability {
     }
 }
 
+fn from_snapshot(id: &str) -> csi::VolumeContentSource {
+    csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource {
+                snapshot_id: id.to_string(),
+            },
+        )),
+    }
+}
+
+fn from_volume(id: &str) -> csi::VolumeContentSource {
+    csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Volume(
+            csi::volume_content_source::VolumeSource {
+                volume_id: id.to_string(),
+            },
+        )),
+    }
+}
+
 fn mounted(path: &std::path::Path) -> bool {
     host_ops::mounts_at(path)
         .map(|m| !m.is_empty())
@@ -1213,13 +1233,7 @@ impl Suite {
         }
         let n = self.name("restore");
         let mut req = self.create_req(&n, cap.clone(), self.cfg.volume_size);
-        req.volume_content_source = Some(csi::VolumeContentSource {
-            r#type: Some(csi::volume_content_source::Type::Snapshot(
-                csi::volume_content_source::SnapshotSource {
-                    snapshot_id: snap.snapshot_id.clone(),
-                },
-            )),
-        });
+        req.volume_content_source = Some(from_snapshot(&snap.snapshot_id));
         let restored = ok(
             self.controller.create_volume(self.req(req.clone())).await,
             "restore",
@@ -1232,13 +1246,7 @@ impl Suite {
         })?;
         let mut bad = req.clone();
         bad.name = self.name("restoremissing");
-        bad.volume_content_source = Some(csi::VolumeContentSource {
-            r#type: Some(csi::volume_content_source::Type::Snapshot(
-                csi::volume_content_source::SnapshotSource {
-                    snapshot_id: FAKE_VOLUME.into(),
-                },
-            )),
-        });
+        bad.volume_content_source = Some(from_snapshot(FAKE_VOLUME));
         expect_code(
             self.controller.create_volume(self.req(bad)).await,
             Code::NotFound,
@@ -1247,13 +1255,7 @@ impl Suite {
         if self.controller_caps.contains(&CRpc::CloneVolume) {
             let n = self.name("clone");
             let mut req = self.create_req(&n, cap.clone(), self.cfg.volume_size);
-            req.volume_content_source = Some(csi::VolumeContentSource {
-                r#type: Some(csi::volume_content_source::Type::Volume(
-                    csi::volume_content_source::VolumeSource {
-                        volume_id: src.volume_id.clone(),
-                    },
-                )),
-            });
+            req.volume_content_source = Some(from_volume(&src.volume_id));
             let clone = ok(
                 self.controller.create_volume(self.req(req.clone())).await,
                 "clone",
