@@ -3,15 +3,18 @@
 //! - [`controller`]: volumes, snapshots, attachments (Cinder and Nova
 //!   through `openstack-client`);
 //! - [`node`]: devices, filesystems and mounts (through `host-ops`);
-//! - [`errors`]: the one mapping from driver errors to gRPC codes;
-//! - [`rpc`]: deadlines, per-key locks and CSI argument checks they share.
+//! - [`capabilities`]: what a Cinder volume can serve;
+//! - [`errors`]: what Cinder's and Nova's refusals mean as gRPC codes;
+//! - [`options`]: the binary's flags.
+//!
+//! What the Manila driver does alike (deadlines, de-duplication, paging,
+//! paths, readiness) lives in `csi-common`.
 
+pub mod capabilities;
 pub mod controller;
 pub mod errors;
 pub mod node;
 pub mod options;
-pub mod readiness;
-pub mod rpc;
 
 pub use options::Options;
 

@@ -7,7 +7,7 @@ use clap::Parser;
 use csi_cinder::Options;
 use csi_cinder::controller::{Cloud, ControllerOptions, ControllerService};
 use csi_cinder::node::{NodeOptions, NodeService, attach_limit};
-use csi_cinder::readiness::{Readiness, State};
+use csi_common::readiness::{Readiness, State};
 use openstack_client::cinder::BlockStorage;
 use openstack_client::config::{CloudConf, ConfigEnv};
 use openstack_client::metadata::MetadataReader;

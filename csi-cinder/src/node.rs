@@ -8,32 +8,28 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use host_ops::{
-    BlockDevices, DeviceContent, Filesystem, MountOptions, Mounter, validate_host_path,
-};
+use host_ops::{BlockDevices, DeviceContent, Filesystem, MountOptions, Mounter};
 use proto::csi::v1 as csi;
 use proto::csi::v1::node_server::Node;
 use proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
 use tonic::{Request, Response, Status};
-use tracing::Instrument;
+
+use csi_common::node_ops::{
+    NodeIdentity, bind_staged, blocking, io_ctx, path_arg, sanitize_label, unmount_and_remove,
+    volume_path_arg,
+};
+use csi_common::request::{is_uuid, require};
+use csi_common::{Context, DriverError, DriverResult, KeyedLocks, serve_rpc};
 
 use crate::TOPOLOGY_KEY;
+use crate::capabilities::{AccessType, parse_capability};
 use crate::controller::RESIZE_REQUIRED_KEY;
-use crate::errors::{Context, DriverError, DriverResult};
-use crate::rpc::{AccessType, KeyedLocks, deadline_from, is_uuid, parse_capability, require};
 
 /// Upstream leaves an unset `node-volume-attach-limit` at 0, which tells
 /// the scheduler "unlimited", while a KVM guest runs out of PCI slots for
 /// virtio disks at about 26 (one of them the root disk).
 pub const DEFAULT_ATTACH_LIMIT: i64 = 25;
 pub const MAX_ATTACH_LIMIT: i64 = 256;
-
-/// Who this node is, from instance metadata.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeIdentity {
-    pub instance_id: String,
-    pub availability_zone: String,
-}
 
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -62,49 +58,6 @@ pub fn attach_limit(configured: Option<i64>) -> i64 {
         Some(n) if n > 0 => n.min(MAX_ATTACH_LIMIT),
         _ => DEFAULT_ATTACH_LIMIT,
     }
-}
-
-/// A topology value as Kubernetes label values allow (upstream's
-/// `SanitizeLabel`): other characters become `-`, the ends are
-/// alphanumeric, at most 63 characters.
-pub fn sanitize_label(s: &str) -> String {
-    let replaced: String = s
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let mut out: String = replaced
-        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
-        .chars()
-        .take(63)
-        .collect();
-    while out.ends_with(|c: char| !c.is_ascii_alphanumeric()) {
-        out.pop();
-    }
-    out
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> DriverResult<T> + Send + 'static,
-) -> DriverResult<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| {
-        DriverError::Internal(format!("host operation panicked or was cancelled: {e}"))
-    })?
-}
-
-fn path_arg(value: &str, what: &str, roots: &[PathBuf]) -> DriverResult<PathBuf> {
-    require(value, what)?;
-    validate_host_path(value, roots)
-        .map_err(|e| DriverError::InvalidArgument(format!("{what}: {e}")))
-}
-
-fn io_ctx<T>(r: std::io::Result<T>, what: String) -> DriverResult<T> {
-    r.map_err(|e| DriverError::Internal(format!("{what}: {e}")))
 }
 
 /// What mounting a volume's filesystem needs.
@@ -281,7 +234,7 @@ impl NodeService {
             blocking(move || publish_block(&*mounter, &*devices, &device, &target, read_only))
                 .await?;
         } else {
-            blocking(move || publish_mount(&*mounter, &staging, &target, read_only, &options))
+            blocking(move || bind_staged(&*mounter, &staging, &target, read_only, &options))
                 .await?;
         }
         Ok(csi::NodePublishVolumeResponse {})
@@ -306,7 +259,7 @@ impl NodeService {
         _deadline: Instant,
     ) -> DriverResult<csi::NodeGetVolumeStatsResponse> {
         require(&r.volume_id, "volume_id")?;
-        let path = path_arg(&r.volume_path, "volume_path", &self.opts.path_roots)?;
+        let path = volume_path_arg(&r.volume_path, &self.opts.path_roots)?;
         let mounter = self.mounter.clone();
         let devices = self.devices.clone();
         blocking(move || volume_stats(&*mounter, &*devices, &path)).await
@@ -318,7 +271,7 @@ impl NodeService {
         deadline: Instant,
     ) -> DriverResult<csi::NodeExpandVolumeResponse> {
         let id = require(&r.volume_id, "volume_id")?.to_string();
-        let path = path_arg(&r.volume_path, "volume_path", &self.opts.path_roots)?;
+        let path = volume_path_arg(&r.volume_path, &self.opts.path_roots)?;
         if let Some(c) = &r.volume_capability {
             parse_capability(c)?;
         }
@@ -565,88 +518,6 @@ fn publish_block(
         ))
 }
 
-fn publish_mount(
-    mounter: &dyn Mounter,
-    staging: &Path,
-    target: &Path,
-    read_only: bool,
-    options: &MountOptions,
-) -> DriverResult<()> {
-    let staged = mounter.mounts_at(staging).context("reading mounts")?;
-    let Some(staged) = staged.last() else {
-        return Err(DriverError::FailedPrecondition(format!(
-            "volume is not staged at {}",
-            staging.display()
-        )));
-    };
-    if let Some(existing) = mounter.mounts_at(target).context("reading mounts")?.last() {
-        if existing.device == staged.device && existing.read_only() == read_only {
-            return Ok(());
-        }
-        return Err(DriverError::AlreadyExists(format!(
-            "{} is already mounted ({}, {}) incompatibly with this request",
-            target.display(),
-            existing.source,
-            if existing.read_only() { "ro" } else { "rw" }
-        )));
-    }
-    io_ctx(
-        std::fs::create_dir_all(target),
-        format!("creating {}", target.display()),
-    )?;
-    mounter
-        .bind(staging, target, read_only, options)
-        .context(format!(
-            "binding {} to {}",
-            staging.display(),
-            target.display()
-        ))
-}
-
-/// Unmounts everything stacked at `path`, then removes the directory or
-/// file the mount point was (it is ours: kubelet expects it gone).
-fn unmount_and_remove(mounter: &dyn Mounter, path: &Path) -> DriverResult<()> {
-    for _ in 0..16 {
-        if mounter
-            .mounts_at(path)
-            .context("reading mounts")?
-            .is_empty()
-        {
-            break;
-        }
-        mounter
-            .unmount(path)
-            .context(format!("unmounting {}", path.display()))?;
-    }
-    if !mounter
-        .mounts_at(path)
-        .context("reading mounts")?
-        .is_empty()
-    {
-        return Err(DriverError::Internal(format!(
-            "{} is still mounted",
-            path.display()
-        )));
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => match std::fs::remove_dir(path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
-                // something the volume did not put there: keep it
-                tracing::warn!(path = %path.display(), "mount point not empty after unmount; left in place");
-            }
-            Err(e) => return io_ctx(Err(e), format!("removing {}", path.display())),
-        },
-        Ok(_) => io_ctx(
-            std::fs::remove_file(path),
-            format!("removing {}", path.display()),
-        )?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return io_ctx(Err(e), format!("inspecting {}", path.display())),
-    }
-    Ok(())
-}
-
 fn is_block_device(path: &Path) -> bool {
     use std::os::unix::fs::FileTypeExt;
     std::fs::metadata(path)
@@ -779,52 +650,79 @@ fn expansion_target(
     Ok((device, Some(fs)))
 }
 
-macro_rules! handle {
-    ($self:ident, $req:ident, $rpc:literal, $method:ident) => {{
-        let deadline = deadline_from($req.metadata());
-        let r = $req.into_inner();
-        let span = tracing::info_span!($rpc, volume_id = %r.volume_id);
-        $self.$method(r, deadline).instrument(span).await.map(Response::new).map_err(Status::from)
-    }};
-}
-
 #[tonic::async_trait]
 impl Node for NodeService {
     async fn node_stage_volume(
         &self,
         req: Request<csi::NodeStageVolumeRequest>,
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
-        handle!(self, req, "NodeStageVolume", stage)
+        serve_rpc!(
+            self,
+            req,
+            "NodeStageVolume",
+            volume_id = |r: &csi::NodeStageVolumeRequest| r.volume_id.clone(),
+            stage
+        )
     }
     async fn node_unstage_volume(
         &self,
         req: Request<csi::NodeUnstageVolumeRequest>,
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
-        handle!(self, req, "NodeUnstageVolume", unstage)
+        serve_rpc!(
+            self,
+            req,
+            "NodeUnstageVolume",
+            volume_id = |r: &csi::NodeUnstageVolumeRequest| r.volume_id.clone(),
+            unstage
+        )
     }
     async fn node_publish_volume(
         &self,
         req: Request<csi::NodePublishVolumeRequest>,
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
-        handle!(self, req, "NodePublishVolume", publish)
+        serve_rpc!(
+            self,
+            req,
+            "NodePublishVolume",
+            volume_id = |r: &csi::NodePublishVolumeRequest| r.volume_id.clone(),
+            publish
+        )
     }
     async fn node_unpublish_volume(
         &self,
         req: Request<csi::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
-        handle!(self, req, "NodeUnpublishVolume", unpublish)
+        serve_rpc!(
+            self,
+            req,
+            "NodeUnpublishVolume",
+            volume_id = |r: &csi::NodeUnpublishVolumeRequest| r.volume_id.clone(),
+            unpublish
+        )
     }
     async fn node_get_volume_stats(
         &self,
         req: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
-        handle!(self, req, "NodeGetVolumeStats", stats)
+        serve_rpc!(
+            self,
+            req,
+            "NodeGetVolumeStats",
+            volume_id = |r: &csi::NodeGetVolumeStatsRequest| r.volume_id.clone(),
+            stats
+        )
     }
     async fn node_expand_volume(
         &self,
         req: Request<csi::NodeExpandVolumeRequest>,
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
-        handle!(self, req, "NodeExpandVolume", expand)
+        serve_rpc!(
+            self,
+            req,
+            "NodeExpandVolume",
+            volume_id = |r: &csi::NodeExpandVolumeRequest| r.volume_id.clone(),
+            expand
+        )
     }
     async fn node_get_capabilities(
         &self,
@@ -845,18 +743,6 @@ impl Node for NodeService {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn labels_are_sanitised_like_upstream() {
-        assert_eq!(sanitize_label("nova"), "nova");
-        assert_eq!(sanitize_label("az 1/a"), "az-1-a");
-        assert_eq!(sanitize_label("--x--"), "x");
-        assert_eq!(sanitize_label(&"a".repeat(80)).len(), 63);
-        assert_eq!(
-            sanitize_label(&format!("{}-b", "a".repeat(62))),
-            "a".repeat(62)
-        );
-    }
 
     #[test]
     fn attach_limit_has_a_safe_default() {

@@ -1068,7 +1068,18 @@ async fn node_refuses_paths_outside_its_roots_without_touching_them() {
             })
             .await
             .unwrap_err();
-        assert_eq!(err.code(), Code::InvalidArgument, "{p}");
+        // a volume_path names a volume: one that cannot be ours is not
+        // found (CSI spec), and nothing is looked at there
+        assert_eq!(err.code(), Code::NotFound, "{p}: {}", err.message());
+        let err =
+            e.n.node_expand_volume(csi::NodeExpandVolumeRequest {
+                volume_id: id.into(),
+                volume_path: p.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::NotFound, "{p}: {}", err.message());
     }
     assert!(
         victim.join("file").exists(),

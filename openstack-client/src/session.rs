@@ -792,22 +792,29 @@ fn build_tls(tls: &TlsOptions) -> Result<rustls::ClientConfig> {
         let mut roots = rustls::RootCertStore::empty();
         let native = rustls_native_certs::load_native_certs();
         roots.add_parsable_certificates(native.certs);
+        let mut sources = Vec::new();
         if let Some(ca) = &tls.ca_file {
             let pem = std::fs::read(ca)
                 .map_err(|e| Error::Tls(format!("cannot read ca-file {}: {e}", ca.display())))?;
+            sources.push((format!("ca-file {}", ca.display()), pem));
+        }
+        if let Some(pem) = &tls.ca_pem {
+            sources.push((
+                "the CA certificate text".to_string(),
+                pem.as_bytes().to_vec(),
+            ));
+        }
+        for (what, pem) in sources {
             let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
                 .collect::<std::result::Result<_, _>>()
-                .map_err(|e| Error::Tls(format!("ca-file {}: {e}", ca.display())))?;
+                .map_err(|e| Error::Tls(format!("{what}: {e}")))?;
             if certs.is_empty() {
-                return Err(Error::Tls(format!(
-                    "ca-file {} holds no PEM certificate",
-                    ca.display()
-                )));
+                return Err(Error::Tls(format!("{what} holds no PEM certificate")));
             }
             for c in certs {
                 roots
                     .add(c)
-                    .map_err(|e| Error::Tls(format!("ca-file {}: {e}", ca.display())))?;
+                    .map_err(|e| Error::Tls(format!("{what}: {e}")))?;
             }
         }
         builder.with_root_certificates(roots)

@@ -8,6 +8,7 @@
 
 pub mod clouds_yaml;
 pub mod gcfg;
+pub mod secrets;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -147,6 +148,9 @@ pub enum Scope {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TlsOptions {
     pub ca_file: Option<PathBuf>,
+    /// CA certificates given as PEM text rather than a file (upstream's
+    /// `os-certAuthority` CSI secret key).
+    pub ca_pem: Option<String>,
     pub insecure: bool,
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
@@ -572,6 +576,7 @@ pub(crate) struct AuthInputs {
     pub region: Option<String>,
     pub interface: Option<String>,
     pub ca_file: Option<String>,
+    pub ca_pem: Option<String>,
     pub insecure: Option<bool>,
     pub cert_file: Option<String>,
     pub key_file: Option<String>,
@@ -791,6 +796,7 @@ impl AuthInputs {
             interface,
             tls: TlsOptions {
                 ca_file: self.ca_file.as_ref().map(PathBuf::from),
+                ca_pem: self.ca_pem.clone(),
                 insecure: self.insecure.unwrap_or(false),
                 cert_file: self.cert_file.as_ref().map(PathBuf::from),
                 key_file: self.key_file.as_ref().map(PathBuf::from),

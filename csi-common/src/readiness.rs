@@ -1,7 +1,8 @@
-//! Readiness: the controller is ready once every configured cloud has
-//! accepted its credentials. Authentication is retried in the background
-//! with backoff, so a plugin started before Keystone is reachable becomes
-//! ready on its own.
+//! Readiness: a controller is ready once every configured cloud has
+//! accepted its credentials, a node once it has read its instance
+//! metadata. Both are retried in the background with backoff, so a plugin
+//! started before Keystone or the metadata service answers becomes ready
+//! on its own.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -89,7 +90,7 @@ impl Readiness {
     pub fn watch_metadata(
         &self,
         reader: openstack_client::metadata::MetadataReader,
-        slot: std::sync::Arc<std::sync::RwLock<Option<crate::node::NodeIdentity>>>,
+        slot: std::sync::Arc<std::sync::RwLock<Option<crate::node_ops::NodeIdentity>>>,
     ) {
         let this = self.clone();
         tokio::spawn(async move {
@@ -99,7 +100,7 @@ impl Readiness {
                     Ok(m) => {
                         tracing::info!(instance = %m.uuid, zone = %m.availability_zone, "instance metadata read: ready");
                         *slot.write().unwrap_or_else(|p| p.into_inner()) =
-                            Some(crate::node::NodeIdentity {
+                            Some(crate::node_ops::NodeIdentity {
                                 instance_id: m.uuid,
                                 availability_zone: m.availability_zone,
                             });

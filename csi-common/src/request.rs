@@ -1,8 +1,6 @@
-//! Request plumbing shared by the controller and node services: deadlines,
-//! per-key serialisation, and validation of the CSI types.
+//! Request plumbing every CSI handler needs: the caller's deadline,
+//! required fields, sizes, capabilities and timestamps.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use proto::csi::v1 as csi;
@@ -12,8 +10,8 @@ use tonic::metadata::MetadataMap;
 use crate::errors::{DriverError, DriverResult};
 
 pub const GIB: i64 = 1 << 30;
-/// 1 PiB: far beyond any Cinder backend; a larger request is a mistake
-/// (or an overflow), refused before it reaches OpenStack.
+/// 1 PiB: far beyond any Cinder or Manila backend; a larger request is a
+/// mistake (or an overflow), refused before it reaches OpenStack.
 pub const MAX_VOLUME_GIB: i64 = 1 << 20;
 
 /// Without a `grpc-timeout` from the caller, work stops after this long
@@ -51,42 +49,6 @@ pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
     })
 }
 
-/// Serialises work on one key (a volume id or name): concurrent identical
-/// requests from a retrying sidecar wait for the first instead of racing
-/// it, and then see its result through the idempotent path.
-#[derive(Debug, Default, Clone)]
-pub struct KeyedLocks {
-    locks: Arc<Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>>,
-}
-
-impl KeyedLocks {
-    pub async fn lock(
-        &self,
-        key: &str,
-        deadline: Instant,
-    ) -> DriverResult<tokio::sync::OwnedMutexGuard<()>> {
-        let m = {
-            let mut map = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-            map.retain(|_, w| w.strong_count() > 0);
-            match map.get(key).and_then(Weak::upgrade) {
-                Some(m) => m,
-                None => {
-                    let m = Arc::new(tokio::sync::Mutex::new(()));
-                    map.insert(key.to_string(), Arc::downgrade(&m));
-                    m
-                }
-            }
-        };
-        let wait = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(wait, m.lock_owned()).await {
-            Ok(g) => Ok(g),
-            Err(_) => Err(DriverError::Aborted(format!(
-                "an operation on {key} is still in progress"
-            ))),
-        }
-    }
-}
-
 pub fn require<'a>(value: &'a str, what: &str) -> DriverResult<&'a str> {
     if value.is_empty() {
         Err(DriverError::InvalidArgument(format!("{what} is required")))
@@ -95,8 +57,8 @@ pub fn require<'a>(value: &'a str, what: &str) -> DriverResult<&'a str> {
     }
 }
 
-/// Cinder and Nova ids are UUIDs; anything else cannot name one of them,
-/// so it is answered without asking OpenStack.
+/// Cinder, Nova and Manila ids are UUIDs; anything else cannot name one of
+/// them, so it is answered without asking OpenStack.
 pub fn is_uuid(s: &str) -> bool {
     let b = s.as_bytes();
     b.len() == 36
@@ -130,12 +92,12 @@ pub fn size_gib(range: Option<&csi::CapacityRange>) -> DriverResult<i64> {
     };
     if gib > MAX_VOLUME_GIB {
         return Err(DriverError::OutOfRange(format!(
-            "{gib} GiB is more than the {MAX_VOLUME_GIB} GiB this driver asks Cinder for"
+            "{gib} GiB is more than the {MAX_VOLUME_GIB} GiB this driver asks OpenStack for"
         )));
     }
     if r.limit_bytes > 0 && gib.saturating_mul(GIB) > r.limit_bytes {
         return Err(DriverError::OutOfRange(format!(
-            "Cinder sizes volumes in whole GiB: {gib} GiB exceeds limit_bytes {}",
+            "OpenStack sizes volumes in whole GiB: {gib} GiB exceeds limit_bytes {}",
             r.limit_bytes
         )));
     }
@@ -186,6 +148,9 @@ impl Capability {
     }
 }
 
+/// Checks a capability's shape: an access mode, an access type, mount
+/// flags that do not turn the mount into something else. The driver checks
+/// what its storage can serve.
 pub fn parse_capability(c: &csi::VolumeCapability) -> DriverResult<Capability> {
     let mode = c
         .access_mode
@@ -202,12 +167,8 @@ pub fn parse_capability(c: &csi::VolumeCapability) -> DriverResult<Capability> {
         Some(csi::volume_capability::AccessType::Mount(m)) => {
             if !m.volume_mount_group.is_empty() {
                 return Err(DriverError::InvalidArgument(
-                    "volume_mount_group is not supported (fsGroupPolicy File applies it)".into(),
+                    "volume_mount_group is not supported (the CSIDriver's fsGroupPolicy applies fsGroup)".into(),
                 ));
-            }
-            if !m.fs_type.is_empty() {
-                host_ops::Filesystem::parse(&m.fs_type)
-                    .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
             }
             host_ops::MountOptions::parse(&m.mount_flags)
                 .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
@@ -236,29 +197,8 @@ pub fn parse_capabilities(caps: &[csi::VolumeCapability]) -> DriverResult<Vec<Ca
     caps.iter().map(parse_capability).collect()
 }
 
-/// Why a volume cannot serve a capability: several nodes may use one
-/// Cinder volume only when its type allows multi-attach, and only as a raw
-/// block device (a filesystem such as ext4 mounted on two nodes corrupts).
-pub fn capability_unsupported(c: &Capability, multiattach: bool) -> Option<String> {
-    if c.multi_node() {
-        if c.access_type == AccessType::Mount {
-            return Some(format!(
-                "access mode {} needs volumeMode Block: a filesystem cannot be mounted on several nodes",
-                c.mode.as_str_name()
-            ));
-        }
-        if !multiattach {
-            return Some(format!(
-                "access mode {} needs a volume type with multiattach=\"<is> True\"",
-                c.mode.as_str_name()
-            ));
-        }
-    }
-    None
-}
-
-/// Cinder's `created_at` (`2024-05-01T10:00:00.000000`, UTC without a
-/// zone) as a protobuf timestamp.
+/// OpenStack's `created_at` (`2024-05-01T10:00:00.000000`, UTC without a
+/// zone; Cinder and Manila alike) as a protobuf timestamp.
 pub fn timestamp(created_at: Option<&str>) -> Option<prost_types::Timestamp> {
     let s = created_at?;
     let s = s.trim_end_matches('Z');
@@ -349,23 +289,5 @@ mod tests {
         let t = timestamp(Some("2024-03-01T12:00:00")).unwrap();
         assert_eq!(t.seconds, 1_709_294_400);
         assert!(timestamp(Some("garbage")).is_none());
-    }
-
-    #[test]
-    fn multi_node_modes_need_block_and_multiattach() {
-        let cap = |mode, block| Capability {
-            access_type: if block {
-                AccessType::Block
-            } else {
-                AccessType::Mount
-            },
-            mode,
-            fs_type: String::new(),
-            mount_flags: vec![],
-        };
-        assert!(capability_unsupported(&cap(Mode::SingleNodeWriter, false), false).is_none());
-        assert!(capability_unsupported(&cap(Mode::MultiNodeMultiWriter, false), true).is_some());
-        assert!(capability_unsupported(&cap(Mode::MultiNodeMultiWriter, true), false).is_some());
-        assert!(capability_unsupported(&cap(Mode::MultiNodeMultiWriter, true), true).is_none());
     }
 }

@@ -1,0 +1,203 @@
+//! Attachments through Nova: publish and unpublish, each bounded by the
+//! caller's deadline.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use csi_common::request::{is_uuid, require};
+use csi_common::{Context, DriverError, DriverResult};
+use openstack_client::cinder::{BlockStorage, VolumeStatus};
+use openstack_client::common::{Poll, poll_until};
+use proto::csi::v1 as csi;
+
+use super::*;
+use crate::capabilities::{capability_unsupported, parse_capability};
+
+impl ControllerService {
+    // ---------------------------------------------------------- attachment
+
+    pub(super) async fn publish(
+        &self,
+        r: csi::ControllerPublishVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::ControllerPublishVolumeResponse> {
+        let id = require(&r.volume_id, "volume_id")?;
+        let node = require(&r.node_id, "node_id")?;
+        let cap = r
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| DriverError::InvalidArgument("volume_capability is required".into()))
+            .and_then(parse_capability)?;
+        let cloud = self.cloud(&r.secrets)?;
+        if !is_uuid(id) {
+            return Err(DriverError::NotFound(format!("volume {id} does not exist")));
+        }
+        if !is_uuid(node) {
+            return Err(DriverError::NotFound(format!(
+                "node {node} does not exist (node ids are Nova server UUIDs)"
+            )));
+        }
+        let _guard = self.locks.lock(id, deadline).await?;
+        let block = cloud.block.with_deadline(deadline);
+        let compute = cloud.compute.with_deadline(deadline);
+        let v = block.get_volume(id).await.context(format!("volume {id}"))?;
+        if let Some(why) = capability_unsupported(&cap, v.multiattach) {
+            return Err(DriverError::InvalidArgument(why));
+        }
+        let attached_here = v
+            .attachments
+            .iter()
+            .any(|a| a.server_id.as_deref() == Some(node));
+        if !attached_here {
+            let others: Vec<&str> = v.attached_servers().filter(|s| *s != node).collect();
+            if !others.is_empty() && !v.multiattach {
+                return Err(DriverError::FailedPrecondition(format!(
+                    "volume {id} is attached to {others:?} and its type does not allow multi-attach"
+                )));
+            }
+            compute
+                .get_server(node)
+                .await
+                .context(format!("node {node}"))?;
+            match v.status {
+                VolumeStatus::Available | VolumeStatus::InUse => {
+                    match compute.attach_volume(node, id, v.multiattach).await {
+                        Ok(a) => {
+                            tracing::info!(volume_id = id, node, device = ?a.device, "attach requested")
+                        }
+                        // attaching already (a retry of an earlier call)
+                        Err(openstack_client::Error::Conflict(e)) => {
+                            tracing::info!(volume_id = id, node, error = %e, "attach in progress")
+                        }
+                        Err(e) => {
+                            return Err(e).context(format!("attaching volume {id} to {node}"));
+                        }
+                    }
+                }
+                // an earlier attempt's attach is still under way
+                VolumeStatus::Attaching | VolumeStatus::Reserved => {}
+                ref s => {
+                    return Err(DriverError::FailedPrecondition(format!(
+                        "volume {id} is {s}; cannot attach"
+                    )));
+                }
+            }
+        }
+        let device = self.wait_attached(&block, id, node, deadline).await?;
+        let mut context = HashMap::new();
+        if let Some(d) = device {
+            context.insert("DevicePath".to_string(), d);
+        }
+        Ok(csi::ControllerPublishVolumeResponse {
+            publish_context: context,
+        })
+    }
+
+    /// Waits until Cinder shows the volume in use by `node`; returns the
+    /// device name Nova chose (a hint only: the node finds the device by id).
+    pub(super) async fn wait_attached(
+        &self,
+        block: &BlockStorage,
+        id: &str,
+        node: &str,
+        deadline: Instant,
+    ) -> DriverResult<Option<String>> {
+        let r = poll_until("volume_attach", deadline, POLL_FIRST, POLL_MAX, || async {
+            let v = block.get_volume(id).await?;
+            let att = v
+                .attachments
+                .iter()
+                .find(|a| a.server_id.as_deref() == Some(node));
+            Ok(match (&v.status, att) {
+                (VolumeStatus::InUse, Some(a)) => Poll::Ready(Ok(a.device.clone())),
+                (s, _) if s.is_error() => Poll::Ready(Err(s.to_string())),
+                // Nova rolled the attach back
+                (VolumeStatus::Available, None) => {
+                    Poll::Ready(Err("available (the attach failed)".to_string()))
+                }
+                (s, _) => Poll::Pending(s.to_string()),
+            })
+        })
+        .await;
+        match r {
+            Ok(Ok(d)) => Ok(d),
+            Ok(Err(s)) => Err(DriverError::Internal(format!(
+                "attaching volume {id} to {node} failed: volume is {s}"
+            ))),
+            Err(openstack_client::Error::Timeout { last, .. }) => {
+                Err(DriverError::DeadlineExceeded(format!(
+                    "volume {id} is not attached to {node} yet ({}); a retry resumes waiting",
+                    last.map(|e| e.to_string()).unwrap_or_default()
+                )))
+            }
+            Err(e) => Err(e).context(format!("waiting for volume {id} to attach")),
+        }
+    }
+
+    pub(super) async fn unpublish(
+        &self,
+        r: csi::ControllerUnpublishVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::ControllerUnpublishVolumeResponse> {
+        let id = require(&r.volume_id, "volume_id")?;
+        let node = require(&r.node_id, "node_id")?;
+        let cloud = self.cloud(&r.secrets)?;
+        if !is_uuid(id) || !is_uuid(node) {
+            // nothing of that name can be attached
+            return Ok(csi::ControllerUnpublishVolumeResponse {});
+        }
+        let _guard = self.locks.lock(id, deadline).await?;
+        let block = cloud.block.with_deadline(deadline);
+        let compute = cloud.compute.with_deadline(deadline);
+        let v = match block.get_volume(id).await {
+            Ok(v) => v,
+            Err(e) if e.is_not_found() => return Ok(csi::ControllerUnpublishVolumeResponse {}),
+            Err(e) => return Err(e).context(format!("volume {id}")),
+        };
+        if !v
+            .attachments
+            .iter()
+            .any(|a| a.server_id.as_deref() == Some(node))
+        {
+            return Ok(csi::ControllerUnpublishVolumeResponse {});
+        }
+        if v.status != VolumeStatus::Detaching {
+            match compute.detach_volume(node, id).await {
+                Ok(()) => tracing::info!(volume_id = id, node, "detach requested"),
+                // the server is gone, or the attachment with it
+                Err(e) if e.is_not_found() => {
+                    tracing::info!(volume_id = id, node, "server or attachment gone");
+                    return Ok(csi::ControllerUnpublishVolumeResponse {});
+                }
+                // a detach is already under way
+                Err(openstack_client::Error::Conflict(e)) => {
+                    tracing::info!(volume_id = id, node, error = %e, "detach in progress")
+                }
+                Err(e) => return Err(e).context(format!("detaching volume {id} from {node}")),
+            }
+        }
+        let r = poll_until("volume_detach", deadline, POLL_FIRST, POLL_MAX, || async {
+            let v = match block.get_volume(id).await {
+                Ok(v) => v,
+                Err(e) if e.is_not_found() => return Ok(Poll::Ready(())),
+                Err(e) => return Err(e),
+            };
+            if v.attachments
+                .iter()
+                .any(|a| a.server_id.as_deref() == Some(node))
+            {
+                Ok(Poll::Pending(v.status.to_string()))
+            } else {
+                Ok(Poll::Ready(()))
+            }
+        })
+        .await;
+        match r {
+            Ok(()) => Ok(csi::ControllerUnpublishVolumeResponse {}),
+            Err(openstack_client::Error::Timeout { .. }) => Err(DriverError::DeadlineExceeded(
+                format!("volume {id} is still attached to {node}; a retry resumes waiting"),
+            )),
+            Err(e) => Err(e).context(format!("waiting for volume {id} to detach")),
+        }
+    }
+}

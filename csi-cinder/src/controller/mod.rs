@@ -1,0 +1,319 @@
+//! The CSI Controller service: Cinder volumes and snapshots, attachments
+//! through Nova. Every wait is bounded by the caller's deadline; every
+//! mutating call is idempotent and serialised per volume (or name).
+//!
+//! By RPC family: [`volumes`] (create, delete, validate, list, get,
+//! expand, modify), [`attachments`] (publish, unpublish), [`snapshots`].
+
+mod attachments;
+mod snapshots;
+mod volumes;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use csi_common::request::GIB;
+use csi_common::{DriverError, DriverResult, KeyedLocks, serve_rpc};
+use openstack_client::cinder::{BlockStorage, Volume, VolumeStatus};
+use openstack_client::nova::Compute;
+use proto::csi::v1 as csi;
+use proto::csi::v1::controller_server::Controller;
+use proto::csi::v1::controller_service_capability::rpc::Type as Rpc;
+use tonic::{Request, Response, Status};
+
+use crate::TOPOLOGY_KEY;
+use volumes::content_source;
+
+/// Volume metadata and context keys (upstream's).
+pub const CLUSTER_KEY: &str = "cinder.csi.openstack.org/cluster";
+pub const RESIZE_REQUIRED_KEY: &str = "cinder.csi.openstack.org/resizeRequired";
+const PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
+const PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
+const PV_NAME: &str = "csi.storage.k8s.io/pv/name";
+const SNAPSHOT_NAME: &str = "csi.storage.k8s.io/volumesnapshot/name";
+const SNAPSHOT_NAMESPACE: &str = "csi.storage.k8s.io/volumesnapshot/namespace";
+const SNAPSHOT_CONTENT_NAME: &str = "csi.storage.k8s.io/volumesnapshotcontent/name";
+const DESCRIPTION: &str = "Created by OpenStack Cinder CSI driver";
+
+/// First poll of a pending resource, and the cap of the growing interval.
+const POLL_FIRST: Duration = Duration::from_millis(25);
+const POLL_MAX: Duration = Duration::from_secs(2);
+/// ListVolumes/ListSnapshots page size when the caller sets no limit:
+/// a page at a time keeps every call short on big projects.
+const DEFAULT_PAGE: u32 = 500;
+
+/// One cloud's clients (a `[Global "name"]` section).
+#[derive(Debug, Clone)]
+pub struct Cloud {
+    pub name: String,
+    pub block: BlockStorage,
+    pub compute: Compute,
+}
+
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    pub cluster: String,
+    pub with_topology: bool,
+    /// `[BlockStorage] ignore-volume-az`: answer the requested zone, not
+    /// the volume's (for clouds whose compute and volume zones differ).
+    pub ignore_volume_az: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ControllerService {
+    /// In `--cloud-name` order; the first is the default.
+    clouds: Vec<Cloud>,
+    opts: ControllerOptions,
+    locks: KeyedLocks,
+}
+
+fn volume_gone(s: &VolumeStatus) -> bool {
+    matches!(s, VolumeStatus::Deleting) || s.as_str() == "deleted"
+}
+
+fn not_found_ok(r: Result<(), openstack_client::Error>) -> Result<(), openstack_client::Error> {
+    match r {
+        Err(e) if e.is_not_found() => Ok(()),
+        other => other,
+    }
+}
+
+impl ControllerService {
+    pub fn new(clouds: Vec<Cloud>, opts: ControllerOptions) -> Self {
+        Self {
+            clouds,
+            opts,
+            locks: KeyedLocks::default(),
+        }
+    }
+
+    pub fn capabilities() -> Vec<csi::ControllerServiceCapability> {
+        [
+            Rpc::CreateDeleteVolume,
+            Rpc::PublishUnpublishVolume,
+            Rpc::ListVolumes,
+            Rpc::ListVolumesPublishedNodes,
+            Rpc::GetVolume,
+            Rpc::VolumeCondition,
+            Rpc::CreateDeleteSnapshot,
+            Rpc::ListSnapshots,
+            Rpc::CloneVolume,
+            Rpc::ExpandVolume,
+            Rpc::ModifyVolume,
+        ]
+        .into_iter()
+        .map(|t| csi::ControllerServiceCapability {
+            r#type: Some(csi::controller_service_capability::Type::Rpc(
+                csi::controller_service_capability::Rpc { r#type: t as i32 },
+            )),
+        })
+        .collect()
+    }
+
+    /// The cloud a request's secrets select (`cloud` key), else the first.
+    fn cloud(&self, secrets: &HashMap<String, String>) -> DriverResult<&Cloud> {
+        match secrets.get("cloud") {
+            Some(name) => self.clouds.iter().find(|c| &c.name == name).ok_or_else(|| {
+                DriverError::InvalidArgument(format!(
+                    "the secret's cloud {name:?} is not one of the configured --cloud-name values"
+                ))
+            }),
+            None => self
+                .clouds
+                .first()
+                .ok_or_else(|| DriverError::Internal("no cloud configured".into())),
+        }
+    }
+
+    fn topology(&self, zone: &str) -> Vec<csi::Topology> {
+        if !self.opts.with_topology || zone.is_empty() {
+            return Vec::new();
+        }
+        vec![csi::Topology {
+            segments: HashMap::from([(TOPOLOGY_KEY.to_string(), zone.to_string())]),
+        }]
+    }
+
+    fn csi_volume(
+        &self,
+        v: &Volume,
+        context: HashMap<String, String>,
+        requested_zone: Option<&str>,
+    ) -> csi::Volume {
+        let zone = match (self.opts.ignore_volume_az, requested_zone) {
+            (true, Some(z)) => z,
+            _ => v.availability_zone.as_str(),
+        };
+        csi::Volume {
+            capacity_bytes: (v.size as i64).saturating_mul(GIB),
+            volume_id: v.id.clone(),
+            volume_context: context,
+            content_source: content_source(v),
+            accessible_topology: self.topology(zone),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Controller for ControllerService {
+    async fn create_volume(
+        &self,
+        req: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "CreateVolume",
+            volume_name = |r: &csi::CreateVolumeRequest| r.name.clone(),
+            create_volume
+        )
+    }
+    async fn delete_volume(
+        &self,
+        req: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "DeleteVolume",
+            volume_id = |r: &csi::DeleteVolumeRequest| r.volume_id.clone(),
+            delete_volume
+        )
+    }
+    async fn controller_publish_volume(
+        &self,
+        req: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "ControllerPublishVolume",
+            volume_id = |r: &csi::ControllerPublishVolumeRequest| r.volume_id.clone(),
+            publish
+        )
+    }
+    async fn controller_unpublish_volume(
+        &self,
+        req: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "ControllerUnpublishVolume",
+            volume_id = |r: &csi::ControllerUnpublishVolumeRequest| r.volume_id.clone(),
+            unpublish
+        )
+    }
+    async fn validate_volume_capabilities(
+        &self,
+        req: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "ValidateVolumeCapabilities",
+            volume_id = |r: &csi::ValidateVolumeCapabilitiesRequest| r.volume_id.clone(),
+            validate
+        )
+    }
+    async fn list_volumes(
+        &self,
+        req: Request<csi::ListVolumesRequest>,
+    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "ListVolumes",
+            token = |r: &csi::ListVolumesRequest| r.starting_token.clone(),
+            list_volumes
+        )
+    }
+    async fn get_capacity(
+        &self,
+        _req: Request<csi::GetCapacityRequest>,
+    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
+        Err(Status::unimplemented(
+            "GetCapacity is not supported: Cinder does not report capacity per zone to projects",
+        ))
+    }
+    async fn controller_get_capabilities(
+        &self,
+        _req: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
+            capabilities: Self::capabilities(),
+        }))
+    }
+    async fn create_snapshot(
+        &self,
+        req: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "CreateSnapshot",
+            snapshot_name = |r: &csi::CreateSnapshotRequest| r.name.clone(),
+            create_snapshot
+        )
+    }
+    async fn delete_snapshot(
+        &self,
+        req: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "DeleteSnapshot",
+            snapshot_id = |r: &csi::DeleteSnapshotRequest| r.snapshot_id.clone(),
+            delete_snapshot
+        )
+    }
+    async fn list_snapshots(
+        &self,
+        req: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "ListSnapshots",
+            volume_id = |r: &csi::ListSnapshotsRequest| r.source_volume_id.clone(),
+            list_snapshots
+        )
+    }
+    async fn controller_expand_volume(
+        &self,
+        req: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "ControllerExpandVolume",
+            volume_id = |r: &csi::ControllerExpandVolumeRequest| r.volume_id.clone(),
+            expand
+        )
+    }
+    async fn controller_get_volume(
+        &self,
+        req: Request<csi::ControllerGetVolumeRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "ControllerGetVolume",
+            volume_id = |r: &csi::ControllerGetVolumeRequest| r.volume_id.clone(),
+            get_volume
+        )
+    }
+    async fn controller_modify_volume(
+        &self,
+        req: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "ControllerModifyVolume",
+            volume_id = |r: &csi::ControllerModifyVolumeRequest| r.volume_id.clone(),
+            modify
+        )
+    }
+}

@@ -1,0 +1,154 @@
+//! The drivers' errors and their one mapping to gRPC codes (CSI spec error
+//! tables): handlers return [`DriverError`], the tonic glue converts. A
+//! driver adds what only it knows (which OpenStack refusals mean what) in
+//! its own `errors` module, by building the variant it means.
+
+use openstack_client::Error as CloudError;
+use tonic::{Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    OutOfRange(String),
+    #[error("{0}")]
+    ResourceExhausted(String),
+    #[error("{0}")]
+    Aborted(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    DeadlineExceeded(String),
+    #[error("{0}")]
+    Internal(String),
+    #[error("{context}: {source}")]
+    Cloud {
+        context: String,
+        source: Box<CloudError>,
+    },
+    #[error("{context}: {source}")]
+    Host {
+        context: String,
+        source: Box<host_ops::HostError>,
+    },
+}
+
+pub type DriverResult<T> = Result<T, DriverError>;
+
+/// Adds what the driver was doing to a lower layer's error.
+pub trait Context<T> {
+    fn context(self, what: impl Into<String>) -> DriverResult<T>;
+}
+
+impl<T> Context<T> for Result<T, CloudError> {
+    fn context(self, what: impl Into<String>) -> DriverResult<T> {
+        self.map_err(|source| DriverError::Cloud {
+            context: what.into(),
+            source: Box::new(source),
+        })
+    }
+}
+
+impl<T> Context<T> for Result<T, host_ops::HostError> {
+    fn context(self, what: impl Into<String>) -> DriverResult<T> {
+        self.map_err(|source| DriverError::Host {
+            context: what.into(),
+            source: Box::new(source),
+        })
+    }
+}
+
+/// The gRPC code an OpenStack error becomes when the driver knows nothing
+/// more specific about it.
+pub fn cloud_code(e: &CloudError) -> Code {
+    match e {
+        CloudError::NotFound(_) => Code::NotFound,
+        // Cinder/Nova answer 400/409 for "not in the right state" (attached,
+        // being detached, has dependent snapshots): a precondition, which
+        // the sidecars retry
+        CloudError::Conflict(_) | CloudError::BadRequest(_) => Code::FailedPrecondition,
+        CloudError::Unauthorized(_) => Code::Unauthenticated,
+        CloudError::Forbidden(_) => Code::PermissionDenied,
+        CloudError::OverQuota(_) => Code::ResourceExhausted,
+        CloudError::RateLimited { .. } | CloudError::Unavailable(_) => Code::Unavailable,
+        CloudError::Timeout { .. } | CloudError::StillPending { .. } => Code::DeadlineExceeded,
+        CloudError::Config(_)
+        | CloudError::Tls(_)
+        | CloudError::EndpointNotFound { .. }
+        | CloudError::Unsupported { .. } => Code::FailedPrecondition,
+        CloudError::InvalidResponse { .. } | CloudError::ResourceFailed { .. } => Code::Internal,
+    }
+}
+
+impl DriverError {
+    pub fn code(&self) -> Code {
+        match self {
+            Self::InvalidArgument(_) => Code::InvalidArgument,
+            Self::NotFound(_) => Code::NotFound,
+            Self::AlreadyExists(_) => Code::AlreadyExists,
+            Self::FailedPrecondition(_) => Code::FailedPrecondition,
+            Self::OutOfRange(_) => Code::OutOfRange,
+            Self::ResourceExhausted(_) => Code::ResourceExhausted,
+            Self::Aborted(_) => Code::Aborted,
+            Self::Unavailable(_) => Code::Unavailable,
+            Self::DeadlineExceeded(_) => Code::DeadlineExceeded,
+            Self::Internal(_) => Code::Internal,
+            Self::Cloud { source, .. } => cloud_code(source.as_ref()),
+            Self::Host { source, .. } => match source.as_ref() {
+                host_ops::HostError::UnsupportedFilesystem(_) => Code::InvalidArgument,
+                host_ops::HostError::Refused(_) => Code::InvalidArgument,
+                _ => Code::Internal,
+            },
+        }
+    }
+}
+
+impl From<DriverError> for Status {
+    fn from(e: DriverError) -> Self {
+        let code = e.code();
+        if matches!(
+            code,
+            Code::Internal | Code::Unavailable | Code::DeadlineExceeded
+        ) {
+            tracing::warn!(code = ?code, error = %e, "request failed");
+        } else {
+            tracing::info!(code = ?code, error = %e, "request refused");
+        }
+        Status::new(code, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openstack_client::ApiError;
+
+    fn api(status: u16) -> ApiError {
+        ApiError {
+            operation: "volume_create",
+            status: Some(status),
+            request_id: None,
+            message: "x".into(),
+        }
+    }
+
+    #[test]
+    fn quota_is_resource_exhausted_and_outages_are_retryable() {
+        let e: Result<(), _> = Err(CloudError::OverQuota(api(413)));
+        assert_eq!(
+            e.context("creating").unwrap_err().code(),
+            Code::ResourceExhausted
+        );
+        let e: Result<(), _> = Err(CloudError::Unavailable(api(503)));
+        assert_eq!(e.context("creating").unwrap_err().code(), Code::Unavailable);
+        let e: Result<(), _> = Err(CloudError::NotFound(api(404)));
+        assert_eq!(e.context("getting").unwrap_err().code(), Code::NotFound);
+    }
+}

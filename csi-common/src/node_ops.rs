@@ -1,0 +1,205 @@
+//! What both node services do to their host beyond their own storage:
+//! confine request paths, bind a staged volume to a pod's target path,
+//! take mounts down, and label topology.
+
+use std::path::{Path, PathBuf};
+
+use host_ops::{MountOptions, Mounter, validate_host_path};
+
+use crate::errors::{Context, DriverError, DriverResult};
+use crate::request::require;
+
+/// Who this node is, from instance metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeIdentity {
+    pub instance_id: String,
+    pub availability_zone: String,
+}
+
+/// Runs host work (mount syscalls, tools, blocking file IO) off the async
+/// workers.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> DriverResult<T> + Send + 'static,
+) -> DriverResult<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        DriverError::Internal(format!("host operation panicked or was cancelled: {e}"))
+    })?
+}
+
+/// A staging or target path from a request: required, absolute, without
+/// `..`, below one of `roots`; else InvalidArgument (the path names where
+/// the caller wants something done, and it may not be done there).
+pub fn path_arg(value: &str, what: &str, roots: &[PathBuf]) -> DriverResult<PathBuf> {
+    require(value, what)?;
+    validate_host_path(value, roots)
+        .map_err(|e| DriverError::InvalidArgument(format!("{what}: {e}")))
+}
+
+/// The `volume_path` of NodeGetVolumeStats and NodeExpandVolume: it names
+/// a volume the caller believes is there. A path that cannot be one of
+/// ours (relative, outside the roots, with `..`) holds no volume: NotFound,
+/// as the CSI spec's tables say, and nothing is looked at outside the
+/// roots. Only a missing field is InvalidArgument.
+pub fn volume_path_arg(value: &str, roots: &[PathBuf]) -> DriverResult<PathBuf> {
+    require(value, "volume_path")?;
+    validate_host_path(value, roots)
+        .map_err(|e| DriverError::NotFound(format!("no volume at volume_path: {e}")))
+}
+
+pub fn io_ctx<T>(r: std::io::Result<T>, what: String) -> DriverResult<T> {
+    r.map_err(|e| DriverError::Internal(format!("{what}: {e}")))
+}
+
+/// Binds the filesystem staged at `staging` onto `target` (a pod's
+/// volume directory), read-only as a real read-only mount when asked.
+/// A target already bound to the same filesystem with the same
+/// read-only-ness is success; anything else mounted there is refused.
+pub fn bind_staged(
+    mounter: &dyn Mounter,
+    staging: &Path,
+    target: &Path,
+    read_only: bool,
+    options: &MountOptions,
+) -> DriverResult<()> {
+    let staged = mounter.mounts_at(staging).context("reading mounts")?;
+    let Some(staged) = staged.last() else {
+        return Err(DriverError::FailedPrecondition(format!(
+            "volume is not staged at {}",
+            staging.display()
+        )));
+    };
+    if let Some(existing) = mounter.mounts_at(target).context("reading mounts")?.last() {
+        if existing.device == staged.device && existing.read_only() == read_only {
+            return Ok(());
+        }
+        return Err(DriverError::AlreadyExists(format!(
+            "{} is already mounted ({}, {}) incompatibly with this request",
+            target.display(),
+            existing.source,
+            if existing.read_only() { "ro" } else { "rw" }
+        )));
+    }
+    io_ctx(
+        std::fs::create_dir_all(target),
+        format!("creating {}", target.display()),
+    )?;
+    mounter
+        .bind(staging, target, read_only, options)
+        .context(format!(
+            "binding {} to {}",
+            staging.display(),
+            target.display()
+        ))
+}
+
+/// Unmounts everything stacked at `path`, then removes the directory or
+/// file the mount point was (it is ours: kubelet expects it gone). A
+/// directory that still holds something after the unmount is kept.
+pub fn unmount_and_remove(mounter: &dyn Mounter, path: &Path) -> DriverResult<()> {
+    for _ in 0..16 {
+        if mounter
+            .mounts_at(path)
+            .context("reading mounts")?
+            .is_empty()
+        {
+            break;
+        }
+        mounter
+            .unmount(path)
+            .context(format!("unmounting {}", path.display()))?;
+    }
+    if !mounter
+        .mounts_at(path)
+        .context("reading mounts")?
+        .is_empty()
+    {
+        return Err(DriverError::Internal(format!(
+            "{} is still mounted",
+            path.display()
+        )));
+    }
+    remove_mount_point(path)
+}
+
+/// Removes an unmounted mount point: an empty directory or a file (a
+/// raw block target). Gone already is fine.
+pub fn remove_mount_point(path: &Path) -> DriverResult<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => match std::fs::remove_dir(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
+                // something the volume did not put there: keep it
+                tracing::warn!(path = %path.display(), "mount point not empty after unmount; left in place");
+                Ok(())
+            }
+            Err(e) => io_ctx(Err(e), format!("removing {}", path.display())),
+        },
+        Ok(_) => io_ctx(
+            std::fs::remove_file(path),
+            format!("removing {}", path.display()),
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => io_ctx(Err(e), format!("inspecting {}", path.display())),
+    }
+}
+
+/// A topology value as Kubernetes label values allow (upstream's
+/// `SanitizeLabel`): other characters become `-`, the ends are
+/// alphanumeric, at most 63 characters.
+pub fn sanitize_label(s: &str) -> String {
+    let replaced: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let mut out: String = replaced
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .chars()
+        .take(63)
+        .collect();
+    while out.ends_with(|c: char| !c.is_ascii_alphanumeric()) {
+        out.pop();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_sanitised_like_upstream() {
+        assert_eq!(sanitize_label("nova"), "nova");
+        assert_eq!(sanitize_label("az 1/a"), "az-1-a");
+        assert_eq!(sanitize_label("--x--"), "x");
+        assert_eq!(sanitize_label(&"a".repeat(80)).len(), 63);
+        assert_eq!(
+            sanitize_label(&format!("{}-b", "a".repeat(62))),
+            "a".repeat(62)
+        );
+    }
+
+    #[test]
+    fn volume_paths_outside_the_roots_hold_no_volume() {
+        let roots = vec![PathBuf::from("/var/lib/kubelet")];
+        for p in ["some/path", "/etc", "/var/lib/kubelet/../x"] {
+            assert!(
+                matches!(volume_path_arg(p, &roots), Err(DriverError::NotFound(_))),
+                "{p}"
+            );
+        }
+        assert!(matches!(
+            volume_path_arg("", &roots),
+            Err(DriverError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            path_arg("some/path", "target_path", &roots),
+            Err(DriverError::InvalidArgument(_))
+        ));
+    }
+}
