@@ -18,14 +18,8 @@ pub fn parse_capability(c: &csi::VolumeCapability) -> DriverResult<Capability> {
 }
 
 pub fn parse_capabilities(caps: &[csi::VolumeCapability]) -> DriverResult<Vec<Capability>> {
-    if caps.is_empty() {
-        return Err(DriverError::InvalidArgument(
-            "volume_capabilities are required".into(),
-        ));
-    }
-    caps.iter().map(parse_capability).collect()
+    request::parse_capabilities(caps, parse_capability)
 }
-
 /// Why a volume cannot serve a capability: several nodes may use one
 /// Cinder volume only when its type allows multi-attach, and only as a raw
 /// block device (a filesystem such as ext4 mounted on two nodes corrupts).

@@ -23,7 +23,7 @@ pub struct Options {
     #[arg(long = "cloud-name", default_values_t = vec![String::new()])]
     pub cloud_name: Vec<String>,
     /// Report availability-zone topology.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub with_topology: bool,
     /// Extra topology segments for NodeGetInfo, key=value.
     #[arg(long = "additional-topology", value_parser = parse_key_value)]
@@ -31,9 +31,9 @@ pub struct Options {
     /// Cluster id written into volume metadata.
     #[arg(long, default_value = "")]
     pub cluster: String,
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub provide_controller_service: bool,
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub provide_node_service: bool,
     /// Serve /metrics and /healthz on this address (`:8080`, as upstream
     /// writes it, means every interface).

@@ -6,6 +6,9 @@
 //! cache keyed by a digest of the secret's values: a request with the same
 //! secret reuses the token, a changed secret (a rotated password) gets a
 //! new session at once, and an idle one is dropped when the cache is full.
+//! What is cached is the driver's client built on the session (`C`), so
+//! that what the client learns once (a negotiated microversion) is kept
+//! with the token.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -31,20 +34,32 @@ pub enum Source {
 }
 
 #[derive(Debug)]
-struct Cached {
-    session: Session,
+struct Cached<C> {
+    client: C,
     used: Instant,
 }
 
-#[derive(Debug)]
-pub struct Credentials {
+/// Builds the driver's client on a session.
+pub type MakeClient<C> = std::sync::Arc<dyn Fn(Session) -> C + Send + Sync>;
+
+pub struct Credentials<C> {
     /// Clouds of the plugin's cloud.conf, by `[Global "name"]` (`""` is
     /// `[Global]`).
-    clouds: BTreeMap<String, Session>,
-    cache: Mutex<HashMap<[u8; 32], Cached>>,
+    clouds: BTreeMap<String, C>,
+    cache: Mutex<HashMap<[u8; 32], Cached<C>>>,
     capacity: usize,
     options: SessionOptions,
     env: ConfigEnv,
+    make: MakeClient<C>,
+}
+
+impl<C> std::fmt::Debug for Credentials<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("clouds", &self.clouds.keys().collect::<Vec<_>>())
+            .field("capacity", &self.capacity)
+            .finish()
+    }
 }
 
 fn digest(secrets: &BTreeMap<String, String>) -> [u8; 32] {
@@ -61,16 +76,23 @@ fn digest(secrets: &BTreeMap<String, String>) -> [u8; 32] {
     out
 }
 
-impl Credentials {
+impl<C: Clone> Credentials<C> {
     /// `clouds`: sessions for the plugin's cloud.conf (may be empty);
-    /// `options`: for sessions built from secrets (metrics, timeouts).
-    pub fn new(clouds: BTreeMap<String, Session>, options: SessionOptions, env: ConfigEnv) -> Self {
+    /// `options`: for sessions built from secrets (metrics, timeouts);
+    /// `make`: the client a request gets.
+    pub fn new(
+        clouds: BTreeMap<String, Session>,
+        options: SessionOptions,
+        env: ConfigEnv,
+        make: MakeClient<C>,
+    ) -> Self {
         Self {
-            clouds,
+            clouds: clouds.into_iter().map(|(n, s)| (n, make(s))).collect(),
             cache: Mutex::new(HashMap::new()),
             capacity: DEFAULT_CACHE_SIZE,
             options,
             env,
+            make,
         }
     }
 
@@ -87,7 +109,7 @@ impl Credentials {
 
     /// The session of the plugin's own default cloud (`[Global]`, else the
     /// first configured one).
-    pub fn own(&self) -> DriverResult<(Session, Source)> {
+    pub fn own(&self) -> DriverResult<(C, Source)> {
         self.clouds
             .get("")
             .map(|s| (s.clone(), Source::CloudConf(String::new())))
@@ -110,17 +132,14 @@ impl Credentials {
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// The session for a request's secrets.
-    pub fn session_for(
-        &self,
-        secrets: &HashMap<String, String>,
-    ) -> DriverResult<(Session, Source)> {
+    /// The client for a request's secrets.
+    pub fn client_for(&self, secrets: &HashMap<String, String>) -> DriverResult<(C, Source)> {
         let sorted: BTreeMap<String, String> = secrets
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         if has_credentials(&sorted) {
-            return self.session_from_secrets(&sorted);
+            return self.client_from_secrets(&sorted);
         }
         if let Some(name) = sorted.get("cloud") {
             return self
@@ -141,10 +160,7 @@ impl Credentials {
         self.own()
     }
 
-    fn session_from_secrets(
-        &self,
-        secrets: &BTreeMap<String, String>,
-    ) -> DriverResult<(Session, Source)> {
+    fn client_from_secrets(&self, secrets: &BTreeMap<String, String>) -> DriverResult<(C, Source)> {
         let os: BTreeMap<String, String> = secrets
             .iter()
             .filter(|(k, _)| k.starts_with("os-"))
@@ -156,7 +172,7 @@ impl Credentials {
             let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(c) = cache.get_mut(&key) {
                 c.used = Instant::now();
-                return Ok((c.session.clone(), Source::Secrets(label)));
+                return Ok((c.client.clone(), Source::Secrets(label)));
             }
         }
         let unknown = unknown_keys(&os);
@@ -176,11 +192,11 @@ impl Credentials {
             cache.remove(&oldest);
         }
         // a racing request may have built one meanwhile: keep the first
-        let c = cache.entry(key).or_insert(Cached {
-            session,
+        let c = cache.entry(key).or_insert_with(|| Cached {
+            client: (self.make)(session),
             used: Instant::now(),
         });
-        Ok((c.session.clone(), Source::Secrets(label)))
+        Ok((c.client.clone(), Source::Secrets(label)))
     }
 }
 
@@ -201,42 +217,42 @@ mod tests {
         .collect()
     }
 
-    #[test]
-    fn one_session_per_credential_set_bounded() {
-        let c = Credentials::new(
+    fn plain() -> Credentials<Session> {
+        Credentials::new(
             BTreeMap::new(),
             SessionOptions::default(),
             ConfigEnv::default(),
+            std::sync::Arc::new(|s| s),
         )
-        .with_capacity(2);
-        let (a, sa) = c.session_for(&secrets("one")).unwrap();
-        let (b, sb) = c.session_for(&secrets("one")).unwrap();
+    }
+
+    #[test]
+    fn one_session_per_credential_set_bounded() {
+        let c = plain().with_capacity(2);
+        let (a, sa) = c.client_for(&secrets("one")).unwrap();
+        let (b, sb) = c.client_for(&secrets("one")).unwrap();
         assert_eq!(sa, sb);
         assert!(
             std::ptr::eq(a.config(), b.config()),
             "the same session is reused"
         );
-        let (_, sc) = c.session_for(&secrets("two")).unwrap();
+        let (_, sc) = c.client_for(&secrets("two")).unwrap();
         assert_ne!(sa, sc, "a changed password is a new session");
-        c.session_for(&secrets("three")).unwrap();
+        c.client_for(&secrets("three")).unwrap();
         assert_eq!(c.cached(), 2);
     }
 
     #[test]
     fn no_credentials_anywhere_is_a_clear_refusal() {
-        let c = Credentials::new(
-            BTreeMap::new(),
-            SessionOptions::default(),
-            ConfigEnv::default(),
-        );
-        let e = c.session_for(&HashMap::new()).unwrap_err();
+        let c = plain();
+        let e = c.client_for(&HashMap::new()).unwrap_err();
         assert!(matches!(e, DriverError::InvalidArgument(_)), "{e}");
         let mut bad = secrets("x");
         bad.remove("os-authURL");
-        let e = c.session_for(&bad).unwrap_err().to_string();
+        let e = c.client_for(&bad).unwrap_err().to_string();
         assert!(e.contains("os-authURL") && !e.contains("x\""), "{e}");
         let e = c
-            .session_for(&HashMap::from([("cloud".to_string(), "other".to_string())]))
+            .client_for(&HashMap::from([("cloud".to_string(), "other".to_string())]))
             .unwrap_err();
         assert!(matches!(e, DriverError::InvalidArgument(_)), "{e}");
     }

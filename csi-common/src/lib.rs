@@ -10,6 +10,7 @@
 //! - [`node_ops`]: request paths confined to `--path-root`, binds and
 //!   unmounts, topology labels;
 //! - [`readiness`]: when Probe says ready;
+//! - [`waits`]: deadline-bounded waits for OpenStack resources;
 //! - [`serve_rpc!`]: one span per RPC named after it, carrying the id it
 //!   works on, and the error converted once.
 
@@ -20,6 +21,7 @@ pub mod node_ops;
 pub mod paging;
 pub mod readiness;
 pub mod request;
+pub mod waits;
 
 pub use errors::{Context, DriverError, DriverResult};
 pub use locks::KeyedLocks;

@@ -188,13 +188,18 @@ pub fn parse_capability(c: &csi::VolumeCapability) -> DriverResult<Capability> {
     })
 }
 
-pub fn parse_capabilities(caps: &[csi::VolumeCapability]) -> DriverResult<Vec<Capability>> {
+/// A request's capabilities (at least one), each through the driver's
+/// own `parse` (the shared check plus what its storage can serve).
+pub fn parse_capabilities(
+    caps: &[csi::VolumeCapability],
+    parse: impl Fn(&csi::VolumeCapability) -> DriverResult<Capability>,
+) -> DriverResult<Vec<Capability>> {
     if caps.is_empty() {
         return Err(DriverError::InvalidArgument(
             "volume_capabilities are required".into(),
         ));
     }
-    caps.iter().map(parse_capability).collect()
+    caps.iter().map(parse).collect()
 }
 
 /// OpenStack's `created_at` (`2024-05-01T10:00:00.000000`, UTC without a

@@ -29,6 +29,8 @@ async fn serves_identity_under_the_configured_name() {
             .args([
                 "--drivername=nfs.manila.csi.openstack.org",
                 "--share-protocol-selector=NFS",
+                // the node would wait for instance metadata to be ready
+                "--provide-node-service=false",
             ])
             .stderr(Stdio::null())
             .spawn()

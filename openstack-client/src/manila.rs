@@ -121,6 +121,8 @@ pub struct Share {
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]
     pub description: Option<String>,
+    #[serde(default)]
+    pub created_at: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -198,6 +200,56 @@ pub struct CreateShare {
     pub availability_zone: Option<String>,
     pub snapshot_id: Option<String>,
     pub metadata: BTreeMap<String, String>,
+}
+
+/// One page of shares or snapshots: Manila pages by offset.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListPage {
+    /// Entries to return at most (Manila's `limit`).
+    pub limit: Option<u32>,
+    /// Entries to skip (Manila's `offset`).
+    pub offset: u64,
+    pub name: Option<String>,
+    /// Snapshots of this share only.
+    pub share_id: Option<String>,
+}
+
+/// A backend pool as the scheduler sees it (admin only by default).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Pool {
+    pub name: String,
+    #[serde(default)]
+    pub capabilities: PoolCapabilities,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct PoolCapabilities {
+    /// GiB; Manila reports `"unknown"` or `"infinite"` for some backends.
+    #[serde(default)]
+    pub free_capacity_gb: Option<Value>,
+    #[serde(default)]
+    pub share_backend_name: Option<String>,
+    #[serde(default)]
+    pub storage_protocol: Option<String>,
+}
+
+impl PoolCapabilities {
+    /// Free GiB when the pool says a number.
+    pub fn free_gib(&self) -> Option<f64> {
+        match self.free_capacity_gb.as_ref()? {
+            Value::Number(n) => n.as_f64(),
+            Value::String(s) => s.parse().ok(),
+            _ => None,
+        }
+    }
+}
+
+/// The project's share quota as `GET /limits` reports it: `None` where
+/// unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShareLimits {
+    pub max_gib: Option<u64>,
+    pub used_gib: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -346,6 +398,28 @@ impl SharedFileSystems {
             .query("name", name);
         let l: L = self.session.send(req).await?.json()?;
         Ok(l.shares.into_iter().filter(|s| s.name == name).collect())
+    }
+
+    /// One page of the project's shares, oldest first (a stable order for
+    /// offset paging while shares are being created).
+    pub async fn list_shares(&self, q: &ListPage) -> Result<Vec<Share>> {
+        #[derive(Deserialize)]
+        struct L {
+            shares: Vec<Share>,
+        }
+        let mut req = self
+            .req(Method::GET, "shares/detail", "share_list")
+            .await?
+            .query("sort_key", "created_at")
+            .query("sort_dir", "asc")
+            .query("offset", q.offset);
+        if let Some(l) = q.limit {
+            req = req.query("limit", l);
+        }
+        if let Some(n) = &q.name {
+            req = req.query("name", n);
+        }
+        Ok(self.session.send(req).await?.json::<L>()?.shares)
     }
 
     pub async fn delete_share(&self, id: &str) -> Result<()> {
@@ -537,6 +611,31 @@ impl SharedFileSystems {
         Ok(l.snapshots.into_iter().filter(|s| s.name == name).collect())
     }
 
+    /// One page of the project's snapshots (of one share when asked),
+    /// oldest first.
+    pub async fn list_snapshots(&self, q: &ListPage) -> Result<Vec<ShareSnapshot>> {
+        #[derive(Deserialize)]
+        struct L {
+            snapshots: Vec<ShareSnapshot>,
+        }
+        let mut req = self
+            .req(Method::GET, "snapshots/detail", "share_snapshot_list")
+            .await?
+            .query("sort_key", "created_at")
+            .query("sort_dir", "asc")
+            .query("offset", q.offset);
+        if let Some(l) = q.limit {
+            req = req.query("limit", l);
+        }
+        if let Some(n) = &q.name {
+            req = req.query("name", n);
+        }
+        if let Some(id) = &q.share_id {
+            req = req.query("share_id", id);
+        }
+        Ok(self.session.send(req).await?.json::<L>()?.snapshots)
+    }
+
     pub async fn delete_snapshot(&self, id: &str) -> Result<()> {
         let req = self
             .req(
@@ -556,6 +655,46 @@ impl SharedFileSystems {
         }
         let req = self.req(Method::GET, "types", "share_type_list").await?;
         Ok(self.session.send(req).await?.json::<L>()?.share_types)
+    }
+
+    /// Backend pools with their capabilities (`scheduler-stats/pools/detail`;
+    /// Manila's default policy lets only admins read them).
+    pub async fn list_pools(&self) -> Result<Vec<Pool>> {
+        #[derive(Deserialize)]
+        struct L {
+            pools: Vec<Pool>,
+        }
+        // Manila takes unknown query parameters for pool filters, so the
+        // detail view is a path, not `?detail=true`
+        let req = self
+            .req(Method::GET, "scheduler-stats/pools/detail", "pool_list")
+            .await?;
+        Ok(self.session.send(req).await?.json::<L>()?.pools)
+    }
+
+    /// The project's share gigabytes quota and use.
+    pub async fn share_limits(&self) -> Result<ShareLimits> {
+        #[derive(Deserialize)]
+        struct Abs {
+            #[serde(rename = "maxTotalShareGigabytes", default)]
+            max: Option<i64>,
+            #[serde(rename = "totalShareGigabytesUsed", default)]
+            used: Option<i64>,
+        }
+        #[derive(Deserialize)]
+        struct Limits {
+            absolute: Abs,
+        }
+        #[derive(Deserialize)]
+        struct L {
+            limits: Limits,
+        }
+        let req = self.req(Method::GET, "limits", "limits_get").await?;
+        let a = self.session.send(req).await?.json::<L>()?.limits.absolute;
+        Ok(ShareLimits {
+            max_gib: a.max.filter(|m| *m >= 0).map(|m| m as u64),
+            used_gib: a.used.unwrap_or(0).max(0) as u64,
+        })
     }
 
     /// User messages about a resource, newest first: they say why a share

@@ -43,6 +43,8 @@ pub fn routes(state: Arc<AppState>) -> axum::Router<Arc<AppState>> {
         .route("/snapshots/{id}", get(get_snapshot).delete(delete_snapshot))
         .route("/types", get(list_types))
         .route("/messages", get(list_messages))
+        .route("/scheduler-stats/pools/detail", get(list_pools))
+        .route("/limits", get(limits))
         .layer(middleware::from_fn_with_state(state, microversion));
     axum::Router::new().nest("/v2/{project_id}", v2)
 }
@@ -195,6 +197,19 @@ async fn create_share(
             .get(sid)
             .filter(|x| x.project_id == ctx.project_id)
             .ok_or_else(|| ApiErr::not_found(S, format!("Snapshot {sid} could not be found.")))?;
+        let from_snapshot = st
+            .extra_specs
+            .get("create_share_from_snapshot_support")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        if !from_snapshot {
+            return Err(ApiErr::bad(
+                S,
+                format!(
+                    "Invalid input received: A new share may not be created from snapshot {sid} with share type {}: the type does not support create_share_from_snapshot_support.",
+                    st.name
+                ),
+            ));
+        }
         if snap.status != "available" {
             return Err(ApiErr::bad(
                 S,
@@ -340,6 +355,10 @@ async fn list_shares(
         .filter(|x| q.get("name").is_none_or(|n| &x.name == n))
         .collect();
     list.sort_by_key(|x| std::cmp::Reverse(x.seq));
+    if q.get("sort_dir").map(String::as_str) == Some("asc") {
+        list.reverse();
+    }
+    let list = page(list, &q)?;
     Ok(Json(
         json!({ "shares": list.into_iter().map(share_json).collect::<Vec<_>>() }),
     ))
@@ -706,7 +725,9 @@ async fn create_snapshot(
             ),
         ));
     }
+    let seq = w.next_seq();
     let snap = ShareSnapshotRec {
+        seq,
         id: new_id(),
         project_id: ctx.project_id.clone(),
         name: s(spec, "name").unwrap_or_default(),
@@ -739,14 +760,18 @@ async fn list_snapshots(
 ) -> ApiResult<Json<Value>> {
     check_project(&ctx, &project)?;
     let w = state.world();
-    let list: Vec<Value> = w
+    let mut list: Vec<&ShareSnapshotRec> = w
         .share_snapshots
         .values()
         .filter(|x| x.project_id == ctx.project_id)
         .filter(|x| q.get("name").is_none_or(|n| &x.name == n))
         .filter(|x| q.get("share_id").is_none_or(|n| &x.share_id == n))
-        .map(snapshot_json)
         .collect();
+    list.sort_by_key(|x| std::cmp::Reverse(x.seq));
+    if q.get("sort_dir").map(String::as_str) == Some("asc") {
+        list.reverse();
+    }
+    let list: Vec<Value> = page(list, &q)?.into_iter().map(snapshot_json).collect();
     Ok(Json(json!({ "snapshots": list })))
 }
 
@@ -831,4 +856,69 @@ async fn list_messages(
         })
         .collect();
     Ok(Json(json!({ "messages": list })))
+}
+
+/// Manila's `limit`/`offset` paging (400 for values that are not
+/// non-negative integers).
+fn page<T>(list: Vec<T>, q: &BTreeMap<String, String>) -> ApiResult<Vec<T>> {
+    let num = |k: &str| -> ApiResult<Option<usize>> {
+        match q.get(k) {
+            None => Ok(None),
+            Some(v) => v.parse::<usize>().map(Some).map_err(|_| {
+                ApiErr::bad(
+                    S,
+                    format!("Invalid input received: {k} must be a non-negative integer: {v}"),
+                )
+            }),
+        }
+    };
+    let offset = num("offset")?.unwrap_or(0);
+    let limit = num("limit")?.unwrap_or(usize::MAX);
+    Ok(list.into_iter().skip(offset).take(limit).collect())
+}
+
+/// Backend pools; only admins may read them (Manila's default policy).
+async fn list_pools(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path(project): Path<String>,
+) -> ApiResult<Json<Value>> {
+    check_project(&ctx, &project)?;
+    if !ctx.admin {
+        return Err(ApiErr::new(
+            403,
+            S,
+            "Policy doesn't allow scheduler_stats:pools:detail to be performed.",
+        ));
+    }
+    let w = state.world();
+    let used: u64 = w.shares.values().map(|x| x.size).sum();
+    Ok(Json(json!({ "pools": [{
+        "name": "emulator@dummy#pool", "host": "emulator", "backend": "dummy", "pool": "pool",
+        "capabilities": {
+            "free_capacity_gb": POOL_FREE_GIB.saturating_sub(used), "total_capacity_gb": POOL_FREE_GIB,
+            "share_backend_name": "dummy", "storage_protocol": "NFS_CIFS_CEPHFS",
+            "snapshot_support": true, "create_share_from_snapshot_support": true,
+            "driver_handles_share_servers": false
+        }
+    }]})))
+}
+
+async fn limits(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path(project): Path<String>,
+) -> ApiResult<Json<Value>> {
+    check_project(&ctx, &project)?;
+    let w = state.world();
+    let (count, gib) = w
+        .shares
+        .values()
+        .filter(|x| x.project_id == ctx.project_id)
+        .fold((0u64, 0u64), |(c, g), x| (c + 1, g + x.size));
+    Ok(Json(json!({ "limits": { "rate": [], "absolute": {
+        "maxTotalShares": w.quotas.shares, "totalSharesUsed": count,
+        "maxTotalShareGigabytes": w.quotas.share_gigabytes, "totalShareGigabytesUsed": gib,
+        "maxTotalShareSnapshots": -1, "totalShareSnapshotsUsed": w.share_snapshots.values().filter(|x| x.project_id == ctx.project_id).count()
+    }}})))
 }

@@ -208,6 +208,7 @@ pub struct AccessRuleRec {
 
 #[derive(Debug, Clone)]
 pub struct ShareSnapshotRec {
+    pub seq: u64,
     pub id: String,
     pub project_id: String,
     pub name: String,
@@ -356,18 +357,32 @@ impl World {
                 extra_specs: [("multiattach".to_string(), "<is> True".to_string())].into(),
             },
         ];
-        let share_types = vec![ShareTypeRec {
+        let share_type = |name: &str, specs: &[(&str, &str)]| ShareTypeRec {
             id: new_id(),
-            name: "default".into(),
-            extra_specs: [
-                ("driver_handles_share_servers", "False"),
-                ("snapshot_support", "True"),
-                ("create_share_from_snapshot_support", "True"),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        }];
+            name: name.into(),
+            extra_specs: specs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let snapshots = [
+            ("driver_handles_share_servers", "False"),
+            ("snapshot_support", "True"),
+            ("create_share_from_snapshot_support", "True"),
+        ];
+        // as the test cloud: `default` (the dummy backend), `cephfs` (the
+        // real CephFS backend there), and one without snapshots
+        let share_types = vec![
+            share_type("default", &snapshots),
+            share_type("cephfs", &snapshots),
+            share_type(
+                "no-snapshots",
+                &[
+                    ("driver_handles_share_servers", "False"),
+                    ("snapshot_support", "False"),
+                ],
+            ),
+        ];
         let catalog_types = [
             ("block-storage", vec!["block-storage", "volumev3"]),
             ("compute", vec!["compute"]),

@@ -1,0 +1,123 @@
+//! Waiting for OpenStack resources to settle, never past the caller's
+//! deadline: polled from [`POLL_FIRST`] growing by half to [`POLL_MAX`].
+//! A wait that runs out answers DeadlineExceeded saying what is still
+//! pending; the CO retries and the idempotent call resumes the wait.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use openstack_client::common::{Poll, poll_until};
+
+use crate::errors::{Context, DriverError, DriverResult};
+
+/// First poll of a pending resource, and the cap of the growing interval.
+pub const POLL_FIRST: Duration = Duration::from_millis(25);
+pub const POLL_MAX: Duration = Duration::from_secs(2);
+
+/// Polls `check` until it is ready or `deadline` passes. `pending` says
+/// what was still being waited for (it gets the last state seen).
+pub async fn wait_until<T, F, Fut>(
+    operation: &'static str,
+    deadline: Instant,
+    pending: impl FnOnce(&str) -> String,
+    check: F,
+) -> DriverResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = openstack_client::Result<Poll<T>>>,
+{
+    match poll_until(operation, deadline, POLL_FIRST, POLL_MAX, check).await {
+        Ok(v) => Ok(v),
+        Err(openstack_client::Error::Timeout { last, .. }) => {
+            let state = match last.as_deref() {
+                Some(openstack_client::Error::StillPending { state, .. }) => state.clone(),
+                Some(other) => other.to_string(),
+                None => "unknown".into(),
+            };
+            Err(DriverError::DeadlineExceeded(format!(
+                "{}; a retry resumes waiting",
+                pending(&state)
+            )))
+        }
+        Err(e) => Err(e).context(format!("waiting ({operation})")),
+    }
+}
+
+/// Polls `get` until it answers 404: the resource is gone.
+pub async fn wait_gone<T, F, Fut>(
+    operation: &'static str,
+    deadline: Instant,
+    what: &str,
+    mut get: F,
+    state: impl Fn(&T) -> String,
+) -> DriverResult<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = openstack_client::Result<T>>,
+{
+    wait_until(
+        operation,
+        deadline,
+        |s| format!("{what} is still {s}"),
+        || {
+            let f = get();
+            let state = &state;
+            async move {
+                match f.await {
+                    Ok(v) => Ok(Poll::Pending(state(&v))),
+                    Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
+                    Err(e) => Err(e),
+                }
+            }
+        },
+    )
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_wait_that_runs_out_says_what_is_pending() {
+        let e = wait_until(
+            "thing",
+            Instant::now() + Duration::from_millis(60),
+            |s| format!("thing is still {s}"),
+            || async { Ok(Poll::<()>::Pending("creating".into())) },
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&e, DriverError::DeadlineExceeded(m) if m.contains("still creating")),
+            "{e}"
+        );
+        let mut n = 0;
+        wait_gone(
+            "thing",
+            Instant::now() + Duration::from_secs(5),
+            "thing",
+            || {
+                n += 1;
+                let done = n > 2;
+                async move {
+                    if done {
+                        Err(openstack_client::Error::NotFound(
+                            openstack_client::ApiError {
+                                operation: "get",
+                                status: Some(404),
+                                request_id: None,
+                                message: "gone".into(),
+                            },
+                        ))
+                    } else {
+                        Ok("deleting")
+                    }
+                }
+            },
+            |s| s.to_string(),
+        )
+        .await
+        .unwrap();
+    }
+}

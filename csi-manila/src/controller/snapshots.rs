@@ -1,0 +1,275 @@
+//! Snapshots: create (idempotent by name; ready_to_use tells the
+//! snapshotter when Manila is done), delete (gone before the answer),
+//! list (by id, by source, paginated).
+
+use std::time::{Duration, Instant};
+
+use csi_common::paging::{offset_from_token, offset_token, page_limit};
+use csi_common::request::{GIB, is_uuid, require, timestamp};
+use csi_common::waits::{wait_gone, wait_until};
+use csi_common::{Context, DriverError, DriverResult};
+use openstack_client::common::Poll;
+use openstack_client::manila::{ListPage, ShareSnapshot, ShareSnapshotStatus};
+use proto::csi::v1 as csi;
+
+use super::ControllerService;
+use super::volumes::{share_type, spec_true};
+use crate::errors::failure_from_messages;
+use crate::parameters::{SNAPSHOT_CONTENT_NAME, SNAPSHOT_NAME, SNAPSHOT_NAMESPACE};
+use crate::shares::DESCRIPTION;
+
+/// ListSnapshots page size when the caller sets no limit.
+const DEFAULT_PAGE: u32 = 500;
+/// How long CreateSnapshot waits for the common fast case before it
+/// answers `ready_to_use: false` and lets the snapshotter poll.
+const READY_WAIT: Duration = Duration::from_secs(30);
+
+fn csi_snapshot(s: &ShareSnapshot) -> csi::Snapshot {
+    csi::Snapshot {
+        size_bytes: (s.size as i64).saturating_mul(GIB),
+        snapshot_id: s.id.clone(),
+        source_volume_id: s.share_id.clone(),
+        creation_time: timestamp(s.created_at.as_deref()),
+        ready_to_use: s.status == ShareSnapshotStatus::Available,
+        group_snapshot_id: String::new(),
+    }
+}
+
+fn failed(s: &ShareSnapshotStatus) -> bool {
+    s.as_str().contains("error")
+}
+
+impl ControllerService {
+    pub(super) async fn create_snapshot(
+        &self,
+        r: csi::CreateSnapshotRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::CreateSnapshotResponse> {
+        let name = require(&r.name, "name")?.to_string();
+        let source = require(&r.source_volume_id, "source_volume_id")?.to_string();
+        let ignored: Vec<&String> = r
+            .parameters
+            .keys()
+            .filter(|k| {
+                !matches!(
+                    k.as_str(),
+                    SNAPSHOT_NAME | SNAPSHOT_NAMESPACE | SNAPSHOT_CONTENT_NAME
+                )
+            })
+            .collect();
+        if !ignored.is_empty() {
+            // upstream ignores VolumeSnapshotClass parameters too
+            tracing::info!(keys = ?ignored, "VolumeSnapshotClass parameters are not used by this driver");
+        }
+        if !is_uuid(&source) {
+            return Err(DriverError::NotFound(format!(
+                "volume {source} does not exist"
+            )));
+        }
+        let manila = self.manila(&r.secrets)?.with_deadline(deadline);
+        let _guard = self
+            .locks
+            .lock(&format!("snapshot/{name}"), deadline)
+            .await?;
+        let existing: Vec<ShareSnapshot> = manila
+            .list_snapshots_named(&name)
+            .await
+            .context(format!("looking up snapshots named {name}"))?
+            .into_iter()
+            .filter(|s| s.status != ShareSnapshotStatus::Deleting)
+            .collect();
+        let snap = match existing.as_slice() {
+            [s] if s.share_id != source => {
+                return Err(DriverError::AlreadyExists(format!(
+                    "snapshot {} named {name} exists for volume {}, not {source}",
+                    s.id, s.share_id
+                )));
+            }
+            [s] if failed(&s.status) => {
+                let messages = manila.list_user_messages(&s.id).await.unwrap_or_default();
+                let _ = manila.delete_snapshot(&s.id).await;
+                return Err(failure_from_messages(
+                    &format!(
+                        "snapshot {} of volume {source} (deleted; a retry creates it anew)",
+                        s.id
+                    ),
+                    &messages,
+                ));
+            }
+            [s] => s.clone(),
+            [] => {
+                let share = manila
+                    .get_share(&source)
+                    .await
+                    .context(format!("volume {source}"))?;
+                let type_ref = share
+                    .share_type
+                    .clone()
+                    .or(share.share_type_name.clone())
+                    .unwrap_or_default();
+                let t = share_type(&manila, &type_ref).await?;
+                if !spec_true(&t, "snapshot_support") {
+                    return Err(DriverError::FailedPrecondition(format!(
+                        "volume {source} has share type {:?}, which does not support snapshots (snapshot_support)",
+                        t.name
+                    )));
+                }
+                match manila
+                    .create_snapshot(&source, &name, Some(DESCRIPTION))
+                    .await
+                {
+                    Ok(s) => s,
+                    Err(openstack_client::Error::BadRequest(e)) => {
+                        return Err(DriverError::FailedPrecondition(format!(
+                            "Manila refused a snapshot of volume {source}: {}",
+                            e.message
+                        )));
+                    }
+                    Err(e) => {
+                        return Err(e)
+                            .context(format!("creating snapshot {name} of volume {source}"));
+                    }
+                }
+            }
+            many => {
+                let ids: Vec<&str> = many.iter().map(|s| s.id.as_str()).collect();
+                return Err(DriverError::Internal(format!(
+                    "several snapshots are named {name}: {ids:?}"
+                )));
+            }
+        };
+        let wait = deadline.min(Instant::now() + READY_WAIT);
+        let id = snap.id.clone();
+        let settled = wait_until(
+            "share_snapshot_wait",
+            wait,
+            |s| format!("snapshot {id} is still {s}"),
+            || async {
+                let s = manila.get_snapshot(&id).await?;
+                Ok(match &s.status {
+                    ShareSnapshotStatus::Available => Poll::Ready(s),
+                    st if failed(st) => Poll::Ready(s),
+                    st => Poll::Pending(st.to_string()),
+                })
+            },
+        )
+        .await;
+        let snap = match settled {
+            Ok(s) if failed(&s.status) => {
+                let messages = manila.list_user_messages(&s.id).await.unwrap_or_default();
+                let _ = manila.delete_snapshot(&s.id).await;
+                return Err(failure_from_messages(
+                    &format!("snapshot {} of volume {source} (deleted)", s.id),
+                    &messages,
+                ));
+            }
+            Ok(s) => s,
+            // still creating: ready_to_use false, the snapshotter polls
+            Err(DriverError::DeadlineExceeded(_)) => snap,
+            Err(e) => return Err(e),
+        };
+        Ok(csi::CreateSnapshotResponse {
+            snapshot: Some(csi_snapshot(&snap)),
+        })
+    }
+
+    pub(super) async fn delete_snapshot(
+        &self,
+        r: csi::DeleteSnapshotRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::DeleteSnapshotResponse> {
+        let id = require(&r.snapshot_id, "snapshot_id")?;
+        if !is_uuid(id) {
+            return Ok(csi::DeleteSnapshotResponse {});
+        }
+        let manila = self.manila(&r.secrets)?.with_deadline(deadline);
+        let _guard = self.locks.lock(id, deadline).await?;
+        match manila.get_snapshot(id).await {
+            Err(e) if e.is_not_found() => return Ok(csi::DeleteSnapshotResponse {}),
+            Err(e) => return Err(e).context(format!("snapshot {id}")),
+            Ok(s) if s.status == ShareSnapshotStatus::Deleting => {}
+            Ok(_) => match manila.delete_snapshot(id).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => return Ok(csi::DeleteSnapshotResponse {}),
+                Err(openstack_client::Error::BadRequest(e))
+                | Err(openstack_client::Error::Conflict(e)) => {
+                    return Err(DriverError::FailedPrecondition(format!(
+                        "Manila refuses to delete snapshot {id}: {}",
+                        e.message
+                    )));
+                }
+                Err(e) => return Err(e).context(format!("deleting snapshot {id}")),
+            },
+        }
+        // done means gone: a list or the source's deletion must not see it
+        wait_gone(
+            "share_snapshot_delete",
+            deadline,
+            &format!("snapshot {id}"),
+            || manila.get_snapshot(id),
+            |s| s.status.to_string(),
+        )
+        .await?;
+        Ok(csi::DeleteSnapshotResponse {})
+    }
+
+    pub(super) async fn list_snapshots(
+        &self,
+        r: csi::ListSnapshotsRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::ListSnapshotsResponse> {
+        let limit = page_limit(r.max_entries, DEFAULT_PAGE)?;
+        let offset = offset_from_token(&r.starting_token)?;
+        let manila = if r.secrets.is_empty() && self.credentials.has_own() {
+            self.own_manila()?
+        } else {
+            self.manila(&r.secrets)?
+        }
+        .with_deadline(deadline);
+        let entry = |s: &ShareSnapshot| csi::list_snapshots_response::Entry {
+            snapshot: Some(csi_snapshot(s)),
+        };
+        let listed =
+            |s: &ShareSnapshot| !failed(&s.status) && s.status != ShareSnapshotStatus::Deleting;
+        if !r.snapshot_id.is_empty() {
+            if !is_uuid(&r.snapshot_id) {
+                return Ok(csi::ListSnapshotsResponse::default());
+            }
+            return match manila.get_snapshot(&r.snapshot_id).await {
+                Ok(s)
+                    if listed(&s)
+                        && (r.source_volume_id.is_empty() || s.share_id == r.source_volume_id) =>
+                {
+                    Ok(csi::ListSnapshotsResponse {
+                        entries: vec![entry(&s)],
+                        next_token: String::new(),
+                    })
+                }
+                Ok(_) => Ok(csi::ListSnapshotsResponse::default()),
+                Err(e) if e.is_not_found() => Ok(csi::ListSnapshotsResponse::default()),
+                Err(e) => Err(e).context(format!("snapshot {}", r.snapshot_id)),
+            };
+        }
+        if !r.source_volume_id.is_empty() && !is_uuid(&r.source_volume_id) {
+            return Ok(csi::ListSnapshotsResponse::default());
+        }
+        let page = manila
+            .list_snapshots(&ListPage {
+                limit: Some(limit),
+                offset,
+                share_id: Some(r.source_volume_id.clone()).filter(|s| !s.is_empty()),
+                ..Default::default()
+            })
+            .await
+            .context("listing snapshots")?;
+        let next_token = if page.len() as u32 == limit {
+            offset_token(offset + page.len() as u64)
+        } else {
+            String::new()
+        };
+        Ok(csi::ListSnapshotsResponse {
+            entries: page.iter().filter(|s| listed(s)).map(entry).collect(),
+            next_token,
+        })
+    }
+}

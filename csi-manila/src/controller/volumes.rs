@@ -1,0 +1,811 @@
+//! Shares as volumes: create (idempotent by name, from snapshots and as
+//! clones of other shares, access rules active before the answer),
+//! delete (rules revoked, share gone before the answer), validate, list,
+//! get, expand, capacity.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use csi_common::paging::{offset_from_token, offset_token, page_limit};
+use csi_common::request::{Capability, GIB, is_uuid, require, size_fits, size_gib};
+use csi_common::waits::{wait_gone, wait_until};
+use csi_common::{Context, DriverError, DriverResult};
+use openstack_client::common::Poll;
+use openstack_client::manila::{
+    CreateShare, ListPage, Share, ShareSnapshot, ShareSnapshotStatus, ShareStatus, ShareType,
+    SharedFileSystems,
+};
+use proto::csi::v1 as csi;
+
+use super::ControllerService;
+use crate::TOPOLOGY_KEY;
+use crate::capabilities::parse_capabilities;
+use crate::options::ShareProtocol;
+use crate::parameters::ShareParameters;
+use crate::shares::{
+    CLONE_OF_KEY, CLUSTER_KEY, DESCRIPTION, clone_snapshot_name, is_gone, provisioned_here,
+    wait_share_available,
+};
+
+/// ListVolumes page size when the caller sets no limit.
+const DEFAULT_PAGE: u32 = 500;
+
+/// Where a new share's content comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Source {
+    Empty,
+    Snapshot(String),
+    /// A clone of another share (through a temporary snapshot).
+    Share(String),
+}
+
+fn source_of(r: &csi::CreateVolumeRequest) -> DriverResult<Source> {
+    use csi::volume_content_source::Type;
+    Ok(
+        match r
+            .volume_content_source
+            .as_ref()
+            .and_then(|s| s.r#type.as_ref())
+        {
+            None => Source::Empty,
+            Some(Type::Snapshot(s)) => Source::Snapshot(
+                require(&s.snapshot_id, "volume_content_source.snapshot.snapshot_id")?.to_string(),
+            ),
+            Some(Type::Volume(v)) => Source::Share(
+                require(&v.volume_id, "volume_content_source.volume.volume_id")?.to_string(),
+            ),
+        },
+    )
+}
+
+/// An extra spec that is true (`True`, `<is> True`).
+pub(super) fn spec_true(t: &ShareType, key: &str) -> bool {
+    t.extra_specs.get(key).is_some_and(|v| {
+        v.trim()
+            .trim_start_matches("<is>")
+            .trim()
+            .eq_ignore_ascii_case("true")
+    })
+}
+
+/// A share type by name or id.
+pub(super) async fn share_type(
+    manila: &SharedFileSystems,
+    wanted: &str,
+) -> DriverResult<ShareType> {
+    manila
+        .list_share_types()
+        .await
+        .context("listing share types")?
+        .into_iter()
+        .find(|t| t.name == wanted || t.id == wanted)
+        .ok_or_else(|| {
+            DriverError::InvalidArgument(format!("share type {wanted:?} does not exist"))
+        })
+}
+
+/// The share type a snapshot-based create needs: both snapshot
+/// capabilities.
+pub(super) fn check_snapshot_capable(t: &ShareType, what: &str) -> DriverResult<()> {
+    if !spec_true(t, "snapshot_support") || !spec_true(t, "create_share_from_snapshot_support") {
+        return Err(DriverError::InvalidArgument(format!(
+            "{what} needs a share type with snapshot_support and create_share_from_snapshot_support; {:?} has {}",
+            t.name,
+            ["snapshot_support", "create_share_from_snapshot_support"]
+                .iter()
+                .map(|k| format!(
+                    "{k}={}",
+                    t.extra_specs.get(*k).map(String::as_str).unwrap_or("unset")
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    Ok(())
+}
+
+fn not_found_ok(r: openstack_client::Result<()>) -> openstack_client::Result<()> {
+    match r {
+        Err(e) if e.is_not_found() => Ok(()),
+        other => other,
+    }
+}
+
+impl ControllerService {
+    pub(super) async fn create_volume(
+        &self,
+        r: csi::CreateVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::CreateVolumeResponse> {
+        // everything a request can get wrong is refused before any call
+        let name = require(&r.name, "name")?.to_string();
+        let caps = parse_capabilities(&r.volume_capabilities)?;
+        let size = size_gib(r.capacity_range.as_ref())?;
+        let params = ShareParameters::parse(&r.parameters, self.opts.protocol)?;
+        if !params.ignored.is_empty() {
+            tracing::info!(keys = ?params.ignored, "StorageClass parameters this driver does not use are ignored");
+        }
+        let wanted = self.wanted_rules(&name, &params)?;
+        let source = source_of(&r)?;
+        let zone = self.requested_zone(&r, &params);
+        let manila = self.manila(&r.secrets)?.with_deadline(deadline);
+
+        let _guard = self.locks.lock(&format!("create/{name}"), deadline).await?;
+        let existing: Vec<Share> = manila
+            .list_shares_named(&name)
+            .await
+            .context(format!("looking up shares named {name}"))?
+            .into_iter()
+            .filter(|s| !is_gone(&s.status))
+            .collect();
+        let share = match existing.as_slice() {
+            [] => None,
+            [s] if s.status.is_error() && provisioned_here(s) => {
+                tracing::warn!(share_id = %s.id, status = %s.status, "an earlier attempt failed; deleting it and creating anew");
+                not_found_ok(manila.delete_share(&s.id).await)
+                    .context(format!("deleting failed share {}", s.id))?;
+                wait_gone(
+                    "share_delete",
+                    deadline,
+                    &format!("failed share {}", s.id),
+                    || manila.get_share(&s.id),
+                    |s| s.status.to_string(),
+                )
+                .await?;
+                None
+            }
+            [s] => {
+                self.check_compatible(&manila, s, &r, &params, &source)
+                    .await?;
+                Some(s.clone())
+            }
+            many => {
+                let ids: Vec<&str> = many.iter().map(|s| s.id.as_str()).collect();
+                return Err(DriverError::Internal(format!(
+                    "several shares are named {name}: {ids:?}; delete the extra ones"
+                )));
+            }
+        };
+        let share = match share {
+            Some(s) => s,
+            None => {
+                self.create_share(
+                    &manila,
+                    &name,
+                    size,
+                    &r,
+                    &params,
+                    &source,
+                    zone.as_deref(),
+                    deadline,
+                )
+                .await?
+            }
+        };
+        let share = if share.status == ShareStatus::Available {
+            share
+        } else {
+            self.wait_created(&manila, &share, deadline).await?
+        };
+        if let Source::Share(_) = &source {
+            self.drop_clone_snapshot(&manila, &name).await;
+        }
+        let rule_ids = self
+            .ensure_access(&manila, &share, &wanted, deadline)
+            .await?;
+        let mut context = HashMap::from([
+            ("shareID".to_string(), share.id.clone()),
+            ("shareAccessIDs".to_string(), rule_ids.join(",")),
+        ]);
+        if self.opts.protocol == ShareProtocol::Cephfs {
+            params.mount.to_context(&mut context);
+        }
+        if let Some(g) = &params.group_id {
+            context.insert("groupID".into(), g.clone());
+        }
+        let accessible_topology = match (&zone, r.accessibility_requirements.as_ref()) {
+            _ if !self.opts.with_topology => Vec::new(),
+            (Some(z), _) if params.auto_topology => self.topology(Some(z)),
+            // as upstream: the operator guarantees the share is reachable
+            // from where the CO wanted it
+            (_, Some(req)) => req.preferred.clone(),
+            _ => Vec::new(),
+        };
+        let _ = caps;
+        Ok(csi::CreateVolumeResponse {
+            volume: Some(csi::Volume {
+                capacity_bytes: (share.size as i64).saturating_mul(GIB),
+                volume_id: share.id.clone(),
+                volume_context: context,
+                content_source: r.volume_content_source.clone(),
+                accessible_topology,
+            }),
+        })
+    }
+
+    /// The availability zone: the StorageClass's, else (autoTopology) the
+    /// CO's preferred, then requisite, zone.
+    fn requested_zone(&self, r: &csi::CreateVolumeRequest, p: &ShareParameters) -> Option<String> {
+        if let Some(a) = &p.availability {
+            return Some(a.clone());
+        }
+        if !self.opts.with_topology || !p.auto_topology {
+            return None;
+        }
+        let req = r.accessibility_requirements.as_ref()?;
+        req.preferred
+            .iter()
+            .chain(req.requisite.iter())
+            .find_map(|t| t.segments.get(TOPOLOGY_KEY).cloned())
+    }
+
+    /// An existing share of the request's name must be what it asks for.
+    async fn check_compatible(
+        &self,
+        manila: &SharedFileSystems,
+        s: &Share,
+        r: &csi::CreateVolumeRequest,
+        p: &ShareParameters,
+        source: &Source,
+    ) -> DriverResult<()> {
+        let clash = |what: String| {
+            Err(DriverError::AlreadyExists(format!(
+                "share {} named {} already exists with {what}",
+                s.id, r.name
+            )))
+        };
+        if !size_fits(s.size as i64, r.capacity_range.as_ref()) {
+            return clash(format!("size {} GiB, outside the requested range", s.size));
+        }
+        if !s
+            .share_proto
+            .eq_ignore_ascii_case(self.opts.protocol.as_manila())
+        {
+            return clash(format!("protocol {}", s.share_proto));
+        }
+        if s.share_network_id.as_deref().filter(|n| !n.is_empty()) != p.share_network_id.as_deref()
+        {
+            return clash(format!("share network {:?}", s.share_network_id));
+        }
+        let same_type = s.share_type_name.as_deref() == Some(p.share_type.as_str())
+            || s.share_type.as_deref() == Some(p.share_type.as_str());
+        if !same_type {
+            let t = share_type(manila, &p.share_type).await?;
+            if s.share_type.as_deref() != Some(t.id.as_str()) {
+                return clash(format!(
+                    "share type {:?}",
+                    s.share_type_name.as_ref().or(s.share_type.as_ref())
+                ));
+            }
+        }
+        let has = match (s.metadata.get(CLONE_OF_KEY), &s.snapshot_id) {
+            (Some(v), _) => Source::Share(v.clone()),
+            (None, Some(snap)) => Source::Snapshot(snap.clone()),
+            (None, None) => Source::Empty,
+        };
+        if &has != source {
+            return clash(format!("another content source ({has:?})"));
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn create_share(
+        &self,
+        manila: &SharedFileSystems,
+        name: &str,
+        mut size: i64,
+        r: &csi::CreateVolumeRequest,
+        p: &ShareParameters,
+        source: &Source,
+        zone: Option<&str>,
+        deadline: Instant,
+    ) -> DriverResult<Share> {
+        let mut metadata: BTreeMap<String, String> = p.metadata.clone();
+        if !self.opts.cluster_id.is_empty() {
+            metadata.insert(CLUSTER_KEY.into(), self.opts.cluster_id.clone());
+        }
+        let snapshot = match source {
+            Source::Empty => None,
+            Source::Snapshot(id) => {
+                let snap = self.usable_snapshot(manila, id).await?;
+                let t = share_type(manila, &p.share_type).await?;
+                check_snapshot_capable(&t, "a volume from a snapshot")?;
+                Some(snap)
+            }
+            Source::Share(id) => {
+                let snap = self.clone_snapshot(manila, name, id, deadline).await?;
+                metadata.insert(CLONE_OF_KEY.into(), id.clone());
+                Some(snap)
+            }
+        };
+        if let Some(s) = &snapshot {
+            let min = s.size as i64;
+            if size < min {
+                if size_fits(min, r.capacity_range.as_ref())
+                    || r.capacity_range.as_ref().is_none_or(|c| c.limit_bytes == 0)
+                {
+                    size = min;
+                } else {
+                    return Err(DriverError::OutOfRange(format!(
+                        "the source holds {min} GiB, more than limit_bytes allows"
+                    )));
+                }
+            }
+        }
+        let spec = CreateShare {
+            protocol: self.opts.protocol.as_manila().into(),
+            size_gib: size as u64,
+            name: name.to_string(),
+            description: Some(DESCRIPTION.into()),
+            share_type: Some(p.share_type.clone()),
+            share_network_id: p.share_network_id.clone(),
+            availability_zone: zone.map(str::to_string),
+            snapshot_id: snapshot.map(|s| s.id),
+            metadata,
+        };
+        let created = match manila.create_share(&spec).await {
+            Ok(s) => s,
+            Err(openstack_client::Error::NotFound(e)) => {
+                return Err(DriverError::InvalidArgument(format!(
+                    "Manila cannot create share {name}: {}",
+                    e.message
+                )));
+            }
+            Err(openstack_client::Error::BadRequest(e)) => {
+                return Err(DriverError::InvalidArgument(format!(
+                    "Manila refused share {name}: {}",
+                    e.message
+                )));
+            }
+            Err(e) => return Err(e).context(format!("creating share {name}")),
+        };
+        tracing::info!(share_id = %created.id, size_gib = size, "share created, waiting for it to become available");
+        Ok(created)
+    }
+
+    /// Waits for a new share; one Manila failed is deleted (it is ours:
+    /// the description says so) and the answer carries Manila's reason.
+    async fn wait_created(
+        &self,
+        manila: &SharedFileSystems,
+        share: &Share,
+        deadline: Instant,
+    ) -> DriverResult<Share> {
+        match wait_share_available(manila, &share.id, deadline, |_| true).await {
+            Ok(s) => Ok(s),
+            Err(DriverError::DeadlineExceeded(m)) => Err(DriverError::DeadlineExceeded(m)),
+            Err(e) => {
+                let deleted = not_found_ok(manila.delete_share(&share.id).await);
+                tracing::warn!(share_id = %share.id, error = %e, deleted = deleted.is_ok(), "share failed in Manila");
+                Err(e)
+            }
+        }
+    }
+
+    async fn usable_snapshot(
+        &self,
+        manila: &SharedFileSystems,
+        id: &str,
+    ) -> DriverResult<ShareSnapshot> {
+        if !is_uuid(id) {
+            return Err(DriverError::NotFound(format!(
+                "snapshot {id} does not exist"
+            )));
+        }
+        let s = manila
+            .get_snapshot(id)
+            .await
+            .context(format!("snapshot {id}"))?;
+        if s.status != ShareSnapshotStatus::Available {
+            return Err(DriverError::Unavailable(format!(
+                "snapshot {id} is {}, not available",
+                s.status
+            )));
+        }
+        Ok(s)
+    }
+
+    /// The temporary snapshot a clone is made from (found again by name
+    /// on a retry), available.
+    async fn clone_snapshot(
+        &self,
+        manila: &SharedFileSystems,
+        name: &str,
+        source_id: &str,
+        deadline: Instant,
+    ) -> DriverResult<ShareSnapshot> {
+        if !is_uuid(source_id) {
+            return Err(DriverError::NotFound(format!(
+                "volume {source_id} does not exist"
+            )));
+        }
+        let src = manila
+            .get_share(source_id)
+            .await
+            .context(format!("source volume {source_id}"))?;
+        if !src
+            .share_proto
+            .eq_ignore_ascii_case(self.opts.protocol.as_manila())
+        {
+            return Err(DriverError::InvalidArgument(format!(
+                "source volume {source_id} is a {} share; this instance serves {}",
+                src.share_proto, self.opts.protocol
+            )));
+        }
+        if src.status != ShareStatus::Available {
+            return Err(DriverError::Unavailable(format!(
+                "source volume {source_id} is {}, not available",
+                src.status
+            )));
+        }
+        let type_ref = src
+            .share_type
+            .clone()
+            .or(src.share_type_name.clone())
+            .unwrap_or_default();
+        let t = share_type(manila, &type_ref).await?;
+        check_snapshot_capable(&t, "a clone")?;
+        let snap_name = clone_snapshot_name(name);
+        let existing = manila
+            .list_snapshots_named(&snap_name)
+            .await
+            .context(format!("looking up snapshot {snap_name}"))?
+            .into_iter()
+            .find(|s| s.share_id == source_id && s.status != ShareSnapshotStatus::Deleting);
+        let snap = match existing {
+            Some(s) => s,
+            None => manila
+                .create_snapshot(source_id, &snap_name, Some("temporary snapshot of a clone"))
+                .await
+                .context(format!("snapshotting volume {source_id} to clone it"))?,
+        };
+        let id = snap.id.clone();
+        let r = wait_until(
+            "share_snapshot_wait",
+            deadline,
+            |s| format!("snapshot {id} of clone source {source_id} is still {s}"),
+            || async {
+                let s = manila.get_snapshot(&id).await?;
+                Ok(match &s.status {
+                    ShareSnapshotStatus::Available => Poll::Ready(Ok(s)),
+                    st if st.as_str().contains("error") => Poll::Ready(Err(s)),
+                    st => Poll::Pending(st.to_string()),
+                })
+            },
+        )
+        .await?;
+        r.map_err(|s| {
+            let _ = &s;
+            DriverError::Internal(format!(
+                "Manila failed the snapshot {} a clone of {source_id} is made from ({})",
+                s.id, s.status
+            ))
+        })
+    }
+
+    /// Deletes a clone's temporary snapshot once the clone no longer needs
+    /// it; if Manila refuses now, DeleteVolume of the clone tries again.
+    async fn drop_clone_snapshot(&self, manila: &SharedFileSystems, name: &str) {
+        let snap_name = clone_snapshot_name(name);
+        match manila.list_snapshots_named(&snap_name).await {
+            Ok(snaps) => {
+                for s in snaps
+                    .into_iter()
+                    .filter(|s| s.status != ShareSnapshotStatus::Deleting)
+                {
+                    match not_found_ok(manila.delete_snapshot(&s.id).await) {
+                        Ok(()) => {
+                            tracing::info!(snapshot_id = %s.id, "temporary clone snapshot deleted")
+                        }
+                        Err(e) => {
+                            tracing::warn!(snapshot_id = %s.id, error = %e, "temporary clone snapshot kept for now")
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot look up the temporary clone snapshot"),
+        }
+    }
+
+    pub(super) async fn delete_volume(
+        &self,
+        r: csi::DeleteVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::DeleteVolumeResponse> {
+        let id = require(&r.volume_id, "volume_id")?;
+        if !is_uuid(id) {
+            // no share has such an id: nothing of ours to delete
+            return Ok(csi::DeleteVolumeResponse {});
+        }
+        let manila = self.manila(&r.secrets)?.with_deadline(deadline);
+        let _guard = self.locks.lock(id, deadline).await?;
+        let share = match manila.get_share(id).await {
+            Ok(s) => s,
+            Err(e) if e.is_not_found() => return Ok(csi::DeleteVolumeResponse {}),
+            Err(e) => return Err(e).context(format!("share {id}")),
+        };
+        if !is_gone(&share.status) {
+            if !provisioned_here(&share) {
+                return Err(DriverError::FailedPrecondition(format!(
+                    "share {id} was not provisioned by a Manila CSI driver (its description is not {DESCRIPTION:?}); it is left in place"
+                )));
+            }
+            self.revoke_all(&manila, id, deadline).await?;
+            // a clone's temporary snapshot, if Manila kept it
+            self.drop_clone_snapshot(&manila, &share.name).await;
+            match manila.delete_share(id).await {
+                Ok(()) => tracing::info!(share_id = id, "share deletion accepted"),
+                Err(e) if e.is_not_found() => return Ok(csi::DeleteVolumeResponse {}),
+                Err(openstack_client::Error::Conflict(e))
+                | Err(openstack_client::Error::BadRequest(e)) => {
+                    return Err(DriverError::FailedPrecondition(format!(
+                        "Manila refuses to delete share {id}: {}",
+                        e.message
+                    )));
+                }
+                Err(e) => return Err(e).context(format!("deleting share {id}")),
+            }
+        }
+        // done means gone: a list or a retry must not see it any more
+        wait_gone(
+            "share_delete",
+            deadline,
+            &format!("share {id}"),
+            || manila.get_share(id),
+            |s| s.status.to_string(),
+        )
+        .await?;
+        Ok(csi::DeleteVolumeResponse {})
+    }
+
+    pub(super) async fn validate(
+        &self,
+        r: csi::ValidateVolumeCapabilitiesRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::ValidateVolumeCapabilitiesResponse> {
+        let id = require(&r.volume_id, "volume_id")?;
+        if r.volume_capabilities.is_empty() {
+            return Err(DriverError::InvalidArgument(
+                "volume_capabilities are required".into(),
+            ));
+        }
+        let manila = self.manila(&r.secrets)?.with_deadline(deadline);
+        let share = self.our_share(&manila, id).await?;
+        let refuse = |message: String| {
+            Ok(csi::ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message,
+            })
+        };
+        let caps: Vec<Capability> = match parse_capabilities(&r.volume_capabilities) {
+            Ok(c) => c,
+            Err(DriverError::InvalidArgument(m)) => return refuse(m),
+            Err(e) => return Err(e),
+        };
+        let _ = caps;
+        if let Some(t) = r.parameters.get("type")
+            && share.share_type_name.as_deref() != Some(t.as_str())
+            && share.share_type.as_deref() != Some(t.as_str())
+        {
+            return refuse(format!(
+                "share {id} has type {:?}, not {t:?}",
+                share.share_type_name
+            ));
+        }
+        Ok(csi::ValidateVolumeCapabilitiesResponse {
+            confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                volume_context: r.volume_context,
+                volume_capabilities: r.volume_capabilities,
+                parameters: r.parameters,
+                mutable_parameters: r.mutable_parameters,
+            }),
+            message: String::new(),
+        })
+    }
+
+    /// A share of this instance's protocol, else NotFound.
+    async fn our_share(&self, manila: &SharedFileSystems, id: &str) -> DriverResult<Share> {
+        if !is_uuid(id) {
+            return Err(DriverError::NotFound(format!("volume {id} does not exist")));
+        }
+        let s = manila.get_share(id).await.context(format!("share {id}"))?;
+        if !s
+            .share_proto
+            .eq_ignore_ascii_case(self.opts.protocol.as_manila())
+            || is_gone(&s.status)
+        {
+            return Err(DriverError::NotFound(format!(
+                "volume {id} is not a {} share of this driver",
+                self.opts.protocol
+            )));
+        }
+        Ok(s)
+    }
+
+    pub(super) async fn list_volumes(
+        &self,
+        r: csi::ListVolumesRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::ListVolumesResponse> {
+        let limit = page_limit(r.max_entries, DEFAULT_PAGE)?;
+        let offset = offset_from_token(&r.starting_token)?;
+        let manila = self.own_manila()?.with_deadline(deadline);
+        let page = manila
+            .list_shares(&ListPage {
+                limit: Some(limit),
+                offset,
+                ..Default::default()
+            })
+            .await
+            .context("listing shares")?;
+        let next_token = if page.len() as u32 == limit {
+            offset_token(offset + page.len() as u64)
+        } else {
+            String::new()
+        };
+        let entries = page
+            .iter()
+            .filter(|s| {
+                s.share_proto
+                    .eq_ignore_ascii_case(self.opts.protocol.as_manila())
+            })
+            .filter(|s| !is_gone(&s.status))
+            .map(|s| csi::list_volumes_response::Entry {
+                volume: Some(self.csi_volume(s)),
+                status: Some(csi::list_volumes_response::VolumeStatus {
+                    published_node_ids: Vec::new(),
+                    volume_condition: Some(condition(s)),
+                }),
+            })
+            .collect();
+        Ok(csi::ListVolumesResponse {
+            entries,
+            next_token,
+        })
+    }
+
+    pub(super) async fn get_volume(
+        &self,
+        r: csi::ControllerGetVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::ControllerGetVolumeResponse> {
+        let id = require(&r.volume_id, "volume_id")?;
+        let manila = self.own_manila()?.with_deadline(deadline);
+        let s = self.our_share(&manila, id).await?;
+        let mut cond = condition(&s);
+        if s.status.is_error()
+            && let Ok(m) = manila.list_user_messages(id).await
+            && let Some(m) = m.first()
+        {
+            cond.message = format!("{}: {}", cond.message, m.user_message);
+        }
+        Ok(csi::ControllerGetVolumeResponse {
+            volume: Some(self.csi_volume(&s)),
+            status: Some(csi::controller_get_volume_response::VolumeStatus {
+                published_node_ids: Vec::new(),
+                volume_condition: Some(cond),
+            }),
+        })
+    }
+
+    pub(super) async fn expand(
+        &self,
+        r: csi::ControllerExpandVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::ControllerExpandVolumeResponse> {
+        let id = require(&r.volume_id, "volume_id")?;
+        let range = r
+            .capacity_range
+            .as_ref()
+            .ok_or_else(|| DriverError::InvalidArgument("capacity_range is required".into()))?;
+        if range.required_bytes <= 0 && range.limit_bytes <= 0 {
+            return Err(DriverError::InvalidArgument(
+                "capacity_range needs required_bytes or limit_bytes".into(),
+            ));
+        }
+        let want = size_gib(Some(range))?;
+        if let Some(c) = &r.volume_capability {
+            crate::capabilities::parse_capability(c)?;
+        }
+        let manila = self.manila(&r.secrets)?.with_deadline(deadline);
+        let _guard = self.locks.lock(id, deadline).await?;
+        let s = self.our_share(&manila, id).await?;
+        let done = |s: &Share| s.size as i64 >= want;
+        let answer = |s: &Share| csi::ControllerExpandVolumeResponse {
+            capacity_bytes: (s.size as i64).saturating_mul(GIB),
+            // a share's size is its quota: nothing to grow on the node
+            node_expansion_required: false,
+        };
+        if done(&s) && s.status == ShareStatus::Available {
+            return Ok(answer(&s));
+        }
+        match s.status {
+            ShareStatus::Available => match manila.extend_share(id, want as u64).await {
+                Ok(()) => tracing::info!(share_id = id, size_gib = want, "extend requested"),
+                Err(openstack_client::Error::BadRequest(e)) => {
+                    return Err(DriverError::FailedPrecondition(format!(
+                        "Manila refused to extend share {id} to {want} GiB: {}",
+                        e.message
+                    )));
+                }
+                Err(e) => return Err(e).context(format!("extending share {id}")),
+            },
+            // an earlier attempt is under way: wait for it below
+            ShareStatus::Extending => {}
+            ref st => {
+                return Err(DriverError::FailedPrecondition(format!(
+                    "share {id} is {st}; it can be expanded when available"
+                )));
+            }
+        }
+        let s = wait_share_available(&manila, id, deadline, done).await?;
+        Ok(answer(&s))
+    }
+
+    /// Free capacity: the pools' (when these credentials may read them)
+    /// or the project's share-gigabytes quota left, whichever is smaller.
+    pub(super) async fn capacity(
+        &self,
+        r: csi::GetCapacityRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::GetCapacityResponse> {
+        if let Some(c) = &r.volume_capabilities.first() {
+            crate::capabilities::parse_capability(c)?;
+        }
+        let manila = self.own_manila()?.with_deadline(deadline);
+        let pools = match manila.list_pools().await {
+            Ok(p) => Some(
+                p.iter()
+                    .filter(|p| {
+                        p.capabilities.storage_protocol.as_deref().is_none_or(|sp| {
+                            sp.to_ascii_uppercase()
+                                .contains(self.opts.protocol.as_manila())
+                        })
+                    })
+                    .filter_map(|p| p.capabilities.free_gib())
+                    .map(|g| (g.max(0.0) * GIB as f64) as i64)
+                    .sum::<i64>(),
+            ),
+            Err(openstack_client::Error::Forbidden(_)) => None,
+            Err(e) => return Err(e).context("reading Manila's pools"),
+        };
+        let limits = manila
+            .share_limits()
+            .await
+            .context("reading the share quota")?;
+        let left = limits
+            .max_gib
+            .map(|max| (max.saturating_sub(limits.used_gib) as i64).saturating_mul(GIB));
+        let available = match (pools, left) {
+            (Some(p), Some(q)) => p.min(q),
+            (Some(p), None) => p,
+            (None, Some(q)) => q,
+            (None, None) => {
+                return Err(DriverError::FailedPrecondition(
+                    "capacity unknown: these credentials may not read Manila's pools (admin only by default) and the project has no share quota".into(),
+                ));
+            }
+        };
+        Ok(csi::GetCapacityResponse {
+            available_capacity: available,
+            maximum_volume_size: None,
+            minimum_volume_size: Some(GIB),
+        })
+    }
+}
+
+/// A share's health from its status.
+fn condition(s: &Share) -> csi::VolumeCondition {
+    if s.status.is_error() {
+        csi::VolumeCondition {
+            abnormal: true,
+            message: format!("Manila reports share {} in status {}", s.id, s.status),
+        }
+    } else {
+        csi::VolumeCondition {
+            abnormal: false,
+            message: format!("share is {}", s.status),
+        }
+    }
+}

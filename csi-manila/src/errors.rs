@@ -1,0 +1,64 @@
+//! The driver's errors: the shared [`DriverError`] and its one mapping to
+//! gRPC codes, plus what Manila's user messages mean when a share or a
+//! snapshot ends in `error`.
+
+pub use csi_common::errors::{Context, DriverError, DriverResult};
+use openstack_client::manila::UserMessage;
+
+/// The error for a resource Manila failed, from its newest user message
+/// (`detail_id` as Manila's `message_field` defines them): no backend
+/// with room is ResourceExhausted, a request no backend can serve (share
+/// network, capabilities) is InvalidArgument, anything else Internal.
+pub fn failure_from_messages(what: &str, messages: &[UserMessage]) -> DriverError {
+    let Some(m) = messages.first() else {
+        return DriverError::Internal(format!(
+            "{what} failed in Manila, which left no user message saying why"
+        ));
+    };
+    let text = format!("{what} failed in Manila: {}", m.user_message);
+    match m.detail_id.as_deref() {
+        // no valid host, availability zone filter, capacity filter
+        Some("002") | Some("007") | Some("009") => DriverError::ResourceExhausted(text),
+        // unexpected network, capabilities filter
+        Some("003") | Some("008") => DriverError::InvalidArgument(text),
+        // older Manila merges capacity into "No storage could be allocated"
+        _ if m.user_message.contains("Capacity filter") => DriverError::ResourceExhausted(text),
+        _ => DriverError::Internal(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(detail: &str, text: &str) -> UserMessage {
+        UserMessage {
+            id: "m".into(),
+            resource_id: Some("s".into()),
+            action_id: Some("001".into()),
+            detail_id: Some(detail.into()),
+            user_message: text.into(),
+            message_level: Some("ERROR".into()),
+            created_at: None,
+        }
+    }
+
+    #[test]
+    fn user_messages_choose_the_code() {
+        use tonic::Code;
+        let c = |d: &str, t: &str| failure_from_messages("share x", &[msg(d, t)]).code();
+        assert_eq!(c("009", "capacity"), Code::ResourceExhausted);
+        assert_eq!(
+            c("008", "Capacity filter didn't succeed"),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            c("001", "allocate host: ... Capacity filter didn't succeed"),
+            Code::ResourceExhausted
+        );
+        assert_eq!(c("001", "driver failed"), Code::Internal);
+        assert_eq!(failure_from_messages("x", &[]).code(), Code::Internal);
+        let text = failure_from_messages("share x", &[msg("009", "No storage")]).to_string();
+        assert!(text.contains("No storage"), "{text}");
+    }
+}

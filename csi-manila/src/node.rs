@@ -1,0 +1,604 @@
+//! The CSI Node service: mounts a share once per node at its staging path
+//! (ceph-fuse, the kernel's CephFS client, or NFS; see [`crate::mounts`]),
+//! binds it into each pod's target path, reports usage and health, and
+//! takes everything down again. It asks Manila (with the node-stage
+//! secrets) only at NodeStage: for the share, its access rule (the cephx
+//! key never travels in a volume context) and its export location.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use csi_common::credentials::Credentials;
+use csi_common::node_ops::{
+    NodeIdentity, bind_staged, blocking, path_arg, remove_mount_point, sanitize_label,
+    volume_path_arg,
+};
+use csi_common::request::require;
+use csi_common::{Context, DriverError, DriverResult, KeyedLocks, serve_rpc};
+use host_ops::{MountOptions, Mounter};
+use openstack_client::manila::SharedFileSystems;
+use proto::csi::v1 as csi;
+use proto::csi::v1::node_server::Node;
+use proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
+use tonic::{Request, Response, Status};
+
+use crate::TOPOLOGY_KEY;
+use crate::capabilities::parse_capability;
+use crate::mounts::{self, Health, MountKind, StageRecord, StateDir};
+use crate::options::ShareProtocol;
+use crate::parameters::{CephMounter, NodeParameters};
+use crate::runtime_config::{Cidr, RuntimeConfigFile};
+use crate::shares::{check_mountable, choose_export, resolve_share, split_export, usable_rule};
+
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    pub protocol: ShareProtocol,
+    pub with_topology: bool,
+    /// Request paths must lie below one of these (the kubelet directory).
+    pub path_roots: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NodeService {
+    identity: Arc<RwLock<Option<NodeIdentity>>>,
+    credentials: Arc<Credentials<SharedFileSystems>>,
+    runtime: Arc<RuntimeConfigFile>,
+    state: StateDir,
+    mounter: Arc<dyn Mounter>,
+    opts: NodeOptions,
+    locks: KeyedLocks,
+}
+
+/// `__mount_options` share metadata: `fs=<name>` names the CephFS file
+/// system.
+fn fs_name(metadata: &std::collections::BTreeMap<String, String>) -> Option<String> {
+    metadata
+        .get("__mount_options")?
+        .split(',')
+        .find_map(|o| o.trim().strip_prefix("fs="))
+        .map(str::to_string)
+        .filter(|s| !s.is_empty())
+}
+
+impl NodeService {
+    pub fn new(
+        identity: Arc<RwLock<Option<NodeIdentity>>>,
+        credentials: Arc<Credentials<SharedFileSystems>>,
+        runtime: Arc<RuntimeConfigFile>,
+        state: StateDir,
+        mounter: Arc<dyn Mounter>,
+        opts: NodeOptions,
+    ) -> Self {
+        Self {
+            identity,
+            credentials,
+            runtime,
+            state,
+            mounter,
+            opts,
+            locks: KeyedLocks::default(),
+        }
+    }
+
+    pub fn capabilities() -> Vec<csi::NodeServiceCapability> {
+        [
+            NodeRpc::StageUnstageVolume,
+            NodeRpc::GetVolumeStats,
+            NodeRpc::VolumeCondition,
+            NodeRpc::SingleNodeMultiWriter,
+        ]
+        .into_iter()
+        .map(|t| csi::NodeServiceCapability {
+            r#type: Some(csi::node_service_capability::Type::Rpc(
+                csi::node_service_capability::Rpc { r#type: t as i32 },
+            )),
+        })
+        .collect()
+    }
+
+    fn mounted(&self, path: &Path) -> DriverResult<bool> {
+        Ok(!self
+            .mounter
+            .mounts_at(path)
+            .context("reading mounts")?
+            .is_empty())
+    }
+
+    /// Whether a staged share answers; a dead one is taken down so that it
+    /// can be mounted again.
+    async fn staged_and_healthy(&self, rec: &StageRecord) -> DriverResult<bool> {
+        if !self.mounted(&rec.staging)? {
+            return Ok(false);
+        }
+        let daemon = self.state.fuse_pid(&rec.staging);
+        let problem = match mounts::health(&rec.staging).await {
+            Health::Answering(_) if !rec.mount.is_fuse() || daemon.is_some() => return Ok(true),
+            Health::Answering(_) => "its ceph-fuse daemon is gone".to_string(),
+            Health::Broken(e) => e,
+            Health::Hung => "it does not answer".to_string(),
+        };
+        tracing::warn!(volume_id = %rec.volume_id, staging = %rec.staging.display(), %problem, "staged share is broken; mounting it again");
+        mounts::unmount_bounded(&rec.staging, daemon).await?;
+        mounts::reap(daemon).await;
+        Ok(false)
+    }
+
+    async fn stage(
+        &self,
+        r: csi::NodeStageVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::NodeStageVolumeResponse> {
+        let id = require(&r.volume_id, "volume_id")?.to_string();
+        let staging = path_arg(
+            &r.staging_target_path,
+            "staging_target_path",
+            &self.opts.path_roots,
+        )?;
+        let cap = r
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| DriverError::InvalidArgument("volume_capability is required".into()))
+            .and_then(parse_capability)?;
+        let params = NodeParameters::parse(&r.volume_context)?;
+        let _guard = self.locks.lock(&id, deadline).await?;
+        self.state.ensure()?;
+
+        if let Some(rec) = self.state.load(&staging) {
+            if rec.volume_id != id {
+                return Err(DriverError::FailedPrecondition(format!(
+                    "{} is the staging path of volume {}, not {id}",
+                    staging.display(),
+                    rec.volume_id
+                )));
+            }
+            if self.staged_and_healthy(&rec).await? {
+                tracing::info!(volume_id = %id, "already staged");
+                return Ok(csi::NodeStageVolumeResponse {});
+            }
+        } else if self.mounted(&staging)? {
+            return Err(DriverError::FailedPrecondition(format!(
+                "{} already has something mounted that this plugin did not stage",
+                staging.display()
+            )));
+        }
+
+        // what to mount, from Manila (with the node-stage secrets)
+        let (manila, _) = self.credentials.client_for(&r.secrets)?;
+        let manila = manila.with_deadline(deadline);
+        let share = resolve_share(&manila, &id, &params).await?;
+        check_mountable(&share, self.opts.protocol)?;
+        let rule = usable_rule(&manila, &share.id, &params.access_ids, self.opts.protocol).await?;
+        let exports = manila
+            .list_export_locations(&share.id)
+            .await
+            .context(format!("export locations of share {}", share.id))?;
+        let matching = match (
+            self.opts.protocol,
+            self.runtime.current().nfs.match_export_location_address,
+        ) {
+            (ShareProtocol::Nfs, Some(a)) => Some(Cidr::parse(&a).map_err(|e| {
+                DriverError::FailedPrecondition(format!("nfs.matchExportLocationAddress: {e}"))
+            })?),
+            _ => None,
+        };
+        let export = choose_export(&exports, matching.as_ref())?;
+        let mount = match self.opts.protocol {
+            ShareProtocol::Nfs => MountKind::Nfs {
+                export: export.path.clone(),
+                options: cap.mount_flags.clone(),
+            },
+            ShareProtocol::Cephfs => {
+                let (monitors, root) = split_export(&export.path)?;
+                let (monitors, root) = (monitors.to_string(), root.to_string());
+                let fs_name = fs_name(&share.metadata);
+                let client_id = rule.access_to.clone();
+                match params.mount.cephfs_mounter {
+                    CephMounter::Fuse => MountKind::CephFuse {
+                        monitors,
+                        root,
+                        client_id,
+                        fs_name,
+                        options: params.mount.cephfs_fuse_mount_options.clone(),
+                    },
+                    CephMounter::Kernel => MountKind::CephKernel {
+                        monitors,
+                        root,
+                        client_id,
+                        fs_name,
+                        options: join_options(
+                            params.mount.cephfs_kernel_mount_options.as_deref(),
+                            &cap.mount_flags,
+                        ),
+                    },
+                }
+            }
+        };
+        let rec = StageRecord {
+            volume_id: id.clone(),
+            share_id: share.id.clone(),
+            staging: staging.clone(),
+            mount,
+            targets: Vec::new(),
+        };
+        // recorded before mounting: a crash in between leaves what
+        // cleanup needs
+        self.state.save(&rec)?;
+        csi_common::node_ops::io_ctx(
+            std::fs::create_dir_all(&staging),
+            format!("creating {}", staging.display()),
+        )?;
+        if let Err(e) = mounts::mount(&self.state, &rec, rule.access_key.as_deref(), deadline).await
+        {
+            let daemon = self.state.fuse_pid(&staging);
+            let _ = mounts::unmount_bounded(&staging, daemon).await;
+            mounts::reap(daemon).await;
+            let _ = self.state.remove(&staging);
+            return Err(e);
+        }
+        tracing::info!(volume_id = %id, share_id = %share.id, rule = %rule.id, staging = %staging.display(), "staged");
+        Ok(csi::NodeStageVolumeResponse {})
+    }
+
+    /// Mounts a recorded share again (its FUSE daemon died, the cluster
+    /// was away): the record holds everything, the key included.
+    async fn restage(&self, rec: &StageRecord, deadline: Instant) -> DriverResult<()> {
+        if self.staged_and_healthy(rec).await? {
+            return Ok(());
+        }
+        mounts::mount(&self.state, rec, None, deadline).await?;
+        tracing::info!(volume_id = %rec.volume_id, staging = %rec.staging.display(), "staged share mounted again");
+        Ok(())
+    }
+
+    async fn unstage(
+        &self,
+        r: csi::NodeUnstageVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::NodeUnstageVolumeResponse> {
+        let id = require(&r.volume_id, "volume_id")?.to_string();
+        let staging = path_arg(
+            &r.staging_target_path,
+            "staging_target_path",
+            &self.opts.path_roots,
+        )?;
+        let _guard = self.locks.lock(&id, deadline).await?;
+        let daemon = self.state.fuse_pid(&staging);
+        for _ in 0..8 {
+            if !self.mounted(&staging)? {
+                break;
+            }
+            mounts::unmount_bounded(&staging, daemon).await?;
+        }
+        mounts::reap(daemon).await;
+        if self.mounted(&staging)? {
+            return Err(DriverError::Internal(format!(
+                "{} is still mounted",
+                staging.display()
+            )));
+        }
+        self.state.remove(&staging)?;
+        let s = staging.clone();
+        blocking(move || remove_mount_point(&s)).await?;
+        tracing::info!(volume_id = %id, staging = %staging.display(), "unstaged");
+        Ok(csi::NodeUnstageVolumeResponse {})
+    }
+
+    async fn publish(
+        &self,
+        r: csi::NodePublishVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::NodePublishVolumeResponse> {
+        let id = require(&r.volume_id, "volume_id")?.to_string();
+        let staging = path_arg(
+            &r.staging_target_path,
+            "staging_target_path",
+            &self.opts.path_roots,
+        )?;
+        let target = path_arg(&r.target_path, "target_path", &self.opts.path_roots)?;
+        let cap = r
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| DriverError::InvalidArgument("volume_capability is required".into()))
+            .and_then(parse_capability)?;
+        if r.volume_context
+            .get("csi.storage.k8s.io/ephemeral")
+            .map(String::as_str)
+            == Some("true")
+        {
+            return Err(DriverError::InvalidArgument(
+                "inline ephemeral volumes are not supported".into(),
+            ));
+        }
+        let read_only = r.readonly || cap.read_only_mode();
+        let _guard = self.locks.lock(&id, deadline).await?;
+        let Some(mut rec) = self.state.load(&staging) else {
+            return Err(DriverError::FailedPrecondition(format!(
+                "volume {id} is not staged at {}",
+                staging.display()
+            )));
+        };
+        if rec.volume_id != id {
+            return Err(DriverError::FailedPrecondition(format!(
+                "{} is the staging path of volume {}, not {id}",
+                staging.display(),
+                rec.volume_id
+            )));
+        }
+        self.restage(&rec, deadline).await?;
+        if let Some(existing) = self
+            .mounter
+            .mounts_at(&target)
+            .context("reading mounts")?
+            .last()
+            && !rec.targets.contains(&target)
+            && existing.fs_type.starts_with("fuse")
+        {
+            // a bind of a FUSE mount that died with its daemon
+            if matches!(
+                mounts::health(&target).await,
+                Health::Broken(_) | Health::Hung
+            ) {
+                mounts::unmount_bounded(&target, None).await?;
+            }
+        }
+        let mounter = self.mounter.clone();
+        let (s, t) = (staging.clone(), target.clone());
+        blocking(move || bind_staged(&*mounter, &s, &t, read_only, &MountOptions::default()))
+            .await?;
+        if !rec.targets.contains(&target) {
+            rec.targets.push(target.clone());
+            self.state.save(&rec)?;
+        }
+        tracing::info!(volume_id = %id, target = %target.display(), read_only, "published");
+        Ok(csi::NodePublishVolumeResponse {})
+    }
+
+    async fn unpublish(
+        &self,
+        r: csi::NodeUnpublishVolumeRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::NodeUnpublishVolumeResponse> {
+        let id = require(&r.volume_id, "volume_id")?.to_string();
+        let target = path_arg(&r.target_path, "target_path", &self.opts.path_roots)?;
+        let _guard = self.locks.lock(&id, deadline).await?;
+        let rec = self.state.for_target(&target);
+        let daemon = rec.as_ref().and_then(|r| self.state.fuse_pid(&r.staging));
+        for _ in 0..8 {
+            if !self.mounted(&target)? {
+                break;
+            }
+            mounts::unmount_bounded(&target, daemon).await?;
+        }
+        if self.mounted(&target)? {
+            return Err(DriverError::Internal(format!(
+                "{} is still mounted",
+                target.display()
+            )));
+        }
+        let t = target.clone();
+        blocking(move || remove_mount_point(&t)).await?;
+        if let Some(mut rec) = rec {
+            rec.targets.retain(|t| t != &target);
+            self.state.save(&rec)?;
+        }
+        Ok(csi::NodeUnpublishVolumeResponse {})
+    }
+
+    async fn stats(
+        &self,
+        r: csi::NodeGetVolumeStatsRequest,
+        _deadline: Instant,
+    ) -> DriverResult<csi::NodeGetVolumeStatsResponse> {
+        require(&r.volume_id, "volume_id")?;
+        let path = volume_path_arg(&r.volume_path, &self.opts.path_roots)?;
+        if !self.mounted(&path)? {
+            return Err(DriverError::NotFound(format!(
+                "no volume is mounted at {}",
+                path.display()
+            )));
+        }
+        let fuse_dead = self
+            .state
+            .for_target(&path)
+            .or_else(|| self.state.load(&path))
+            .filter(|rec| rec.mount.is_fuse())
+            .is_some_and(|rec| self.state.fuse_pid(&rec.staging).is_none());
+        use csi::volume_usage::Unit;
+        let broken = |message: String| csi::NodeGetVolumeStatsResponse {
+            usage: vec![],
+            volume_condition: Some(csi::VolumeCondition {
+                abnormal: true,
+                message,
+            }),
+        };
+        Ok(match mounts::health(&path).await {
+            _ if fuse_dead => broken(
+                "the ceph-fuse daemon of this mount is gone; the next NodeStage or NodePublish mounts it again".into(),
+            ),
+            Health::Answering(u) => csi::NodeGetVolumeStatsResponse {
+                usage: vec![
+                    csi::VolumeUsage {
+                        available: u.available_bytes as i64,
+                        total: u.total_bytes as i64,
+                        used: u.used_bytes as i64,
+                        unit: Unit::Bytes as i32,
+                    },
+                    csi::VolumeUsage {
+                        available: u.free_inodes as i64,
+                        total: u.total_inodes as i64,
+                        used: u.used_inodes as i64,
+                        unit: Unit::Inodes as i32,
+                    },
+                ],
+                volume_condition: Some(csi::VolumeCondition {
+                    abnormal: false,
+                    message: "share mounted and answering".into(),
+                }),
+            },
+            Health::Broken(e) => broken(format!("the share does not answer: {e}")),
+            Health::Hung => broken(format!(
+                "the share did not answer within {:?} (cluster unreachable, or this client evicted)",
+                mounts::HEALTH_TIMEOUT
+            )),
+        })
+    }
+
+    fn node_info(&self) -> DriverResult<csi::NodeGetInfoResponse> {
+        let identity = self
+            .identity
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| {
+                DriverError::Unavailable("instance metadata has not been read yet".into())
+            })?;
+        let accessible_topology = self.opts.with_topology.then(|| csi::Topology {
+            segments: HashMap::from([(
+                TOPOLOGY_KEY.to_string(),
+                sanitize_label(&identity.availability_zone),
+            )]),
+        });
+        Ok(csi::NodeGetInfoResponse {
+            node_id: identity.instance_id,
+            // shares are not attached: no per-node limit
+            max_volumes_per_node: 0,
+            accessible_topology,
+        })
+    }
+
+    /// At plugin shutdown: the ceph-fuse daemons this node started end,
+    /// and their mounts are detached (a mount without its daemon only
+    /// answers ENOTCONN). Records stay: the next NodeStage or NodePublish
+    /// mounts the share again.
+    pub async fn shutdown(&self) {
+        for rec in self.state.all().into_iter().filter(|r| r.mount.is_fuse()) {
+            let daemon = self.state.fuse_pid(&rec.staging);
+            for t in &rec.targets {
+                let _ = mounts::unmount_bounded(t, daemon).await;
+            }
+            let _ = mounts::unmount_bounded(&rec.staging, daemon).await;
+            mounts::reap(daemon).await;
+            tracing::info!(volume_id = %rec.volume_id, "ceph-fuse mount ended at shutdown");
+        }
+    }
+}
+
+/// The StorageClass's kernel mount options and the capability's mount
+/// flags, as one `-o` list.
+fn join_options(sc: Option<&str>, flags: &[String]) -> Option<String> {
+    let all: Vec<&str> = sc
+        .into_iter()
+        .chain(flags.iter().map(String::as_str))
+        .filter(|s| !s.is_empty())
+        .collect();
+    (!all.is_empty()).then(|| all.join(","))
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        req: Request<csi::NodeStageVolumeRequest>,
+    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "NodeStageVolume",
+            volume_id = |r: &csi::NodeStageVolumeRequest| r.volume_id.clone(),
+            stage
+        )
+    }
+    async fn node_unstage_volume(
+        &self,
+        req: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "NodeUnstageVolume",
+            volume_id = |r: &csi::NodeUnstageVolumeRequest| r.volume_id.clone(),
+            unstage
+        )
+    }
+    async fn node_publish_volume(
+        &self,
+        req: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "NodePublishVolume",
+            volume_id = |r: &csi::NodePublishVolumeRequest| r.volume_id.clone(),
+            publish
+        )
+    }
+    async fn node_unpublish_volume(
+        &self,
+        req: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "NodeUnpublishVolume",
+            volume_id = |r: &csi::NodeUnpublishVolumeRequest| r.volume_id.clone(),
+            unpublish
+        )
+    }
+    async fn node_get_volume_stats(
+        &self,
+        req: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        serve_rpc!(
+            self,
+            req,
+            "NodeGetVolumeStats",
+            volume_id = |r: &csi::NodeGetVolumeStatsRequest| r.volume_id.clone(),
+            stats
+        )
+    }
+    async fn node_expand_volume(
+        &self,
+        _req: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        Err(Status::unimplemented(
+            "a share's size is its quota: ControllerExpandVolume is all it needs",
+        ))
+    }
+    async fn node_get_capabilities(
+        &self,
+        _req: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse {
+            capabilities: Self::capabilities(),
+        }))
+    }
+    async fn node_get_info(
+        &self,
+        _req: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        self.node_info().map(Response::new).map_err(Status::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ceph_fs_name_from_share_metadata() {
+        let m = |v: &str| {
+            std::collections::BTreeMap::from([("__mount_options".to_string(), v.to_string())])
+        };
+        assert_eq!(fs_name(&m("fs=cephfs")).as_deref(), Some("cephfs"));
+        assert_eq!(fs_name(&m("noatime, fs=other")).as_deref(), Some("other"));
+        assert_eq!(fs_name(&m("fs=")), None);
+        assert_eq!(fs_name(&Default::default()), None);
+        assert_eq!(
+            join_options(Some("noatime"), &["ro".to_string()]).as_deref(),
+            Some("noatime,ro")
+        );
+        assert_eq!(join_options(None, &[]), None);
+    }
+}

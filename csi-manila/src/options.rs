@@ -1,0 +1,215 @@
+//! Command-line flags: upstream's, so that its manifests start unchanged,
+//! plus what a plugin that mounts shares itself needs.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use plugin_runtime::{Endpoint, LogArgs};
+
+/// The share protocol one instance of the driver serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ShareProtocol {
+    #[value(name = "NFS", alias = "nfs")]
+    Nfs,
+    #[value(name = "CEPHFS", alias = "cephfs")]
+    Cephfs,
+}
+
+impl ShareProtocol {
+    /// Manila's name for it (`share_proto`).
+    pub fn as_manila(self) -> &'static str {
+        match self {
+            ShareProtocol::Nfs => "NFS",
+            ShareProtocol::Cephfs => "CEPHFS",
+        }
+    }
+
+    /// The access rule type the protocol's clients are granted by.
+    pub fn access_type(self) -> &'static str {
+        match self {
+            ShareProtocol::Nfs => "ip",
+            ShareProtocol::Cephfs => "cephx",
+        }
+    }
+}
+
+impl std::fmt::Display for ShareProtocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_manila())
+    }
+}
+
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "manila-csi-plugin",
+    version,
+    about = "CSI driver for OpenStack Manila shared file systems (NFS, CephFS)",
+    long_about = "CSI driver for OpenStack Manila shared file systems (NFS, CephFS).\n\n\
+It serves the CSI Identity service always, the Controller service unless \
+--provide-controller-service=false, and the Node service unless \
+--provide-node-service=false; the node mounts shares itself (ceph-fuse, \
+mount -t ceph, mount -t nfs): no partner CSI plugin is used, and \
+--fwdendpoint is accepted but ignored. ListVolumes, ControllerGetVolume and \
+GetCapacity carry no secrets: they are served only with --cloud-config."
+)]
+pub struct Options {
+    /// CSI endpoint, e.g. unix:///csi/csi.sock.
+    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix://tmp/csi.sock")]
+    pub endpoint: Endpoint,
+    /// CSI driver name (upstream's chart uses nfs.manila.csi.openstack.org or
+    /// cephfs.manila.csi.openstack.org).
+    #[arg(long = "drivername", default_value = crate::DEFAULT_DRIVER_NAME)]
+    pub driver_name: String,
+    /// The one protocol this instance serves.
+    #[arg(long = "share-protocol-selector", value_enum)]
+    pub share_protocol: ShareProtocol,
+    /// Accepted for upstream's manifests and ignored: this plugin mounts
+    /// shares itself and forwards nothing.
+    #[arg(long = "fwdendpoint")]
+    pub forward_endpoint: Option<String>,
+    /// Report availability-zone topology (key
+    /// topology.manila.csi.openstack.org/zone).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub with_topology: bool,
+    /// JSON runtime configuration, re-read when it changes:
+    /// {"nfs": {"matchExportLocationAddress": "CIDR", "defaultShareClient": "CIDR,..."}}.
+    #[arg(long)]
+    pub runtime_config_file: Option<PathBuf>,
+    /// Cluster id written into share metadata (manila.csi.openstack.org/cluster).
+    #[arg(long = "cluster-id", default_value = "")]
+    pub cluster_id: String,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub provide_controller_service: bool,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub provide_node_service: bool,
+    /// Serve /metrics and /healthz on this address (`:8080` means every
+    /// interface).
+    #[arg(long, value_parser = parse_listen_address)]
+    pub http_endpoint: Option<SocketAddr>,
+    /// cloud.conf files (as the Cinder plugin's): the plugin's own
+    /// credentials, used when a call carries no secrets, and `[Metadata]`.
+    #[arg(long = "cloud-config", env = "CLOUD_CONFIG", value_delimiter = ',')]
+    pub cloud_config: Vec<PathBuf>,
+    /// NFS clients (IP or CIDR, comma-separated) granted access to a new
+    /// share when its StorageClass names none in nfs-shareClient. Without
+    /// it (or the runtime configuration's nfs.defaultShareClient) such a
+    /// share is refused: nothing is opened to the world by default.
+    #[arg(long = "default-nfs-share-client")]
+    pub default_nfs_share_client: Option<String>,
+    /// Node: staging and target paths must lie below one of these
+    /// directories (repeatable).
+    #[arg(long = "path-root", default_values_t = vec!["/var/lib/kubelet".to_string()])]
+    pub path_root: Vec<String>,
+    /// Node: where staged shares' records, ceph.conf and keyrings are kept
+    /// (root only). Default: /var/lib/kubelet/plugins/<drivername>/state.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Node: the OpenStack metadata service (instance id and zone), used
+    /// when `[Metadata] search-order` names metadataService.
+    #[arg(long, default_value = "http://169.254.169.254/")]
+    pub metadata_url: url::Url,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+fn parse_listen_address(s: &str) -> Result<SocketAddr, String> {
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_string()
+    };
+    full.parse()
+        .map_err(|e| format!("{s:?} is not an address like 127.0.0.1:8080 or :8080: {e}"))
+}
+
+impl Options {
+    pub fn validate(&self) -> Result<(), String> {
+        plugin_runtime::csi_identity::validate_driver_name(&self.driver_name)?;
+        if !self.provide_controller_service && !self.provide_node_service {
+            return Err("at least one of --provide-controller-service and --provide-node-service must be true".into());
+        }
+        for r in &self.path_root {
+            if !r.starts_with('/') || r.split('/').any(|c| c == "..") {
+                return Err(format!(
+                    "--path-root {r:?} must be an absolute path without \"..\""
+                ));
+            }
+        }
+        if let Some(p) = &self.runtime_config_file
+            && !p.is_file()
+        {
+            return Err(format!(
+                "--runtime-config-file {} does not exist",
+                p.display()
+            ));
+        }
+        if let Some(c) = &self.default_nfs_share_client {
+            crate::parameters::parse_share_clients(c)
+                .map_err(|e| format!("--default-nfs-share-client: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Where the node keeps its records.
+    pub fn state_dir(&self) -> PathBuf {
+        self.state_dir.clone().unwrap_or_else(|| {
+            PathBuf::from("/var/lib/kubelet/plugins")
+                .join(&self.driver_name)
+                .join("state")
+        })
+    }
+
+    /// What this instance does not serve, said at start-up.
+    pub fn not_served(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.provide_controller_service {
+            out.push("Controller service (--provide-controller-service=false)".to_string());
+        } else if self.cloud_config.is_empty() {
+            out.push(
+                "ListVolumes, ControllerGetVolume and GetCapacity (they carry no secrets; give --cloud-config)"
+                    .to_string(),
+            );
+        }
+        if !self.provide_node_service {
+            out.push("Node service (--provide-node-service=false)".to_string());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn upstream_manifests_flags_parse() {
+        let o =
+            Options::try_parse_from(["manila-csi-plugin", "--nodeid=ignored-by-clap-if-unknown"]);
+        assert!(o.is_err(), "unknown flags are refused");
+        let o = Options::try_parse_from([
+            "manila-csi-plugin",
+            "--endpoint=unix:///var/lib/kubelet/plugins/nfs.manila.csi.openstack.org/csi.sock",
+            "--drivername=nfs.manila.csi.openstack.org",
+            "--share-protocol-selector=NFS",
+            "--fwdendpoint=unix:///var/lib/kubelet/plugins/csi-nfsplugin/csi.sock",
+            "--with-topology",
+            "--cluster-id=k8s",
+        ])
+        .unwrap();
+        assert!(o.validate().is_ok());
+        assert_eq!(o.share_protocol, ShareProtocol::Nfs);
+        assert!(o.with_topology, "a bare Go-style bool flag is true");
+        assert_eq!(
+            o.state_dir(),
+            PathBuf::from("/var/lib/kubelet/plugins/nfs.manila.csi.openstack.org/state")
+        );
+        let bad = Options::try_parse_from([
+            "p",
+            "--share-protocol-selector=NFS",
+            "--default-nfs-share-client=everyone",
+        ])
+        .unwrap();
+        assert!(bad.validate().is_err());
+    }
+}

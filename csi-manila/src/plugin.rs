@@ -1,0 +1,181 @@
+//! The plugin's lifecycle: read the configuration, build the services the
+//! flags ask for, serve until SIGTERM, then end what the node started.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use csi_common::credentials::Credentials;
+use csi_common::readiness::{Readiness, State};
+use openstack_client::config::{CloudConf, ConfigEnv};
+use openstack_client::manila::SharedFileSystems;
+use openstack_client::metadata::MetadataReader;
+use openstack_client::{ApiMetrics, Session, SessionOptions};
+use plugin_runtime::PluginServer;
+use plugin_runtime::csi_identity::{IdentityService, expansion_capability, service_capability};
+use proto::csi::v1::controller_server::ControllerServer;
+use proto::csi::v1::identity_server::IdentityServer;
+use proto::csi::v1::node_server::NodeServer;
+use proto::csi::v1::plugin_capability::service::Type as ServiceType;
+use proto::csi::v1::plugin_capability::volume_expansion::Type as ExpansionType;
+
+use crate::Options;
+use crate::controller::{ControllerOptions, ControllerService};
+use crate::mounts::StateDir;
+use crate::node::{NodeOptions, NodeService};
+use crate::parameters::parse_share_clients;
+use crate::runtime_config::RuntimeConfigFile;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("{0}")]
+    Flags(String),
+    #[error("reading --cloud-config: {0}")]
+    Config(#[from] openstack_client::config::ConfigError),
+    #[error("{0}")]
+    Client(#[from] openstack_client::Error),
+    #[error("node state: {0}")]
+    State(#[from] csi_common::DriverError),
+    #[error(transparent)]
+    Runtime(#[from] plugin_runtime::RuntimeError),
+}
+
+/// Serves until SIGTERM or SIGINT.
+pub async fn run(opts: Options) -> Result<(), PluginError> {
+    opts.validate().map_err(PluginError::Flags)?;
+    if opts.forward_endpoint.is_some() {
+        tracing::warn!(
+            "--fwdendpoint is ignored: this plugin mounts shares itself, no partner node plugin is used"
+        );
+    }
+    for what in opts.not_served() {
+        tracing::warn!(%what, "not served by this instance");
+    }
+    let server = PluginServer::new(opts.endpoint.clone()).http_endpoint(opts.http_endpoint);
+    let conf = if opts.cloud_config.is_empty() {
+        CloudConf::default()
+    } else {
+        CloudConf::load(&opts.cloud_config, ConfigEnv::from_process())?
+    };
+    for w in &conf.warnings {
+        tracing::warn!(warning = %w, "cloud.conf");
+    }
+    let metrics = ApiMetrics::default();
+    metrics.register(&mut server.registry().lock().unwrap_or_else(|p| p.into_inner()));
+    let session_options = SessionOptions {
+        metrics: Some(metrics),
+        ..Default::default()
+    };
+    let mut own = BTreeMap::new();
+    if !opts.cloud_config.is_empty() {
+        for name in conf.cloud_names() {
+            own.insert(
+                name.clone(),
+                Session::new(conf.cloud(&name)?, session_options.clone())?,
+            );
+        }
+    }
+    let sessions: Vec<(String, Session)> =
+        own.iter().map(|(n, s)| (n.clone(), s.clone())).collect();
+    let credentials = Arc::new(Credentials::new(
+        own,
+        session_options,
+        ConfigEnv::from_process(),
+        Arc::new(SharedFileSystems::new),
+    ));
+    let runtime = Arc::new(RuntimeConfigFile::new(opts.runtime_config_file.clone()));
+
+    let mut parts = Vec::new();
+    let mut routes = tonic::service::Routes::default();
+    let mut capabilities = Vec::new();
+    if opts.provide_controller_service {
+        let r = Readiness::default();
+        if sessions.is_empty() {
+            // credentials arrive with each call
+            parts.push(Readiness::ready());
+        } else {
+            r.watch_clouds(sessions);
+            parts.push(r);
+        }
+        let controller = ControllerService::new(
+            credentials.clone(),
+            runtime.clone(),
+            ControllerOptions {
+                protocol: opts.share_protocol,
+                cluster_id: opts.cluster_id.clone(),
+                with_topology: opts.with_topology,
+                default_nfs_share_clients: opts
+                    .default_nfs_share_client
+                    .as_deref()
+                    .map(parse_share_clients)
+                    .transpose()
+                    .map_err(PluginError::Flags)?
+                    .unwrap_or_default(),
+            },
+        );
+        routes = routes.add_service(ControllerServer::new(controller));
+        capabilities.push(service_capability(ServiceType::ControllerService));
+        capabilities.push(expansion_capability(ExpansionType::Online));
+    }
+    let mut node = None;
+    if opts.provide_node_service {
+        let mut reader = MetadataReader::new(conf.metadata.clone());
+        reader.service_url = opts.metadata_url.clone();
+        let identity = Arc::new(RwLock::new(None));
+        let r = Readiness::default();
+        r.watch_metadata(reader, identity.clone());
+        parts.push(r);
+        let state = StateDir::new(opts.state_dir());
+        state.ensure()?;
+        let service = NodeService::new(
+            identity,
+            credentials.clone(),
+            runtime.clone(),
+            state,
+            Arc::new(host_ops::LinuxMounter),
+            NodeOptions {
+                protocol: opts.share_protocol,
+                with_topology: opts.with_topology,
+                path_roots: opts.path_root.iter().map(PathBuf::from).collect(),
+            },
+        );
+        routes = routes.add_service(NodeServer::new(service.clone()));
+        node = Some(service);
+    }
+    if opts.with_topology {
+        capabilities.push(service_capability(
+            ServiceType::VolumeAccessibilityConstraints,
+        ));
+    }
+
+    let probe_parts = parts.clone();
+    let identity = IdentityService::new(
+        opts.driver_name.clone(),
+        env!("CARGO_PKG_VERSION").to_string(),
+        capabilities,
+        Arc::new(move || {
+            let s = Readiness::all(&probe_parts);
+            Box::pin(async move { Ok(matches!(s, State::Ready)) })
+        }),
+    );
+    let server = server.health_check(Arc::new(move || {
+        let s = Readiness::all(&parts);
+        Box::pin(async move {
+            match s {
+                State::Ready | State::Starting => Ok(()),
+                State::Failing(reason) => Err(reason),
+            }
+        })
+    }));
+    tracing::info!(protocol = %opts.share_protocol, driver = %opts.driver_name, "starting");
+    let served = server
+        .serve(
+            routes.add_service(IdentityServer::new(identity)),
+            plugin_runtime::shutdown_signal(),
+        )
+        .await;
+    if let Some(n) = node {
+        n.shutdown().await;
+    }
+    served.map_err(PluginError::from)
+}
