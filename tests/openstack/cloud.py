@@ -8,7 +8,10 @@
 
 Profiles: kms = Keystone + Barbican (sqlite, no broker); block = Keystone +
 Cinder (fake driver) + Nova (fake driver) + Placement + MariaDB + RabbitMQ;
-file = Keystone + Manila (dummy driver) + MariaDB + RabbitMQ; all = every one.
+file = Keystone + a real single-node Ceph (mon, mgr, OSD on a sparse file,
+MDS, CephFS, cephx) + Manila with two backends (the dummy driver for NFS,
+Manila's own CephFS native driver on that Ceph) + MariaDB + RabbitMQ;
+all = every one.
 
 Everything lives under the state directory ($OS_TEST_CLOUD_DIR, default
 .openstack-cloud in the repository): configuration, databases, logs, the
@@ -51,7 +54,13 @@ PORTS = {
     "mariadb": PORT_BASE + 306,
     "rabbitmq": PORT_BASE + 672,
     "epmd": PORT_BASE + 369,
+    # Ceph's monitor keeps its well-known ports: Manila's CephFS driver
+    # hands out the v1 address, and clients read a bare 6789 as v1 only
+    "ceph-mon-v2": 3300,
+    "ceph-mon-v1": 6789,
 }
+# the other Ceph daemons bind within this range
+CEPH_PORT_RANGE = (PORT_BASE + 100, PORT_BASE + 199)
 
 # OS_TEST_CLOUD_DEBUG=1 turns on the services' debug logging
 DEBUG_LINE = "debug = true\n" if os.environ.get("OS_TEST_CLOUD_DEBUG") else ""
@@ -62,8 +71,8 @@ SERVICE_PASSWORD = "service-secret"
 PROFILES = {
     "kms": ["keystone", "barbican"],
     "block": ["keystone", "cinder", "nova"],
-    "file": ["keystone", "manila"],
-    "all": ["keystone", "barbican", "cinder", "nova", "manila"],
+    "file": ["keystone", "ceph", "manila"],
+    "all": ["keystone", "barbican", "cinder", "nova", "ceph", "manila"],
 }
 
 PACKAGES = {
@@ -72,7 +81,10 @@ PACKAGES = {
     "cinder": ["cinder", "PyMySQL"],
     "nova": ["nova", "openstack-placement", "PyMySQL"],
     "manila": ["manila", "PyMySQL"],
+    "ceph": [],
 }
+CEPH_DEBIAN_PACKAGES = ["ceph-mon", "ceph-mgr", "ceph-mgr-modules-core", "ceph-osd", "ceph-mds", "ceph-fuse",
+                        "python3-rados", "python3-cephfs", "ceph-common"]
 
 
 def log(msg):
@@ -482,7 +494,7 @@ def db_url(name):
     return f"mysql+pymysql://{DB_USER}:{DB_PASSWORD}@{HOST}:{PORTS['mariadb']}/{name}?charset=utf8"
 
 
-def ensure_debian_packages(packages):
+def ensure_debian_packages(packages, recommends=True):
     missing = [p for p in packages if subprocess.run(["dpkg-query", "-W", "-f=${Status}", p], capture_output=True,
                                                     text=True).stdout.strip() != "install ok installed"]
     if not missing:
@@ -490,7 +502,8 @@ def ensure_debian_packages(packages):
     log(f"apt-get install {' '.join(missing)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     run(["apt-get", "update", "-qq"], env=env, timeout=600)
-    run(["apt-get", "install", "-y", "-qq", "--no-upgrade", *missing], env=env, timeout=1200)
+    extra = [] if recommends else ["--no-install-recommends"]
+    run(["apt-get", "install", "-y", "-qq", "--no-upgrade", *extra, *missing], env=env, timeout=1200)
 
 
 def setup_mariadb(services):
@@ -923,10 +936,202 @@ def smoke_attach(api, cinder, nova, server_id, timeout=180):
     log(f"attach/detach smoke test passed in {time.time() - started:.0f}s")
 
 
+
+# ----------------------------------------------------------------- ceph
+
+CEPH = STATE / "ceph"
+CEPH_CONF = CEPH / "ceph.conf"
+CEPH_DAEMONS = ["ceph-mds", "ceph-osd", "ceph-mgr", "ceph-mon"]
+
+
+def ceph(*args, timeout=60):
+    """The admin CLI against our cluster (client.admin's keyring comes from
+    [client] keyring in our ceph.conf)."""
+    return run(["ceph", "--conf", str(CEPH_CONF), "--connect-timeout", "10", *args], timeout=timeout)
+
+
+def ceph_json(*args):
+    return json.loads(ceph(*args, "--format", "json"))
+
+
+def write_ceph_conf(fsid):
+    lo, hi = CEPH_PORT_RANGE
+    CEPH_CONF.write_text(f"""[global]
+fsid = {fsid}
+mon_host = [v2:{HOST}:{PORTS['ceph-mon-v2']},v1:{HOST}:{PORTS['ceph-mon-v1']}]
+public_addr = {HOST}
+cluster_addr = {HOST}
+ms_bind_ipv6 = false
+ms_bind_port_min = {lo}
+ms_bind_port_max = {hi}
+auth_cluster_required = cephx
+auth_service_required = cephx
+auth_client_required = cephx
+run_dir = {CEPH}/run
+admin_socket = {CEPH}/run/$cluster-$name.asok
+pid_file = {CEPH}/run/$cluster-$name.pid
+crash_dir = {CEPH}/crash
+log_file = {STATE}/logs/ceph-$name.log
+mon_cluster_log_file = {STATE}/logs/ceph-cluster.log
+mon_data = {CEPH}/mon/$cluster-$id
+mgr_data = {CEPH}/mgr/$cluster-$id
+osd_data = {CEPH}/osd/$cluster-$id
+mds_data = {CEPH}/mds/$cluster-$id
+osd_pool_default_size = 1
+osd_pool_default_min_size = 1
+mon_allow_pool_size_one = true
+osd_crush_chooseleaf_type = 0
+osd_pool_default_pg_num = 8
+osd_pool_default_pg_autoscale_mode = off
+mon_warn_on_pool_no_redundancy = false
+auth_allow_insecure_global_id_reclaim = false
+mon_data_avail_warn = 2
+mon_data_avail_crit = 1
+paxos_propose_interval = 0.1
+mgr_stats_period = 1
+[osd]
+osd_objectstore = bluestore
+bluestore_block_create = true
+bluestore_block_size = 10G
+bluestore_fsck_on_mkfs = false
+bluestore_fsck_on_mount = false
+bdev_aio_poll_ms = 10
+osd_memory_target = 939524096
+[mds]
+# clones wait for MDS ticks: 1 s instead of 5 s
+mds_tick_interval = 1
+[client]
+keyring = {CEPH}/keyring/$cluster.$name.keyring
+log_file = {STATE}/logs/ceph-$name.log
+admin_socket = {CEPH}/run/$cluster-$name.$pid.asok
+""")
+
+
+def ceph_keyring(path, name, caps):
+    args = ["ceph-authtool", "--create-keyring", str(path), "--gen-key", "-n", name]
+    for kind, cap in caps:
+        args += ["--cap", kind, cap]
+    run(args)
+
+
+def ceph_healthy():
+    st = ceph_json("status")
+    if st.get("health", {}).get("status") != "HEALTH_OK":
+        return False
+    by_state = st.get("pgmap", {}).get("pgs_by_state", [])
+    # HEALTH_OK comes before PG stats exist (gotcha 2)
+    return bool(by_state) and all(p.get("state_name") == "active+clean" for p in by_state)
+
+
+def setup_ceph():
+    """A real single-node Ceph: 1 mon, 1 mgr, 1 bluestore OSD on a sparse
+    file, 1 MDS, CephFS `cephfs`, cephx on; every path under STATE/ceph,
+    every daemon in the foreground under our PID records."""
+    ensure_debian_packages(CEPH_DEBIAN_PACKAGES, recommends=False)
+    fresh = not (CEPH / "mon" / "ceph-a" / "store.db").exists()
+    if fresh:
+        if CEPH.exists():
+            shutil.rmtree(CEPH)
+        for sub in ("keyring", "run", "crash", "mon", "mgr/ceph-x", "osd/ceph-0", "mds/ceph-a"):
+            (CEPH / sub).mkdir(parents=True, exist_ok=True)
+        fsid = run(["uuidgen"]).strip() if shutil.which("uuidgen") else __import__("uuid").uuid4().hex
+        if len(fsid) == 32:
+            fsid = f"{fsid[:8]}-{fsid[8:12]}-{fsid[12:16]}-{fsid[16:20]}-{fsid[20:]}"
+        write_ceph_conf(fsid)
+        kr = CEPH / "keyring"
+        ceph_keyring(kr / "mon.keyring", "mon.", [("mon", "allow *")])
+        ceph_keyring(kr / "ceph.client.admin.keyring", "client.admin",
+                     [("mon", "allow *"), ("osd", "allow *"), ("mds", "allow *"), ("mgr", "allow *")])
+        ceph_keyring(CEPH / "mgr/ceph-x/keyring", "mgr.x",
+                     [("mon", "allow profile mgr"), ("osd", "allow *"), ("mds", "allow *")])
+        ceph_keyring(CEPH / "mds/ceph-a/keyring", "mds.a",
+                     [("mon", "allow profile mds"), ("osd", "allow *"), ("mds", "allow"), ("mgr", "allow profile mds")])
+        for k in (kr / "ceph.client.admin.keyring", CEPH / "mgr/ceph-x/keyring", CEPH / "mds/ceph-a/keyring"):
+            run(["ceph-authtool", str(kr / "mon.keyring"), "--import-keyring", str(k)])
+        run(["monmaptool", "--create", "--fsid", fsid, "--addv", "a",
+             f"[v2:{HOST}:{PORTS['ceph-mon-v2']},v1:{HOST}:{PORTS['ceph-mon-v1']}]",
+             "--set-min-mon-release", "pacific", "--enable-all-features", str(CEPH / "monmap")])
+        run(["ceph-mon", "--conf", str(CEPH_CONF), "--mkfs", "-i", "a", "--monmap", str(CEPH / "monmap"),
+             "--keyring", str(kr / "mon.keyring")])
+    else:
+        # the paths in ceph.conf follow STATE; keep the cluster's fsid
+        fsid = next(line.split("=", 1)[1].strip() for line in CEPH_CONF.read_text().splitlines()
+                    if line.startswith("fsid"))
+        write_ceph_conf(fsid)
+    conf = ["--conf", str(CEPH_CONF)]
+    start("ceph-mon", ["ceph-mon", "-f", "-i", "a", *conf])
+    wait_until("ceph-mon", lambda: ceph("mon", "stat", timeout=15) and True, 60)
+    start("ceph-mgr", ["ceph-mgr", "-f", "-i", "x", *conf])
+    if fresh:
+        osd_uuid = str(__import__("uuid").uuid4())
+        secret = run(["ceph-authtool", "--gen-print-key"]).strip()
+        res = subprocess.run(["ceph", *conf, "osd", "new", osd_uuid, "-i", "-"],
+                             input=json.dumps({"cephx_secret": secret}), capture_output=True, text=True, timeout=60)
+        if res.returncode != 0:
+            raise CloudError(f"ceph osd new failed: {res.stderr}")
+        osd_id = res.stdout.strip()
+        (CEPH / f"osd/ceph-{osd_id}/keyring").write_text(f"[osd.{osd_id}]\n\tkey = {secret}\n")
+        run(["ceph-osd", *conf, "-i", osd_id, "--mkfs", "--osd-uuid", osd_uuid])
+    start("ceph-osd", ["ceph-osd", "-f", "-i", "0", *conf])
+    start("ceph-mds", ["ceph-mds", "-f", "-i", "a", *conf])
+    wait_until("ceph-osd", lambda: ceph_json("osd", "stat").get("num_up_osds") == 1, 120)
+    wait_until("ceph-mgr", lambda: ceph_json("mgr", "stat").get("available") is True, 120)
+    if fresh:
+        wait_until("ceph-mgr", lambda: ceph("fs", "volume", "ls", timeout=20) is not None, 120)
+        ceph("fs", "volume", "create", "cephfs")
+        # Manila's CephFS driver talks to the mgr's volumes module
+        (CEPH / "keyring" / "ceph.client.manila.keyring").write_text(
+            ceph("auth", "get-or-create", "client.manila", "mon", "allow r", "mgr", "allow rw"))
+    wait_until("ceph-mds", lambda: any(m.get("state") == "active"
+                                       for m in ceph_json("fs", "status").get("mdsmap", [])), 120)
+    wait_until("ceph", ceph_healthy, 180, STATE / "logs" / "ceph-cluster.log", process="ceph-mon")
+
+
+def stop_ceph():
+    """Clients first (gotcha 6: a mount of a dead cluster hangs), then the
+    daemons; the MDS needs ~5 s for a clean exit, a throw-away cluster
+    does not need it."""
+    kill_ceph_fuse_clients()
+    stop_all(CEPH_DAEMONS, grace=1)
+
+
+def kill_ceph_fuse_clients():
+    """Every ceph-fuse mount on the machine goes: only tests mount here."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        if right.startswith("fuse.ceph-fuse "):
+            mount_point = left.split(" ")[4].encode().decode("unicode_escape")
+            subprocess.run(["umount", "-l", mount_point], capture_output=True)
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if (d / "comm").read_text().strip() == "ceph-fuse":
+                os.kill(int(d.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+
+
+def manila_ceph_modules():
+    """Manila's CephFS driver imports Debian's `rados` and `ceph_argparse`:
+    only those (and `cephfs`) are exposed to the venv, through a directory
+    of links named in a .pth file, kept beside the venv so that a purge of
+    STATE cannot leave a .pth naming a missing directory (gotcha 20)."""
+    d = VENV / "ceph-python"
+    d.mkdir(parents=True, exist_ok=True)
+    dist = Path("/usr/lib/python3/dist-packages")
+    for name in ("rados.cpython-311-x86_64-linux-gnu.so", "cephfs.cpython-311-x86_64-linux-gnu.so",
+                 "ceph_argparse.py"):
+        link = d / name
+        if not link.exists():
+            link.symlink_to(dist / name)
+    site = next((VENV / "lib").glob("python3*/site-packages"))
+    (site / "test-cloud-ceph.pth").write_text(str(d) + "\n")
+
 # --------------------------------------------------------------- manila
 
 
-def setup_manila(ks):
+def setup_manila(ks, with_ceph):
     d = STATE / "manila"
     (d / "locks").mkdir(parents=True, exist_ok=True)
     ks.service_user("manila")
@@ -940,7 +1145,7 @@ def setup_manila(ks):
 rpc_response_timeout = 15
 auth_strategy = keystone
 api_paste_config = {d}/api-paste.ini
-enabled_share_backends = dummy
+enabled_share_backends = {"dummy,cephfsnative" if with_ceph else "dummy"}
 enabled_share_protocols = NFS,CIFS,CEPHFS
 default_share_type = default
 storage_availability_zone = nova
@@ -961,8 +1166,19 @@ share_backend_name = dummy
 driver_handles_share_servers = False
 dummy_driver_default_driver_method_delay = 0.1
 dummy_driver_driver_methods_delays = ensure_share:0.1,create_share:0.3,get_pool:0.05,do_setup:0.01,_get_pools_info:0.01,_update_share_stats:0.05
+[cephfsnative]
+share_driver = manila.share.drivers.cephfs.driver.CephFSDriver
+share_backend_name = CEPHFSNATIVE
+driver_handles_share_servers = False
+cephfs_protocol_helper_type = CEPHFS
+cephfs_conf_path = {CEPH_CONF}
+cephfs_auth_id = manila
+cephfs_cluster_name = ceph
+cephfs_filesystem_name = cephfs
 {keystone_authtoken("manila")}
 """)
+    if with_ceph:
+        manila_ceph_modules()
     if not (d / ".synced").exists():
         run([venv_bin("manila-manage"), "--config-file", str(conf), "db", "sync"])
         (d / ".synced").write_text("")
@@ -977,7 +1193,7 @@ dummy_driver_driver_methods_delays = ensure_share:0.1,create_share:0.3,get_pool:
                STATE / "logs" / "manila-api.log")
 
 
-def configure_file():
+def configure_file(with_ceph):
     """A default share type (DHSS=False, snapshots) and a share service that
     reports in before tests start creating shares."""
     api = Api()
@@ -989,15 +1205,25 @@ def configure_file():
     for project in (api.project_id, Keystone().find("projects", "demo")):
         api.call("PUT", f"{manila}/quota-sets/{project}", {"quota_set": {
             "shares": -1, "gigabytes": -1, "snapshots": -1, "snapshot_gigabytes": -1}}, headers=mv)
-    types = api.call("GET", manila + "/types", headers=mv)["share_types"]
-    if not any(t["name"] == "default" for t in types):
-        api.call("POST", manila + "/types", {"share_type": {
-            "name": "default", "share_type_access:is_public": True,
-            "extra_specs": {"driver_handles_share_servers": "False", "snapshot_support": "True",
-                            "create_share_from_snapshot_support": "True"}}}, headers=mv)
-    # the scheduler needs the backend's first capability report
-    wait_until("a manila pool", lambda: api.call("GET", manila + "/scheduler-stats/pools", headers=mv)["pools"], 120,
-               STATE / "logs" / "manila-app.log")
+    types = {t["name"]: t for t in api.call("GET", manila + "/types", headers=mv)["share_types"]}
+    # `default` → the dummy backend (NFS), `cephfs` → the real CephFS one
+    wanted = {"default": "dummy", "no-snapshots": "dummy"}
+    if with_ceph:
+        wanted["cephfs"] = "CEPHFSNATIVE"
+    for name, backend in wanted.items():
+        snapshots = "False" if name == "no-snapshots" else "True"
+        specs = {"driver_handles_share_servers": "False", "snapshot_support": snapshots,
+                 "create_share_from_snapshot_support": snapshots, "share_backend_name": backend}
+        if name not in types:
+            api.call("POST", manila + "/types", {"share_type": {
+                "name": name, "share_type_access:is_public": True, "extra_specs": specs}}, headers=mv)
+        elif types[name].get("extra_specs", {}).get("share_backend_name") != backend:
+            api.call("POST", f"{manila}/types/{types[name]['id']}/extra_specs", {"extra_specs": specs}, headers=mv)
+    # the scheduler needs each backend's first capability report
+    def pools():
+        names = [p["name"] for p in api.call("GET", manila + "/scheduler-stats/pools", headers=mv)["pools"]]
+        return any("@dummy" in n for n in names) and (not with_ceph or any("@cephfsnative" in n for n in names))
+    wait_until("the manila pools", pools, 120, STATE / "logs" / "manila-app.log")
 
 
 # ----------------------------------------------------------- hypervisor
@@ -1057,6 +1283,7 @@ def health(service):
                  and (STATE / "test-server-id").exists()),
         "manila": (["mariadb", "rabbitmq", "manila-api", "manila-scheduler", "manila-share"],
                    lambda: http("GET", f"http://{HOST}:{PORTS['manila']}/")[0] in (200, 300)),
+        "ceph": (CEPH_DAEMONS, lambda: CEPH_CONF.exists() and ceph_healthy()),
     }
     processes, check = checks[service]
     try:
@@ -1094,9 +1321,11 @@ def cmd_up(profile):
         setup_placement(ks)
         setup_nova(ks)
         configure_block()
+    if "ceph" in services:
+        setup_ceph()
     if "manila" in services:
-        setup_manila(ks)
-        configure_file()
+        setup_manila(ks, "ceph" in services)
+        configure_file("ceph" in services)
     write_client_files(profile)
     if "nova" in services:
         start_hypervisor_agent()
@@ -1127,7 +1356,7 @@ def cmd_status(profile):
         ok &= h
         print(f"{s:10} {'up' if h else 'DOWN'}")
     total = 0
-    for name in SERVICE_PROCESSES + INFRA_PROCESSES:
+    for name in SERVICE_PROCESSES + CEPH_DAEMONS + INFRA_PROCESSES:
         pgid = _group(name) if (STATE / "pids").exists() else None
         if pgid is not None and process_alive(name):
             rss = group_rss_kib(pgid)
@@ -1151,6 +1380,7 @@ INFRA_PROCESSES = ["rabbitmq", "epmd", "mariadb"]
 def cmd_down(purge):
     if (STATE / "pids").exists():
         stop_all(SERVICE_PROCESSES)
+        stop_ceph()
         stop_all(INFRA_PROCESSES, grace=30)
     if purge and STATE.exists():
         shutil.rmtree(STATE)
