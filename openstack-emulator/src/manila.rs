@@ -328,7 +328,8 @@ async fn create_share(
                 project_id,
                 resource_id: id.clone(),
                 action_id: "001".into(),
-                detail_id: "008".into(),
+                // Manila's message_field: 008 capabilities, 009 capacity
+                detail_id: if too_big { "009".into() } else { "008".into() },
                 user_message: format!(
                     "allocate host: No storage could be allocated for this share request, {} filter didn't succeed.",
                     if too_big { "Capacity" } else { "Capabilities" }

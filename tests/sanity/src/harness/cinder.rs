@@ -1,5 +1,5 @@
-//! Starts `cinder-csi-plugin` (controller and node in one process) against
-//! an in-process OpenStack emulator that plays the hypervisor: attached
+//! `cinder-csi-plugin` (controller and node in one process) against an
+//! in-process OpenStack emulator that plays the hypervisor: attached
 //! volumes become real loop devices under a private by-id directory, so
 //! staging formats and mounts for real. Needs root.
 //!
@@ -8,10 +8,13 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
 
 use openstack_emulator::{Emulator, EmulatorConfig, HypervisorConfig};
+
+use super::{
+    HarnessError, metadata_document, mounts_below, serve_metadata, stderr_to, wait_for_socket,
+};
 
 #[derive(Debug, Clone)]
 pub struct HarnessOptions {
@@ -62,16 +65,6 @@ impl std::fmt::Debug for CinderOnEmulator {
             .field("node_id", &self.node_id)
             .finish()
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum HarnessError {
-    #[error("emulator: {0}")]
-    Emulator(String),
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    #[error("the plugin never opened {0}")]
-    NoSocket(PathBuf),
 }
 
 impl CinderOnEmulator {
@@ -144,29 +137,13 @@ impl CinderOnEmulator {
 
     async fn start_plugin(&mut self) -> Result<(), HarnessError> {
         let _ = std::fs::remove_file(&self.socket);
-        let stderr = match &self.options.log_file {
-            Some(p) => Stdio::from(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(p)?,
-            ),
-            None => Stdio::null(),
-        };
         let child = Command::new(&self.options.plugin_binary)
             .args(self.plugin_args())
             .env("RUST_LOG", "info")
-            .stderr(stderr)
+            .stderr(stderr_to(self.options.log_file.as_deref())?)
             .spawn()?;
         self.plugin = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.socket.exists() {
-            if Instant::now() > deadline {
-                return Err(HarnessError::NoSocket(self.socket.clone()));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(())
+        wait_for_socket(&self.socket).await
     }
 
     /// The plugin's process id (for memory figures).
@@ -203,41 +180,6 @@ impl CinderOnEmulator {
     pub fn secrets(&self) -> HashMap<String, String> {
         HashMap::new()
     }
-}
-
-/// Waits (up to 20 s) until the plugin's Probe answers ready.
-pub async fn wait_until_ready(socket: &Path) -> Result<(), String> {
-    let ch = plugin_runtime::connect_unix(socket)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut id = proto::csi::v1::identity_client::IdentityClient::new(ch);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = id
-            .probe(proto::csi::v1::ProbeRequest {})
-            .await
-            .map_err(|s| s.to_string())?;
-        if r.into_inner().ready == Some(true) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{} never became ready", socket.display()));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Every mount point at or below `dir`, deepest first.
-pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut v: Vec<PathBuf> = host_ops::mountinfo::parse(&text)
-        .into_iter()
-        .map(|m| m.mount_point)
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    v.dedup();
-    v
 }
 
 impl Drop for CinderOnEmulator {
@@ -279,30 +221,6 @@ impl std::fmt::Debug for CinderOnRealCloud {
     }
 }
 
-/// Answers every HTTP request with `body` (a guest's metadata service).
-async fn serve_metadata(
-    body: String,
-) -> Result<(tokio::task::JoinHandle<()>, String), HarnessError> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/", listener.local_addr()?);
-    let task = tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let body = body.clone();
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf).await;
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = s.write_all(resp.as_bytes()).await;
-            });
-        }
-    });
-    Ok((task, url))
-}
-
 impl CinderOnRealCloud {
     /// `cloud_dir` is the test cloud's state directory (`.openstack-cloud`).
     pub async fn start(
@@ -318,10 +236,7 @@ impl CinderOnRealCloud {
             .tempdir()?;
         let kubelet_dir = dir.path().join("kubelet");
         std::fs::create_dir_all(&kubelet_dir)?;
-        let body = format!(
-            r#"{{"uuid": "{node_id}", "name": "test-server", "availability_zone": "nova", "devices": []}}"#
-        );
-        let (metadata, url) = serve_metadata(body).await?;
+        let (metadata, url) = serve_metadata(metadata_document(&node_id, "nova")).await?;
         let conf = dir.path().join("cloud.conf");
         std::fs::write(
             &conf,
@@ -331,15 +246,6 @@ impl CinderOnRealCloud {
             ),
         )?;
         let socket = dir.path().join("csi.sock");
-        let stderr = match &log_file {
-            Some(p) => Stdio::from(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(p)?,
-            ),
-            None => Stdio::null(),
-        };
         let child = Command::new(plugin_binary)
             .args([
                 format!("--endpoint=unix://{}", socket.display()),
@@ -350,7 +256,7 @@ impl CinderOnRealCloud {
                 "--cluster=sanity-real".into(),
             ])
             .env("RUST_LOG", "info")
-            .stderr(stderr)
+            .stderr(stderr_to(log_file.as_deref())?)
             .spawn()?;
         let h = Self {
             dir,
@@ -360,13 +266,7 @@ impl CinderOnRealCloud {
             plugin: Some(child),
             metadata,
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !h.socket.exists() {
-            if Instant::now() > deadline {
-                return Err(HarnessError::NoSocket(h.socket.clone()));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_socket(&h.socket).await?;
         Ok(h)
     }
 }

@@ -1,0 +1,118 @@
+//! Harnesses that start a driver binary against a backend for the
+//! conformance suite and the drivers' own tests: [`cinder`] (the emulator
+//! playing the hypervisor with loop devices, or the real test cloud) and
+//! [`manila`] (the emulator with stand-in mount helpers, or the real test
+//! cloud with its Ceph).
+//!
+//! Dropping a harness stops its plugin and takes down everything mounted
+//! below its directory, also when a test panics.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub mod cinder;
+pub mod manila;
+
+pub use cinder::{CinderOnEmulator, CinderOnRealCloud, HarnessOptions};
+pub use manila::{ManilaOnEmulator, ManilaOnRealCloud, ManilaOptions};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("emulator: {0}")]
+    Emulator(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("the plugin never opened {0}")]
+    NoSocket(PathBuf),
+}
+
+/// Waits (up to 20 s) until the plugin's Probe answers ready.
+pub async fn wait_until_ready(socket: &Path) -> Result<(), String> {
+    let ch = plugin_runtime::connect_unix(socket)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut id = proto::csi::v1::identity_client::IdentityClient::new(ch);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = id
+            .probe(proto::csi::v1::ProbeRequest {})
+            .await
+            .map_err(|s| s.to_string())?;
+        if r.into_inner().ready == Some(true) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{} never became ready", socket.display()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every mount point at or below `dir`, deepest first.
+pub fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut v: Vec<PathBuf> = host_ops::mountinfo::parse(&text)
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    v.dedup();
+    v
+}
+
+/// Answers every HTTP request with `body` (a guest's metadata service).
+pub async fn serve_metadata(
+    body: String,
+) -> Result<(tokio::task::JoinHandle<()>, String), HarnessError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/", listener.local_addr()?);
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    Ok((task, url))
+}
+
+/// Where a plugin's stderr goes: appended to `log`, else discarded.
+pub fn stderr_to(log: Option<&Path>) -> Result<std::process::Stdio, HarnessError> {
+    Ok(match log {
+        Some(p) => std::process::Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)?,
+        ),
+        None => std::process::Stdio::null(),
+    })
+}
+
+/// Waits (up to 20 s) for a plugin to open its socket.
+pub async fn wait_for_socket(socket: &Path) -> Result<(), HarnessError> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        if Instant::now() > deadline {
+            return Err(HarnessError::NoSocket(socket.to_path_buf()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// The JSON a guest's metadata service answers for `instance`.
+pub fn metadata_document(instance: &str, zone: &str) -> String {
+    format!(
+        r#"{{"uuid": "{instance}", "name": "test-node", "availability_zone": "{zone}", "devices": []}}"#
+    )
+}
