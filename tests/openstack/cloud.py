@@ -1079,6 +1079,10 @@ def setup_ceph():
     if fresh:
         wait_until("ceph-mgr", lambda: ceph("fs", "volume", "ls", timeout=20) is not None, 120)
         ceph("fs", "volume", "create", "cephfs")
+        # a client killed without unmounting keeps its capabilities until
+        # its session times out (60 s by default, 30 s at least): tests that kill
+        # ceph-fuse wait that long for the files it held
+        ceph("fs", "set", "cephfs", "session_timeout", "30")
         # Manila's CephFS driver talks to the mgr's volumes module
         (CEPH / "keyring" / "ceph.client.manila.keyring").write_text(
             ceph("auth", "get-or-create", "client.manila", "mon", "allow r", "mgr", "allow rw"))

@@ -1,0 +1,614 @@
+//! `manila-csi-plugin` against the real test cloud: real Keystone, real
+//! Manila with its own CephFS native driver, a real Ceph cluster, and
+//! real ceph-fuse mounts shared by several publishers. Start the cloud
+//! with `python3 tests/openstack/cloud.py up file` (or `all`), then
+//! `OPENSTACK_TEST_BACKEND=real cargo test -p csi-manila --test real_cloud
+//! -- --ignored`. The tests are ignored otherwise (they need root and
+//! the cloud), and run one at a time: one of them freezes Ceph.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use csi_sanity::harness::ManilaOnRealCloud;
+use openstack_client::config::{CloudConf, ConfigEnv};
+use openstack_client::manila::{AccessRuleState, CreateShare, GrantAccess, SharedFileSystems};
+use openstack_client::{Session, SessionOptions};
+use proto::csi::v1 as csi;
+use proto::csi::v1::controller_client::ControllerClient;
+use proto::csi::v1::node_client::NodeClient;
+use proto::csi::v1::volume_capability::access_mode::Mode;
+use tonic::Code;
+use tonic::transport::Channel;
+
+const BIN: &str = env!("CARGO_BIN_EXE_manila-csi-plugin");
+const GIB: i64 = 1 << 30;
+const RPC_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// One test at a time: they share the cloud, and one freezes Ceph.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn cloud_dir() -> PathBuf {
+    assert_eq!(
+        std::env::var("OPENSTACK_TEST_BACKEND").as_deref(),
+        Ok("real"),
+        "these tests run against the real test cloud: set OPENSTACK_TEST_BACKEND=real"
+    );
+    std::env::var_os("OPENSTACK_TEST_CLOUD_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.openstack-cloud"))
+        })
+}
+
+struct Env {
+    h: ManilaOnRealCloud,
+    c: ControllerClient<Channel>,
+    n: NodeClient<Channel>,
+    manila: SharedFileSystems,
+}
+
+async fn env() -> Env {
+    let dir = cloud_dir();
+    let log = std::env::temp_dir().join("manila-csi-real.log");
+    let h = ManilaOnRealCloud::start(Path::new(BIN), &dir, "CEPHFS", &[], Some(log))
+        .await
+        .unwrap();
+    csi_sanity::harness::wait_until_ready(&h.socket)
+        .await
+        .unwrap();
+    let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
+    let conf = CloudConf::from_texts(
+        &[(
+            "member.conf".into(),
+            std::fs::read_to_string(dir.join("cloud-member.conf")).unwrap(),
+        )],
+        ConfigEnv::default(),
+    )
+    .unwrap();
+    let manila = SharedFileSystems::new(
+        Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap(),
+    );
+    Env {
+        c: ControllerClient::new(ch.clone()),
+        n: NodeClient::new(ch),
+        h,
+        manila,
+    }
+}
+
+fn timed<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(RPC_TIMEOUT);
+    r
+}
+
+fn cap(mode: Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(csi::volume_capability::AccessType::Mount(
+            csi::volume_capability::MountVolume::default(),
+        )),
+        access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
+    }
+}
+
+fn unique(what: &str) -> String {
+    format!("csi-real-{what}-{}-{}", std::process::id(), rand_suffix())
+}
+
+fn rand_suffix() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
+}
+
+fn source(t: csi::volume_content_source::Type) -> Option<csi::VolumeContentSource> {
+    Some(csi::VolumeContentSource { r#type: Some(t) })
+}
+
+/// `ceph` admin CLI of the test cloud.
+fn ceph(args: &[&str]) -> std::process::Output {
+    let conf = cloud_dir().join("ceph/ceph.conf");
+    std::process::Command::new("ceph")
+        .arg("--conf")
+        .arg(conf)
+        .args(["--connect-timeout", "10"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ceph_fuse_processes_under(dir: &Path) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            comm.trim() == "ceph-fuse"
+                && !stat.contains(") Z")
+                && String::from_utf8_lossy(&cmd).contains(&*dir.to_string_lossy())
+        })
+        .count()
+}
+
+/// Statvfs in a thread, bounded: a look at a frozen cluster's mount hangs.
+fn bounded_total_bytes(path: &Path) -> Option<u64> {
+    let p = path.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(host_ops::volume_usage(&p).map(|u| u.total_bytes).ok());
+    });
+    rx.recv_timeout(Duration::from_secs(5)).ok().flatten()
+}
+
+impl Env {
+    async fn create(
+        &mut self,
+        name: &str,
+        gib: i64,
+        src: Option<csi::VolumeContentSource>,
+    ) -> csi::Volume {
+        self.c
+            .create_volume(timed(csi::CreateVolumeRequest {
+                name: name.into(),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: gib * GIB,
+                    limit_bytes: 0,
+                }),
+                volume_capabilities: vec![cap(Mode::MultiNodeMultiWriter)],
+                parameters: HashMap::from([("type".to_string(), "cephfs".to_string())]),
+                secrets: self.h.secrets.clone(),
+                volume_content_source: src,
+                ..Default::default()
+            }))
+            .await
+            .unwrap_or_else(|s| panic!("CreateVolume {name}: {s}"))
+            .into_inner()
+            .volume
+            .unwrap()
+    }
+
+    async fn stage(&mut self, volume_id: &str, context: &HashMap<String, String>) -> PathBuf {
+        let (staging, _) = self.h.paths(volume_id, "pod-a");
+        self.n
+            .node_stage_volume(timed(csi::NodeStageVolumeRequest {
+                volume_id: volume_id.into(),
+                staging_target_path: staging.to_string_lossy().into(),
+                volume_capability: Some(cap(Mode::MultiNodeMultiWriter)),
+                secrets: self.h.secrets.clone(),
+                volume_context: context.clone(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap_or_else(|s| panic!("NodeStageVolume: {s}"));
+        staging
+    }
+
+    async fn publish(&mut self, volume_id: &str, pod: &str, readonly: bool) -> PathBuf {
+        let (staging, target) = self.h.paths(volume_id, pod);
+        self.n
+            .node_publish_volume(timed(csi::NodePublishVolumeRequest {
+                volume_id: volume_id.into(),
+                staging_target_path: staging.to_string_lossy().into(),
+                target_path: target.to_string_lossy().into(),
+                volume_capability: Some(cap(Mode::MultiNodeMultiWriter)),
+                readonly,
+                ..Default::default()
+            }))
+            .await
+            .unwrap_or_else(|s| panic!("NodePublishVolume {pod}: {s}"));
+        target
+    }
+
+    async fn unpublish(&mut self, volume_id: &str, pod: &str) -> Result<(), tonic::Status> {
+        let (_, target) = self.h.paths(volume_id, pod);
+        self.n
+            .node_unpublish_volume(timed(csi::NodeUnpublishVolumeRequest {
+                volume_id: volume_id.into(),
+                target_path: target.to_string_lossy().into(),
+            }))
+            .await
+            .map(|_| ())
+    }
+
+    async fn unstage(&mut self, volume_id: &str) -> Result<(), tonic::Status> {
+        let (staging, _) = self.h.paths(volume_id, "pod-a");
+        self.n
+            .node_unstage_volume(timed(csi::NodeUnstageVolumeRequest {
+                volume_id: volume_id.into(),
+                staging_target_path: staging.to_string_lossy().into(),
+            }))
+            .await
+            .map(|_| ())
+    }
+
+    async fn stats(&mut self, path: &Path) -> csi::NodeGetVolumeStatsResponse {
+        self.n
+            .node_get_volume_stats(timed(csi::NodeGetVolumeStatsRequest {
+                volume_id: "v".into(),
+                volume_path: path.to_string_lossy().into(),
+                staging_target_path: String::new(),
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    async fn delete(&mut self, id: &str) {
+        self.c
+            .delete_volume(timed(csi::DeleteVolumeRequest {
+                volume_id: id.into(),
+                secrets: self.h.secrets.clone(),
+            }))
+            .await
+            .unwrap_or_else(|s| panic!("DeleteVolume {id}: {s}"));
+    }
+
+    fn mounted(&self, path: &Path) -> bool {
+        !host_ops::mounts_at(path).unwrap_or_default().is_empty()
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs root and the real test cloud (tests/openstack/cloud.py up file)"]
+async fn cephfs_share_lives_through_csi_on_real_manila_and_ceph() {
+    let _serial = SERIAL.lock().await;
+    let mut e = env().await;
+    let name = unique("rwx");
+    let v = e.create(&name, 1, None).await;
+    let id = v.volume_id.clone();
+    let exports = e.manila.list_export_locations(&id).await.unwrap();
+    let subvolume_path = exports[0].path.split_once(":/").unwrap().1.to_string();
+    let rule = e.manila.list_access_rules(&id).await.unwrap().remove(0);
+    let key = rule.access_key.clone().unwrap();
+    assert_eq!(rule.access_to, name);
+
+    // one ceph-fuse mount, two writers, one reader
+    let staging = e.stage(&id, &v.volume_context).await;
+    let m = host_ops::mounts_at(&staging).unwrap();
+    assert_eq!(m.last().unwrap().fs_type, "fuse.ceph-fuse", "{m:?}");
+    assert_eq!(ceph_fuse_processes_under(&e.h.state_dir), 1);
+    let a = e.publish(&id, "pod-a", false).await;
+    let b = e.publish(&id, "pod-b", false).await;
+    let ro = e.publish(&id, "pod-c", true).await;
+    std::fs::write(a.join("hello"), b"written in pod a").unwrap();
+    assert_eq!(std::fs::read(b.join("hello")).unwrap(), b"written in pod a");
+    std::fs::write(b.join("back"), b"and in b").unwrap();
+    assert_eq!(std::fs::read(a.join("back")).unwrap(), b"and in b");
+    let err = std::fs::write(ro.join("nope"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(nix::libc::EROFS), "{err}");
+    assert_eq!(
+        bounded_total_bytes(&a),
+        Some(GIB as u64),
+        "df shows the quota"
+    );
+    let st = e.stats(&a).await;
+    assert!(!st.volume_condition.unwrap().abnormal);
+
+    // growth shows in df at once
+    let grown =
+        e.c.controller_expand_volume(timed(csi::ControllerExpandVolumeRequest {
+            volume_id: id.clone(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 2 * GIB,
+                limit_bytes: 0,
+            }),
+            secrets: e.h.secrets.clone(),
+            volume_capability: Some(cap(Mode::MultiNodeMultiWriter)),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, 2 * GIB);
+    let until = Instant::now() + Duration::from_secs(10);
+    while bounded_total_bytes(&a) != Some(2 * GIB as u64) && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(bounded_total_bytes(&a), Some(2 * GIB as u64));
+
+    // a snapshot, a share from it, and a clone: both hold the file
+    let snap =
+        e.c.create_snapshot(timed(csi::CreateSnapshotRequest {
+            source_volume_id: id.clone(),
+            name: unique("snap"),
+            secrets: e.h.secrets.clone(),
+            parameters: HashMap::new(),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    let mut tries = 0;
+    while !e
+        .c
+        .list_snapshots(timed(csi::ListSnapshotsRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            secrets: e.h.secrets.clone(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .first()
+        .and_then(|x| x.snapshot.as_ref())
+        .is_some_and(|s| s.ready_to_use)
+    {
+        tries += 1;
+        assert!(tries < 100, "snapshot never ready");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let restored = e
+        .create(
+            &unique("restored"),
+            2,
+            source(csi::volume_content_source::Type::Snapshot(
+                csi::volume_content_source::SnapshotSource {
+                    snapshot_id: snap.snapshot_id.clone(),
+                },
+            )),
+        )
+        .await;
+    let clone = e
+        .create(
+            &unique("clone"),
+            2,
+            source(csi::volume_content_source::Type::Volume(
+                csi::volume_content_source::VolumeSource {
+                    volume_id: id.clone(),
+                },
+            )),
+        )
+        .await;
+    for copy in [&restored, &clone] {
+        e.stage(&copy.volume_id, &copy.volume_context).await;
+        let t = e.publish(&copy.volume_id, "pod-a", false).await;
+        assert_eq!(
+            std::fs::read(t.join("hello")).unwrap(),
+            b"written in pod a",
+            "{} holds the source's file",
+            copy.volume_id
+        );
+        e.unpublish(&copy.volume_id, "pod-a").await.unwrap();
+        e.unstage(&copy.volume_id).await.unwrap();
+    }
+
+    // take it all down: nothing mounted, no ceph-fuse left
+    for pod in ["pod-a", "pod-b", "pod-c"] {
+        e.unpublish(&id, pod).await.unwrap();
+        e.unpublish(&id, pod).await.unwrap();
+    }
+    e.unstage(&id).await.unwrap();
+    e.unstage(&id).await.unwrap();
+    assert!(!e.mounted(&staging));
+    assert!(csi_sanity::harness::mounts_below(e.h.dir.path()).is_empty());
+    let until = Instant::now() + Duration::from_secs(5);
+    while ceph_fuse_processes_under(&e.h.state_dir) > 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ceph_fuse_processes_under(&e.h.state_dir), 0);
+
+    for v in [&restored, &clone] {
+        e.delete(&v.volume_id).await;
+    }
+    e.c.delete_snapshot(timed(csi::DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id.clone(),
+        secrets: e.h.secrets.clone(),
+    }))
+    .await
+    .unwrap();
+    e.delete(&id).await;
+
+    // the subvolume is gone, the cephx user deauthorized: its key no
+    // longer mounts
+    let ls =
+        String::from_utf8_lossy(&ceph(&["fs", "subvolume", "ls", "cephfs"]).stdout).into_owned();
+    let subvolume = subvolume_path.split('/').nth(3).unwrap().to_string();
+    assert!(!ls.contains(&subvolume), "{subvolume} still in {ls}");
+    assert!(
+        !ceph(&["auth", "get", &format!("client.{name}")])
+            .status
+            .success(),
+        "client.{name} still exists"
+    );
+    let probe = tempfile::tempdir().unwrap();
+    std::fs::write(
+        probe.path().join("ceph.conf"),
+        "[global]\nmon_host = 127.0.0.1:6789\n",
+    )
+    .unwrap();
+    let keyring = probe.path().join("keyring");
+    std::fs::write(&keyring, format!("[client.{name}]\n\tkey = {key}\n")).unwrap();
+    std::fs::create_dir(probe.path().join("mnt")).unwrap();
+    let out = std::process::Command::new("timeout")
+        .args(["20", "ceph-fuse", "--conf"])
+        .arg(probe.path().join("ceph.conf"))
+        .args(["--id", &name, "--keyring"])
+        .arg(&keyring)
+        .args(["-r", &format!("/{subvolume_path}"), "--client_fs=cephfs"])
+        .arg(probe.path().join("mnt"))
+        .output()
+        .unwrap();
+    let mounted = e.mounted(&probe.path().join("mnt"));
+    if mounted {
+        let _ = nix::mount::umount2(&probe.path().join("mnt"), nix::mount::MntFlags::MNT_DETACH);
+    }
+    assert!(
+        !out.status.success() && !mounted,
+        "the revoked key still mounts"
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs root and the real test cloud (tests/openstack/cloud.py up file)"]
+async fn static_pv_of_a_hand_made_share_is_staged_and_never_deleted() {
+    let _serial = SERIAL.lock().await;
+    let mut e = env().await;
+    let share = e
+        .manila
+        .create_share(&CreateShare {
+            protocol: "CEPHFS".into(),
+            size_gib: 1,
+            name: unique("static"),
+            share_type: Some("cephfs".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while e.manila.get_share(&share.id).await.unwrap().status.as_str() != "available" {
+        assert!(Instant::now() < until, "share never available");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let rule = e
+        .manila
+        .grant_access(
+            &share.id,
+            &GrantAccess {
+                access_type: "cephx".into(),
+                access_to: unique("static-user"),
+                access_level: "rw".into(),
+            },
+        )
+        .await
+        .unwrap();
+    while e
+        .manila
+        .get_access_rule(&share.id, &rule.id)
+        .await
+        .unwrap()
+        .state
+        != AccessRuleState::Active
+    {
+        assert!(Instant::now() < until, "rule never active");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // a static PV: its own handle, the share and its rule in attributes
+    // (the older shareAccessID key, as upstream's docs write it)
+    let context = HashMap::from([
+        ("shareID".to_string(), share.id.clone()),
+        ("shareAccessID".to_string(), rule.id.clone()),
+    ]);
+    let staging = e.stage("static-pv-1", &context).await;
+    let t = e.publish("static-pv-1", "pod-a", false).await;
+    std::fs::write(t.join("f"), b"static").unwrap();
+    assert_eq!(std::fs::read(staging.join("f")).unwrap(), b"static");
+    e.unpublish("static-pv-1", "pod-a").await.unwrap();
+    e.unstage("static-pv-1").await.unwrap();
+    assert!(!e.mounted(&staging));
+    // not provisioned by the driver: DeleteVolume refuses, the share stays
+    let err =
+        e.c.delete_volume(timed(csi::DeleteVolumeRequest {
+            volume_id: share.id.clone(),
+            secrets: e.h.secrets.clone(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(e.manila.get_share(&share.id).await.is_ok());
+    e.manila.revoke_access(&share.id, &rule.id).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    e.manila.delete_share(&share.id).await.unwrap();
+}
+
+/// Freezes the test cloud's Ceph daemons (SIGSTOP), as an unreachable
+/// cluster; thaws them on drop, also when the test fails.
+struct FrozenCeph(Vec<i32>);
+
+impl FrozenCeph {
+    fn freeze() -> Self {
+        let pids: Vec<i32> = ["ceph-mon", "ceph-mgr", "ceph-osd", "ceph-mds"]
+            .iter()
+            .filter_map(|n| {
+                std::fs::read_to_string(cloud_dir().join(format!("pids/{n}.pid")))
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        assert_eq!(pids.len(), 4, "the test cloud runs no Ceph");
+        for p in &pids {
+            nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(*p),
+                nix::sys::signal::Signal::SIGSTOP,
+            )
+            .unwrap();
+        }
+        Self(pids)
+    }
+}
+
+impl Drop for FrozenCeph {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(*p),
+                nix::sys::signal::Signal::SIGCONT,
+            );
+        }
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs root and the real test cloud (tests/openstack/cloud.py up file)"]
+async fn dead_daemons_and_a_frozen_cluster_are_survived() {
+    let _serial = SERIAL.lock().await;
+    let mut e = env().await;
+    let v = e.create(&unique("faults"), 1, None).await;
+    let id = v.volume_id.clone();
+    e.stage(&id, &v.volume_context).await;
+    let a = e.publish(&id, "pod-a", false).await;
+    std::fs::write(a.join("kept"), b"data").unwrap();
+
+    // the ceph-fuse daemon killed under a published volume
+    let pid_file = std::fs::read_dir(e.h.state_dir.join("volumes"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|d| d.path().join("ceph-fuse.pid"))
+        .find(|p| p.exists())
+        .unwrap();
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cond = e.stats(&a).await.volume_condition.unwrap();
+    assert!(cond.abnormal, "a dead daemon is abnormal: {cond:?}");
+    // NodeStage again repairs it; a new publish sees the data
+    e.stage(&id, &v.volume_context).await;
+    e.unpublish(&id, "pod-a").await.unwrap();
+    let a = e.publish(&id, "pod-a", false).await;
+    assert_eq!(std::fs::read(a.join("kept")).unwrap(), b"data");
+    assert!(!e.stats(&a).await.volume_condition.unwrap().abnormal);
+
+    // the cluster stops answering under the mount: the calls still end
+    // within their deadline and leave nothing mounted
+    let frozen = FrozenCeph::freeze();
+    let cond = e.stats(&a).await.volume_condition.unwrap();
+    assert!(cond.abnormal, "{cond:?}");
+    let t0 = Instant::now();
+    e.unpublish(&id, "pod-a").await.unwrap();
+    e.unstage(&id).await.unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(csi_sanity::harness::mounts_below(e.h.dir.path()).is_empty());
+    assert_eq!(ceph_fuse_processes_under(&e.h.state_dir), 0);
+    drop(frozen);
+    e.delete(&id).await;
+}
