@@ -27,6 +27,16 @@ pub fn failure_from_messages(what: &str, messages: &[UserMessage]) -> DriverErro
     }
 }
 
+/// Whether a failed share may succeed when created again: the scheduler
+/// found no valid host or no backend with the type's capabilities, which
+/// is also what it answers while a backend's periodic capability report is
+/// missing (the CephFS driver skips one while a clone is pending).
+pub fn scheduling_may_pass_later(messages: &[UserMessage]) -> bool {
+    messages
+        .first()
+        .is_some_and(|m| matches!(m.detail_id.as_deref(), Some("002") | Some("008")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -961,7 +961,14 @@ async fn manila_failures_are_explained_and_leave_nothing() {
             .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{}", err.message());
     assert!(err.message().contains("Capacity"), "{}", err.message());
+    // a scheduler refusal that may be a backend's missed report is tried
+    // once more; twice is an answer
     e.h.emulator.control().fail_next_share_creates(1);
+    let v = e.create("pvc-once", 1, &[]).await;
+    let named = e.manila.list_shares_named("pvc-once").await.unwrap();
+    assert_eq!(named.len(), 1, "{named:?}");
+    assert_eq!(named[0].id, v.volume_id);
+    e.h.emulator.control().fail_next_share_creates(2);
     let err =
         e.c.create_volume(e.create_req("pvc-fails", 1, &[]))
             .await

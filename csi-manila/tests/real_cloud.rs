@@ -53,7 +53,7 @@ struct Env {
 async fn env() -> Env {
     let dir = cloud_dir();
     let log = std::env::temp_dir().join("manila-csi-real.log");
-    let h = ManilaOnRealCloud::start(Path::new(BIN), &dir, "CEPHFS", &[], Some(log))
+    let h = ManilaOnRealCloud::start(Path::new(BIN), &dir, "CEPHFS", false, &[], Some(log))
         .await
         .unwrap();
     csi_sanity::harness::wait_until_ready(&h.socket)

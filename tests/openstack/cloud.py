@@ -990,9 +990,14 @@ mon_data_avail_crit = 1
 paxos_propose_interval = 0.1
 mgr_stats_period = 1
 [osd]
+# the sparse block file costs ~40 MB whatever its size; Manila's scheduler
+# counts a pool's free space down by every share it places and learns the
+# truth only from the next capability report (every 60 s whatever
+# periodic_interval says), so a 10 GiB pool refuses the tenth share of a
+# minute
 osd_objectstore = bluestore
 bluestore_block_create = true
-bluestore_block_size = 10G
+bluestore_block_size = 100G
 bluestore_fsck_on_mkfs = false
 bluestore_fsck_on_mount = false
 bdev_aio_poll_ms = 10

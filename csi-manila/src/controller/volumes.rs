@@ -4,7 +4,7 @@
 //! get, expand, capacity.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use csi_common::paging::{offset_from_token, offset_token, page_limit};
 use csi_common::request::{Capability, GIB, is_uuid, require, size_fits, size_gib};
@@ -20,6 +20,7 @@ use proto::csi::v1 as csi;
 use super::ControllerService;
 use crate::TOPOLOGY_KEY;
 use crate::capabilities::parse_capabilities;
+use crate::errors::scheduling_may_pass_later;
 use crate::options::ShareProtocol;
 use crate::parameters::ShareParameters;
 use crate::shares::{
@@ -29,6 +30,11 @@ use crate::shares::{
 
 /// ListVolumes page size when the caller sets no limit.
 const DEFAULT_PAGE: u32 = 500;
+/// A share the scheduler could not place is created once more after this
+/// pause (Manila's backends report their capabilities every few seconds),
+/// when at least [`RETRY_MARGIN`] of the caller's time is left.
+const SCHEDULER_PAUSE: Duration = Duration::from_secs(3);
+const RETRY_MARGIN: Duration = Duration::from_secs(15);
 
 /// Where a new share's content comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,7 +191,32 @@ impl ControllerService {
         let share = if share.status == ShareStatus::Available {
             share
         } else {
-            self.wait_created(&manila, &share, deadline).await?
+            match self.wait_created(&manila, &share, deadline).await {
+                Ok(s) => s,
+                Err((e, true))
+                    if deadline.saturating_duration_since(Instant::now()) > RETRY_MARGIN =>
+                {
+                    // once more, after the backends' next capability report
+                    tracing::warn!(error = %e, "Manila's scheduler found no backend; creating the share once more");
+                    tokio::time::sleep(SCHEDULER_PAUSE).await;
+                    let again = self
+                        .create_share(
+                            &manila,
+                            &name,
+                            size,
+                            &r,
+                            &params,
+                            &source,
+                            zone.as_deref(),
+                            deadline,
+                        )
+                        .await?;
+                    self.wait_created(&manila, &again, deadline)
+                        .await
+                        .map_err(|(e, _)| e)?
+                }
+                Err((e, _)) => return Err(e),
+            }
         };
         if let Source::Share(_) = &source {
             self.drop_clone_snapshot(&manila, &name).await;
@@ -366,19 +397,36 @@ impl ControllerService {
 
     /// Waits for a new share; one Manila failed is deleted (it is ours:
     /// the description says so) and the answer carries Manila's reason.
+    /// `Err((e, true))`: the scheduler's refusal may pass on a new try.
     async fn wait_created(
         &self,
         manila: &SharedFileSystems,
         share: &Share,
         deadline: Instant,
-    ) -> DriverResult<Share> {
+    ) -> Result<Share, (DriverError, bool)> {
         match wait_share_available(manila, &share.id, deadline, |_| true).await {
             Ok(s) => Ok(s),
-            Err(DriverError::DeadlineExceeded(m)) => Err(DriverError::DeadlineExceeded(m)),
+            Err(e @ DriverError::DeadlineExceeded(_)) => Err((e, false)),
             Err(e) => {
+                let again = manila
+                    .list_user_messages(&share.id)
+                    .await
+                    .map(|m| scheduling_may_pass_later(&m))
+                    .unwrap_or(false);
                 let deleted = not_found_ok(manila.delete_share(&share.id).await);
                 tracing::warn!(share_id = %share.id, error = %e, deleted = deleted.is_ok(), "share failed in Manila");
-                Err(e)
+                if deleted.is_ok() {
+                    // gone before a retry creates the name again
+                    let _ = wait_gone(
+                        "share_delete",
+                        deadline,
+                        &format!("failed share {}", share.id),
+                        || manila.get_share(&share.id),
+                        |s| s.status.to_string(),
+                    )
+                    .await;
+                }
+                Err((e, again && deleted.is_ok()))
             }
         }
     }

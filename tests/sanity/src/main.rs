@@ -3,6 +3,8 @@
 //! Without `--mount-dir` only the Identity checks run; with it, the whole
 //! suite (controller, node, snapshots, expansion, lifecycles on real
 //! mounts below DIR, which must be inside the node plugin's path roots).
+//! `--no-block`, `--shared` and `--quota-on-node` say what kind of storage
+//! the driver serves (block volumes, or shared file systems).
 
 #![allow(clippy::print_stdout)]
 
@@ -37,6 +39,17 @@ struct Args {
     /// Per-call timeout, seconds.
     #[arg(long, default_value_t = 60)]
     timeout_secs: u64,
+    /// The driver serves no raw block volumes (asking for one must be
+    /// InvalidArgument).
+    #[arg(long)]
+    no_block: bool,
+    /// The driver serves one volume to several publishers (RWX).
+    #[arg(long)]
+    shared: bool,
+    /// A grown volume shows its new size on the node without node
+    /// expansion (a share's quota).
+    #[arg(long)]
+    quota_on_node: bool,
 }
 
 fn read_map(p: &Option<PathBuf>) -> Result<HashMap<String, String>, String> {
@@ -85,6 +98,9 @@ async fn main() -> std::process::ExitCode {
     cfg.fs_type = args.fs_type;
     cfg.expansion_fs_type = args.expansion_fs_type;
     cfg.timeout = Duration::from_secs(args.timeout_secs);
+    cfg.block = !args.no_block;
+    cfg.shared = args.shared;
+    cfg.quota_on_node = args.quota_on_node;
     let suite = match csi_sanity::Suite::connect(cfg).await {
         Ok(s) => s,
         Err(e) => {

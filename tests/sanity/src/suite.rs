@@ -43,6 +43,19 @@ pub struct SuiteConfig {
     pub expansion_fs_type: String,
     /// Per-call deadline.
     pub timeout: Duration,
+    /// The driver serves raw block volumes; if not, asking for one must be
+    /// InvalidArgument.
+    pub block: bool,
+    /// The driver serves one volume to several publishers at once
+    /// (multi-node mount modes: RWX file systems).
+    pub shared: bool,
+    /// After ControllerExpandVolume without node expansion, the node's
+    /// usage shows the new size (a share whose quota is its size).
+    pub quota_on_node: bool,
+    /// Where the node plugin's mounts are seen from, when it runs in
+    /// another mount namespace (`/proc/<pid>`): its `root` and
+    /// `mountinfo`.
+    pub node_view: Option<PathBuf>,
 }
 
 impl SuiteConfig {
@@ -56,6 +69,10 @@ impl SuiteConfig {
             fs_type: "ext4".into(),
             expansion_fs_type: "ext4".into(),
             timeout: Duration::from_secs(60),
+            block: true,
+            shared: false,
+            quota_on_node: false,
+            node_view: None,
         }
     }
 }
@@ -201,12 +218,6 @@ fn from_volume(id: &str) -> csi::VolumeContentSource {
     }
 }
 
-fn mounted(path: &std::path::Path) -> bool {
-    host_ops::mounts_at(path)
-        .map(|m| !m.is_empty())
-        .unwrap_or(false)
-}
-
 impl Suite {
     pub async fn connect(cfg: SuiteConfig) -> Result<Self, tonic::transport::Error> {
         let ch = plugin_runtime::connect_unix(&cfg.socket).await?;
@@ -225,6 +236,30 @@ impl Suite {
         };
         s.discover().await;
         Ok(s)
+    }
+
+    /// Whether something is mounted at `path` where the node plugin is.
+    fn mounted(&self, path: &std::path::Path) -> bool {
+        match &self.cfg.node_view {
+            None => host_ops::mounts_at(path)
+                .map(|m| !m.is_empty())
+                .unwrap_or(false),
+            Some(view) => host_ops::mountinfo::parse(
+                &std::fs::read_to_string(view.join("mountinfo")).unwrap_or_default(),
+            )
+            .iter()
+            .any(|m| m.mount_point == path),
+        }
+    }
+
+    /// `path` as the node plugin sees it.
+    fn seen(&self, path: &std::path::Path) -> PathBuf {
+        match &self.cfg.node_view {
+            None => path.to_path_buf(),
+            Some(view) => view
+                .join("root")
+                .join(path.strip_prefix("/").unwrap_or(path)),
+        }
     }
 
     fn req<T>(&self, msg: T) -> tonic::Request<T> {
@@ -376,7 +411,7 @@ impl Suite {
     }
 
     fn lifecycle_skip(&self) -> Skip {
-        if let Skip::Because(w) = self.controller_skip(CRpc::PublishUnpublishVolume) {
+        if let Skip::Because(w) = self.controller_skip(CRpc::CreateDeleteVolume) {
             return Skip::Because(w);
         }
         if !self.node_caps.contains(&NRpc::StageUnstageVolume) || self.node_id.is_none() {
@@ -456,7 +491,10 @@ impl Suite {
         );
         check!(
             "ControllerPublish/Unpublish: repeated calls are idempotent",
-            self.lifecycle_skip(),
+            match self.lifecycle_skip() {
+                Skip::No => self.controller_skip(CRpc::PublishUnpublishVolume),
+                s => s,
+            },
             publish_idempotent
         );
         check!(
@@ -504,16 +542,19 @@ impl Suite {
             lifecycle_mount
         );
         check!(
-            "Lifecycle (raw block)",
+            "Lifecycle (raw block), or InvalidArgument from a driver without block",
             self.lifecycle_skip(),
             lifecycle_block
         );
         check!(
-            "Lifecycle with expansion: controller then node, data kept",
+            "Lifecycle (shared): two publishers see each other's writes, a read-only one refuses",
+            self.lifecycle_skip(),
+            lifecycle_shared
+        );
+        check!(
+            "Lifecycle with expansion: controller (then node), data kept",
             match self.lifecycle_skip() {
-                Skip::No if self.node_caps.contains(&NRpc::ExpandVolume) =>
-                    self.controller_skip(CRpc::ExpandVolume),
-                Skip::No => Skip::Because("node EXPAND_VOLUME not advertised".into()),
+                Skip::No => self.controller_skip(CRpc::ExpandVolume),
                 s => s,
             },
             lifecycle_expand
@@ -687,10 +728,12 @@ impl Suite {
 
     async fn validate_rules(&mut self) -> Check {
         let caps = vec![mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter)];
+        let secrets = self.cfg.secrets.clone();
         let req =
             |id: &str, caps: Vec<csi::VolumeCapability>| csi::ValidateVolumeCapabilitiesRequest {
                 volume_id: id.into(),
                 volume_capabilities: caps,
+                secrets: secrets.clone(),
                 ..Default::default()
             };
         expect_code(
@@ -1577,7 +1620,12 @@ impl Suite {
         )
     }
 
-    /// create → publish → stage ×2 → publish ×2; returns the paths.
+    fn publishes(&self) -> bool {
+        self.controller_caps.contains(&CRpc::PublishUnpublishVolume)
+    }
+
+    /// create → (controller publish) → stage ×2 → publish ×2; returns the
+    /// paths.
     async fn bring_up(
         &mut self,
         cap: csi::VolumeCapability,
@@ -1586,17 +1634,21 @@ impl Suite {
         let node = self.node_id.clone().ok_or("no node id")?;
         let name = self.name(what);
         let v = self.create_volume(&name, cap.clone()).await?;
-        let pc = ok(
-            self.controller
-                .controller_publish_volume(self.req(self.publish_req(
-                    &v.volume_id,
-                    &node,
-                    cap.clone(),
-                )))
-                .await,
-            "ControllerPublishVolume",
-        )?
-        .publish_context;
+        let pc = if self.publishes() {
+            ok(
+                self.controller
+                    .controller_publish_volume(self.req(self.publish_req(
+                        &v.volume_id,
+                        &node,
+                        cap.clone(),
+                    )))
+                    .await,
+                "ControllerPublishVolume",
+            )?
+            .publish_context
+        } else {
+            HashMap::new()
+        };
         let (staging, target) = self.lifecycle_paths(&v.volume_id);
         let stage = csi::NodeStageVolumeRequest {
             volume_id: v.volume_id.clone(),
@@ -1614,13 +1666,28 @@ impl Suite {
             self.node.node_stage_volume(self.req(stage)).await,
             "NodeStageVolume again",
         )?;
+        self.node_publish(&v, &pc, &staging, &target, cap, false)
+            .await?;
+        Ok((v, staging, target, pc))
+    }
+
+    /// NodePublishVolume twice (the repeat must succeed).
+    async fn node_publish(
+        &mut self,
+        v: &csi::Volume,
+        pc: &HashMap<String, String>,
+        staging: &std::path::Path,
+        target: &std::path::Path,
+        cap: csi::VolumeCapability,
+        readonly: bool,
+    ) -> Check {
         let publish = csi::NodePublishVolumeRequest {
             volume_id: v.volume_id.clone(),
             publish_context: pc.clone(),
             staging_target_path: staging.to_string_lossy().into_owned(),
             target_path: target.to_string_lossy().into_owned(),
             volume_capability: Some(cap),
-            readonly: false,
+            readonly,
             secrets: self.cfg.secrets.clone(),
             volume_context: v.volume_context.clone(),
         };
@@ -1634,17 +1701,11 @@ impl Suite {
             self.node.node_publish_volume(self.req(publish)).await,
             "NodePublishVolume again",
         )?;
-        Ok((v, staging, target, pc))
+        Ok(())
     }
 
-    /// unpublish ×2 → unstage ×2 → controller unpublish ×2 → delete ×2.
-    async fn tear_down(
-        &mut self,
-        v: &csi::Volume,
-        staging: &std::path::Path,
-        target: &std::path::Path,
-    ) -> Check {
-        let node = self.node_id.clone().ok_or("no node id")?;
+    /// NodeUnpublishVolume twice; the target must be gone.
+    async fn node_unpublish(&mut self, v: &csi::Volume, target: &std::path::Path) -> Check {
         let un = csi::NodeUnpublishVolumeRequest {
             volume_id: v.volume_id.clone(),
             target_path: target.to_string_lossy().into_owned(),
@@ -1657,9 +1718,20 @@ impl Suite {
             self.node.node_unpublish_volume(self.req(un)).await,
             "NodeUnpublishVolume again",
         )?;
-        ensure(!mounted(target) && !target.exists(), || {
+        ensure(!self.mounted(target) && !self.seen(target).exists(), || {
             format!("{} left behind", target.display())
-        })?;
+        })
+    }
+
+    /// unpublish ×2 → unstage ×2 → (controller unpublish ×2) → delete ×2.
+    async fn tear_down(
+        &mut self,
+        v: &csi::Volume,
+        staging: &std::path::Path,
+        target: &std::path::Path,
+    ) -> Check {
+        let node = self.node_id.clone().ok_or("no node id")?;
+        self.node_unpublish(v, target).await?;
         let us = csi::NodeUnstageVolumeRequest {
             volume_id: v.volume_id.clone(),
             staging_target_path: staging.to_string_lossy().into_owned(),
@@ -1672,26 +1744,28 @@ impl Suite {
             self.node.node_unstage_volume(self.req(us)).await,
             "NodeUnstageVolume again",
         )?;
-        ensure(!mounted(staging), || {
+        ensure(!self.mounted(staging), || {
             format!("{} still mounted", staging.display())
         })?;
-        let cu = csi::ControllerUnpublishVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            node_id: node,
-            secrets: self.cfg.secrets.clone(),
-        };
-        ok(
-            self.controller
-                .controller_unpublish_volume(self.req(cu.clone()))
-                .await,
-            "ControllerUnpublishVolume",
-        )?;
-        ok(
-            self.controller
-                .controller_unpublish_volume(self.req(cu))
-                .await,
-            "ControllerUnpublishVolume again",
-        )?;
+        if self.publishes() {
+            let cu = csi::ControllerUnpublishVolumeRequest {
+                volume_id: v.volume_id.clone(),
+                node_id: node,
+                secrets: self.cfg.secrets.clone(),
+            };
+            ok(
+                self.controller
+                    .controller_unpublish_volume(self.req(cu.clone()))
+                    .await,
+                "ControllerUnpublishVolume",
+            )?;
+            ok(
+                self.controller
+                    .controller_unpublish_volume(self.req(cu))
+                    .await,
+                "ControllerUnpublishVolume again",
+            )?;
+        }
         self.delete_volume(&v.volume_id).await?;
         self.delete_volume(&v.volume_id).await
     }
@@ -1699,11 +1773,11 @@ impl Suite {
     async fn lifecycle_mount(&mut self) -> Check {
         let cap = mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter);
         let (v, staging, target, _) = self.bring_up(cap, "life").await?;
-        ensure(mounted(&staging), || "staging path not mounted".into())?;
-        ensure(mounted(&target), || "target path not mounted".into())?;
-        std::fs::write(target.join("hello"), b"sanity")
+        ensure(self.mounted(&staging), || "staging path not mounted".into())?;
+        ensure(self.mounted(&target), || "target path not mounted".into())?;
+        std::fs::write(self.seen(&target).join("hello"), b"sanity")
             .map_err(|e| format!("writing to the volume: {e}"))?;
-        let seen = std::fs::read(staging.join("hello"))
+        let seen = std::fs::read(self.seen(&staging).join("hello"))
             .map_err(|e| format!("reading through staging: {e}"))?;
         ensure(seen == b"sanity", || "target and staging disagree".into())?;
         if self.node_caps.contains(&NRpc::GetVolumeStats) {
@@ -1722,10 +1796,15 @@ impl Suite {
                 .iter()
                 .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
                 .ok_or("no byte usage")?;
-            ensure(
-                bytes.total > 0 && bytes.total <= v.capacity_bytes && bytes.used > 0,
-                || format!("implausible usage {bytes:?}"),
-            )?;
+            ensure(bytes.total > 0 && bytes.used >= 0, || {
+                format!("implausible usage {bytes:?}")
+            })?;
+            if self.cfg.block {
+                // a block-backed filesystem is no larger than its volume
+                ensure(bytes.total <= v.capacity_bytes && bytes.used > 0, || {
+                    format!("implausible usage {bytes:?}")
+                })?;
+            }
             ensure(
                 st.usage
                     .iter()
@@ -1738,19 +1817,28 @@ impl Suite {
 
     async fn lifecycle_block(&mut self) -> Check {
         let cap = block_cap(Mode::SingleNodeWriter);
+        if !self.cfg.block {
+            let name = self.name("noblock");
+            let req = self.create_req(&name, cap, self.cfg.volume_size);
+            return expect_code(
+                self.controller.create_volume(self.req(req)).await,
+                Code::InvalidArgument,
+                "a raw block volume from a driver that serves none",
+            );
+        }
         let (v, staging, target, _) = self.bring_up(cap, "block").await?;
-        let meta = std::fs::metadata(&target).map_err(|e| format!("target: {e}"))?;
+        let meta = std::fs::metadata(self.seen(&target)).map_err(|e| format!("target: {e}"))?;
         ensure(meta.file_type().is_block_device(), || {
             "target is not a block device".into()
         })?;
-        ensure(!mounted(&staging), || {
+        ensure(!self.mounted(&staging), || {
             "a block volume was mounted at staging".into()
         })?;
         {
             use std::io::{Seek, SeekFrom, Write};
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
-                .open(&target)
+                .open(self.seen(&target))
                 .map_err(|e| format!("opening the device: {e}"))?;
             let size = f.seek(SeekFrom::End(0)).map_err(|e| e.to_string())?;
             ensure(size as i64 == v.capacity_bytes, || {
@@ -1763,10 +1851,52 @@ impl Suite {
         self.tear_down(&v, &staging, &target).await
     }
 
+    /// One volume, several publishers: what one writes the other reads; a
+    /// read-only publish refuses writes. A driver that shares nothing must
+    /// refuse a multi-node mount volume.
+    async fn lifecycle_shared(&mut self) -> Check {
+        let cap = mount_cap(&self.cfg.fs_type, Mode::MultiNodeMultiWriter);
+        if !self.cfg.shared {
+            let name = self.name("noshare");
+            let req = self.create_req(&name, cap, self.cfg.volume_size);
+            return expect_code(
+                self.controller.create_volume(self.req(req)).await,
+                Code::InvalidArgument,
+                "a file system on several nodes from a driver that shares none",
+            );
+        }
+        let (v, staging, a, pc) = self.bring_up(cap.clone(), "shared").await?;
+        let b = self
+            .cfg
+            .mount_dir
+            .join(format!("pods/{}/second", v.volume_id));
+        let ro = self
+            .cfg
+            .mount_dir
+            .join(format!("pods/{}/reader", v.volume_id));
+        self.node_publish(&v, &pc, &staging, &b, cap.clone(), false)
+            .await?;
+        self.node_publish(&v, &pc, &staging, &ro, cap, true).await?;
+        std::fs::write(self.seen(&a).join("shared"), b"one writer")
+            .map_err(|e| format!("writing in the first publish: {e}"))?;
+        let got = std::fs::read(self.seen(&b).join("shared"))
+            .map_err(|e| format!("reading in the second publish: {e}"))?;
+        ensure(got == b"one writer", || {
+            "the second publisher does not see the first's write".into()
+        })?;
+        ensure(
+            std::fs::write(self.seen(&ro).join("nope"), b"x").is_err(),
+            || "a read-only publish accepted a write".into(),
+        )?;
+        self.node_unpublish(&v, &b).await?;
+        self.node_unpublish(&v, &ro).await?;
+        self.tear_down(&v, &staging, &a).await
+    }
+
     async fn lifecycle_expand(&mut self) -> Check {
         let cap = mount_cap(&self.cfg.expansion_fs_type, Mode::SingleNodeWriter);
         let (v, staging, target, _) = self.bring_up(cap.clone(), "grow").await?;
-        std::fs::write(target.join("keep"), b"data").map_err(|e| e.to_string())?;
+        std::fs::write(self.seen(&target).join("keep"), b"data").map_err(|e| e.to_string())?;
         let want = v.capacity_bytes + GIB;
         let r = ok(
             self.controller
@@ -1782,51 +1912,71 @@ impl Suite {
                 .await,
             "ControllerExpandVolume",
         )?;
-        ensure(r.node_expansion_required, || {
-            "a filesystem volume needs node expansion".into()
+        ensure(r.capacity_bytes >= want, || {
+            format!("controller reports {} < {want}", r.capacity_bytes)
         })?;
-        let n = ok(
-            self.node
-                .node_expand_volume(self.req(csi::NodeExpandVolumeRequest {
-                    volume_id: v.volume_id.clone(),
-                    volume_path: target.to_string_lossy().into_owned(),
-                    capacity_range: Some(csi::CapacityRange {
-                        required_bytes: want,
-                        limit_bytes: 0,
-                    }),
-                    staging_target_path: staging.to_string_lossy().into_owned(),
-                    volume_capability: Some(cap),
-                    secrets: HashMap::new(),
-                }))
-                .await,
-            "NodeExpandVolume",
-        )?;
-        ensure(n.capacity_bytes >= want, || {
-            format!("node reports {} < {want}", n.capacity_bytes)
-        })?;
-        let st = ok(
-            self.node
-                .node_get_volume_stats(self.req(csi::NodeGetVolumeStatsRequest {
-                    volume_id: v.volume_id.clone(),
-                    volume_path: target.to_string_lossy().into_owned(),
-                    staging_target_path: String::new(),
-                }))
-                .await,
-            "NodeGetVolumeStats",
-        )?;
-        let total = st
-            .usage
-            .iter()
-            .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
-            .map(|u| u.total)
-            .unwrap_or(0);
-        ensure(total > v.capacity_bytes, || {
-            format!(
-                "filesystem is {total} bytes after growing past {}",
-                v.capacity_bytes
-            )
-        })?;
-        let kept = std::fs::read(target.join("keep")).map_err(|e| e.to_string())?;
+        let node_expands = self.node_caps.contains(&NRpc::ExpandVolume);
+        if node_expands {
+            ensure(r.node_expansion_required, || {
+                "a filesystem volume needs node expansion".into()
+            })?;
+            let n = ok(
+                self.node
+                    .node_expand_volume(self.req(csi::NodeExpandVolumeRequest {
+                        volume_id: v.volume_id.clone(),
+                        volume_path: target.to_string_lossy().into_owned(),
+                        capacity_range: Some(csi::CapacityRange {
+                            required_bytes: want,
+                            limit_bytes: 0,
+                        }),
+                        staging_target_path: staging.to_string_lossy().into_owned(),
+                        volume_capability: Some(cap),
+                        secrets: HashMap::new(),
+                    }))
+                    .await,
+                "NodeExpandVolume",
+            )?;
+            ensure(n.capacity_bytes >= want, || {
+                format!("node reports {} < {want}", n.capacity_bytes)
+            })?;
+        } else {
+            ensure(!r.node_expansion_required, || {
+                "node expansion required from a node without EXPAND_VOLUME".into()
+            })?;
+        }
+        if node_expands || self.cfg.quota_on_node {
+            let mut total = 0;
+            // a quota shows on the node's side a moment later
+            for _ in 0..50 {
+                let st = ok(
+                    self.node
+                        .node_get_volume_stats(self.req(csi::NodeGetVolumeStatsRequest {
+                            volume_id: v.volume_id.clone(),
+                            volume_path: target.to_string_lossy().into_owned(),
+                            staging_target_path: String::new(),
+                        }))
+                        .await,
+                    "NodeGetVolumeStats",
+                )?;
+                total = st
+                    .usage
+                    .iter()
+                    .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+                    .map(|u| u.total)
+                    .unwrap_or(0);
+                if total > v.capacity_bytes {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            ensure(total > v.capacity_bytes, || {
+                format!(
+                    "filesystem is {total} bytes after growing past {}",
+                    v.capacity_bytes
+                )
+            })?;
+        }
+        let kept = std::fs::read(self.seen(&target).join("keep")).map_err(|e| e.to_string())?;
         ensure(kept == b"data", || "data changed by the expansion".into())?;
         self.tear_down(&v, &staging, &target).await
     }

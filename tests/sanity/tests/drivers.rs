@@ -246,3 +246,110 @@ async fn cinder_conforms_on_the_real_cloud() {
         "mounts left behind"
     );
 }
+
+/// The whole suite against `manila-csi-plugin` for each protocol on the
+/// emulator: the node runs in a private mount namespace whose stand-in
+/// mount helpers bind local directories (this machine has no NFS or CephFS
+/// client), so staging, publishing, sharing and read-only mounts are real
+/// up to mount(8).
+#[tokio::test]
+async fn manila_conforms_on_the_emulator_for_both_protocols() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root for mount namespaces and mounts");
+        return;
+    }
+    for (protocol, parameters) in [
+        ("NFS", vec![("nfs-shareClient", "10.0.0.0/8")]),
+        ("CEPHFS", vec![("type", "cephfs")]),
+    ] {
+        let log = std::env::temp_dir().join(format!(
+            "manila-sanity-{protocol}-{}.log",
+            std::process::id()
+        ));
+        let mut o =
+            csi_sanity::harness::ManilaOptions::new(binaries().join("manila-csi-plugin"), protocol);
+        o.log_file = Some(log.clone());
+        let h = csi_sanity::harness::ManilaOnEmulator::start(o)
+            .await
+            .unwrap();
+        wait_ready(&h.socket).await;
+        let mut cfg = csi_sanity::SuiteConfig::new(&h.socket, h.kubelet_dir.join("sanity"));
+        cfg.secrets = h.member_secrets();
+        cfg.parameters = parameters
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        cfg.block = false;
+        cfg.shared = true;
+        cfg.node_view = Some(PathBuf::from(format!("/proc/{}", h.plugin_pid().unwrap())));
+        let report = csi_sanity::Suite::connect(cfg).await.unwrap().run().await;
+        println!("{protocol}:\n{report}");
+        let logs = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_file(&log);
+        assert!(
+            report.failures().is_empty(),
+            "{protocol}: {report}\n--- plugin log ---\n{logs}"
+        );
+        // publish/unpublish: shares are not attached
+        assert_eq!(
+            report.count(|o| matches!(o, csi_sanity::Outcome::Skip(_))),
+            2,
+            "{report}"
+        );
+        assert!(h.mounts_below_dir().is_empty(), "mounts left behind");
+    }
+}
+
+/// The suite against `manila-csi-plugin` (CEPHFS) on the real test cloud:
+/// real Manila with its CephFS driver on a real Ceph, real ceph-fuse mounts
+/// shared by several publishers; a grown share shows its new quota in the
+/// mount. Run with `--ignored` and `OPENSTACK_TEST_BACKEND=real` once
+/// `tests/openstack/cloud.py up file` (or `all`) is up.
+#[tokio::test]
+#[ignore = "needs root and the real test cloud with Ceph (tests/openstack/cloud.py up file)"]
+async fn manila_cephfs_conforms_on_the_real_cloud() {
+    assert_eq!(
+        std::env::var("OPENSTACK_TEST_BACKEND").as_deref(),
+        Ok("real"),
+        "set OPENSTACK_TEST_BACKEND=real"
+    );
+    let cloud_dir = std::env::var("OPENSTACK_TEST_CLOUD_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../.openstack-cloud"
+            ))
+        });
+    let log = std::env::temp_dir().join(format!("manila-sanity-real-{}.log", std::process::id()));
+    let h = csi_sanity::harness::ManilaOnRealCloud::start(
+        &binaries().join("manila-csi-plugin"),
+        &cloud_dir,
+        "CEPHFS",
+        true,
+        &[],
+        Some(log.clone()),
+    )
+    .await
+    .unwrap();
+    wait_ready(&h.socket).await;
+    let mut cfg = csi_sanity::SuiteConfig::new(&h.socket, h.kubelet_dir.join("sanity"));
+    cfg.secrets = h.secrets.clone();
+    cfg.parameters = [("type".to_string(), "cephfs".to_string())].into();
+    cfg.block = false;
+    cfg.shared = true;
+    cfg.quota_on_node = true;
+    cfg.timeout = Duration::from_secs(120);
+    let report = csi_sanity::Suite::connect(cfg).await.unwrap().run().await;
+    println!("{report}");
+    let logs = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    assert!(
+        report.failures().is_empty(),
+        "{report}\n--- plugin log ---\n{logs}"
+    );
+    assert!(
+        csi_sanity::harness::mounts_below(h.dir.path()).is_empty(),
+        "mounts left behind"
+    );
+}

@@ -466,10 +466,13 @@ fn conf_values(text: &str) -> HashMap<String, String> {
 
 impl ManilaOnRealCloud {
     /// `cloud_dir` is the test cloud's state directory (`.openstack-cloud`).
+    /// With `own_credentials` the plugin also gets the member's cloud.conf
+    /// (calls without secrets: ListVolumes, ControllerGetVolume).
     pub async fn start(
         plugin_binary: &Path,
         cloud_dir: &Path,
         protocol: &str,
+        own_credentials: bool,
         extra_args: &[String],
         log_file: Option<PathBuf>,
     ) -> Result<Self, HarnessError> {
@@ -501,7 +504,15 @@ impl ManilaOnRealCloud {
         let socket = dir.path().join("csi.sock");
         let state_dir = dir.path().join("state");
         let conf = dir.path().join("cloud.conf");
-        std::fs::write(&conf, "[Metadata]\nsearch-order = metadataService\n")?;
+        let own = if own_credentials {
+            std::fs::read_to_string(cloud_dir.join("cloud-member.conf"))?
+        } else {
+            String::new()
+        };
+        std::fs::write(
+            &conf,
+            format!("{own}\n[Metadata]\nsearch-order = metadataService\n"),
+        )?;
         let mut args = vec![
             format!("--endpoint=unix://{}", socket.display()),
             format!("--share-protocol-selector={protocol}"),
@@ -512,6 +523,7 @@ impl ManilaOnRealCloud {
             format!("--metadata-url={url}"),
             format!("--path-root={}", kubelet_dir.display()),
             format!("--state-dir={}", state_dir.display()),
+            format!("--cloud-config={}", conf.display()),
             "--cluster-id=sanity-real".into(),
         ];
         args.extend(extra_args.iter().cloned());
