@@ -74,6 +74,37 @@ def cinder_rules(doc):
             yield "the node plugin needs /dev"
 
 
+def manila_rules(doc):
+    """What the Manila driver needs of its objects: shares are not attached,
+    the node mounts them itself (no partner plugin), ceph-fuse needs
+    /dev/fuse, each plugin serves the protocol its driver name says."""
+    kind, name = doc.get("kind"), (doc.get("metadata") or {}).get("name") or ""
+    if kind == "CSIDriver" and name.endswith("manila.csi.openstack.org"):
+        if (doc.get("spec") or {}).get("attachRequired") is not False:
+            yield "a Manila CSIDriver needs attachRequired: false (shares are not attached)"
+    if kind in ("Deployment", "DaemonSet") and name.startswith("csi-manila-"):
+        pod = doc["spec"]["template"]["spec"]
+        plugin = next((c for c in pod["containers"] if c["name"] == "manila-csi-plugin"), None)
+        if plugin is None:
+            yield "no manila-csi-plugin container"
+            return
+        args = plugin.get("args", [])
+        flag = lambda f: next((a.split("=", 1)[1] for a in args if a.startswith(f + "=")), None)
+        driver, proto = flag("--drivername"), flag("--share-protocol-selector")
+        if not driver or not proto or not driver.startswith(proto.lower() + "."):
+            yield f"driver name {driver!r} does not match --share-protocol-selector {proto!r}"
+        if any(a.startswith("--fwdendpoint") for a in args):
+            yield "--fwdendpoint: this plugin mounts shares itself, no partner plugin is needed"
+        if kind == "DaemonSet":
+            if not (plugin.get("securityContext") or {}).get("privileged"):
+                yield "the Manila node plugin must be privileged (it mounts)"
+            mounts = {m["mountPath"]: m for m in plugin.get("volumeMounts", [])}
+            if (mounts.get("/var/lib/kubelet") or {}).get("mountPropagation") != "Bidirectional":
+                yield "the kubelet directory must be mounted with Bidirectional propagation"
+            if proto == "CEPHFS" and "/dev/fuse" not in mounts:
+                yield "the CephFS node plugin needs /dev/fuse for ceph-fuse"
+
+
 # each must be reported: proves the checks can fail
 BROKEN = [
     ("pod with an unknown field", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
@@ -88,6 +119,18 @@ BROKEN = [
     ("cinder CSIDriver without attach", {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
                                          "metadata": {"name": "cinder.csi.openstack.org"},
                                          "spec": {"attachRequired": False, "fsGroupPolicy": "File"}}),
+    ("manila CSIDriver with attach", {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+                                      "metadata": {"name": "nfs.manila.csi.openstack.org"},
+                                      "spec": {"attachRequired": True}}),
+    ("manila node plugin with a partner socket", {
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "csi-manila-cephfs-nodeplugin"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": {
+            "containers": [{"name": "manila-csi-plugin", "image": "i", "securityContext": {"privileged": True},
+                            "args": ["--drivername=cephfs.manila.csi.openstack.org", "--share-protocol-selector=CEPHFS",
+                                     "--fwdendpoint=unix:///csi/partner.sock"],
+                            "volumeMounts": [{"name": "k", "mountPath": "/var/lib/kubelet",
+                                              "mountPropagation": "Bidirectional"}]}],
+            "volumes": [{"name": "k", "hostPath": {"path": "/var/lib/kubelet"}}]}}}}),
     ("snapshot class with an unknown policy", {"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
                                                 "metadata": {"name": "s"}, "driver": "d", "deletionPolicy": "Keep"}),
     ("secret cloud.conf without key-id", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
@@ -108,7 +151,7 @@ def validate(docs):
         if doc.get("kind") == "KustomizeError":
             problems.append(f"{where}: {doc['error']}")
             continue
-        for p in cinder_rules(doc):
+        for p in [*cinder_rules(doc), *manila_rules(doc)]:
             problems.append(f"{where}: {p}")
         if doc.get("kind") == "VolumeSnapshotClass":
             for e in jsonschema.Draft202012Validator(vsc_schema).iter_errors(doc):
