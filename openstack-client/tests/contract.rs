@@ -16,7 +16,8 @@ use openstack_client::cinder::{
 use openstack_client::common::{Poll, poll_until};
 use openstack_client::config::{CloudConf, ConfigEnv};
 use openstack_client::manila::{
-    AccessRuleState, CreateShare, GrantAccess, ShareSnapshotStatus, ShareStatus, SharedFileSystems,
+    AccessRuleState, CreateShare, GrantAccess, ListPage, ShareSnapshotStatus, ShareStatus,
+    SharedFileSystems,
 };
 use openstack_client::nova::Compute;
 use openstack_client::{Error, ServiceType, Session, SessionOptions};
@@ -1005,6 +1006,14 @@ async fn manila_unschedulable_share_is_explained_by_user_messages() {
         "{}: {messages:?}",
         b.name()
     );
+    // the capacity filter's own detail, which the Manila driver maps to
+    // ResourceExhausted
+    assert_eq!(
+        messages[0].detail_id.as_deref(),
+        Some("009"),
+        "{}: {messages:?}",
+        b.name()
+    );
     m.delete_share(&share.id).await.unwrap();
     wait_gone("share delete", || m.get_share(&share.id)).await;
 }
@@ -1088,4 +1097,128 @@ async fn wait_device(link: &std::path::Path, want: Option<u64>, backend: &str) {
     )
     .await
     .unwrap_or_else(|e| panic!("{backend}: {e}"));
+}
+
+/// Offset paging oldest first (what the Manila CSI driver's ListVolumes
+/// and ListSnapshots tokens rely on), pools readable by admins only, and
+/// the share quota in `limits`.
+#[tokio::test]
+async fn manila_paging_pools_and_limits() {
+    let b = Backend::new().await;
+    if !b.has("manila", "manila_paging_pools_and_limits") {
+        return;
+    }
+    let member = SharedFileSystems::new(b.session(User::Member));
+    let admin = SharedFileSystems::new(b.session(User::Admin));
+    let prefix = unique("contract-page");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let s = member
+            .create_share(&nfs(&format!("{prefix}-{i}"), 1))
+            .await
+            .unwrap();
+        ids.push(s.id.clone());
+        // created_at has second resolution on some backends: keep them apart
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    for id in &ids {
+        wait_share(&member, id, ShareStatus::Available).await;
+    }
+    let mut seen = Vec::new();
+    let mut offset = 0;
+    loop {
+        let page = member
+            .list_shares(&ListPage {
+                limit: Some(2),
+                offset,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(page.len() <= 2, "{}", b.name());
+        offset += page.len() as u64;
+        let done = page.len() < 2;
+        seen.extend(page.into_iter().map(|s| s.id));
+        if done {
+            break;
+        }
+    }
+    let positions: Vec<usize> = ids
+        .iter()
+        .map(|id| {
+            seen.iter()
+                .position(|s| s == id)
+                .unwrap_or_else(|| panic!("{}: {id} not paged", b.name()))
+        })
+        .collect();
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "{}: oldest first: {positions:?}",
+        b.name()
+    );
+    let snap = member
+        .create_snapshot(&ids[0], &unique("contract-psnap"), None)
+        .await
+        .unwrap();
+    wait_snapshot_available(&member, &snap.id).await;
+    let of_share = member
+        .list_snapshots(&ListPage {
+            limit: Some(10),
+            share_id: Some(ids[0].clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(of_share.len(), 1, "{}", b.name());
+    assert!(
+        member
+            .list_snapshots(&ListPage {
+                share_id: Some(ids[1].clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .is_empty(),
+        "{}",
+        b.name()
+    );
+    let err = member.list_pools().await.unwrap_err();
+    assert!(matches!(err, Error::Forbidden(_)), "{}: {err}", b.name());
+    let pools = admin.list_pools().await.unwrap();
+    assert!(
+        pools
+            .iter()
+            .any(|p| p.capabilities.free_gib().is_some_and(|g| g > 0.0)),
+        "{}: {pools:?}",
+        b.name()
+    );
+    let limits = member.share_limits().await.unwrap();
+    assert!(limits.used_gib >= 3, "{}: {limits:?}", b.name());
+    member.delete_snapshot(&snap.id).await.unwrap();
+    wait_gone("snapshot removal", || member.get_snapshot(&snap.id)).await;
+    for id in &ids {
+        member.delete_share(id).await.unwrap();
+    }
+    for id in &ids {
+        wait_gone("share delete", || member.get_share(id)).await;
+    }
+}
+
+async fn wait_snapshot_available(m: &SharedFileSystems, id: &str) {
+    poll_until(
+        "share snapshot",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let x = m.get_snapshot(id).await?;
+            Ok(if x.status == ShareSnapshotStatus::Available {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(x.status.to_string())
+            })
+        },
+    )
+    .await
+    .unwrap();
 }
