@@ -13,6 +13,8 @@ use crate::errors::{Context, DriverError, DriverResult};
 /// First poll of a pending resource, and the cap of the growing interval.
 pub const POLL_FIRST: Duration = Duration::from_millis(25);
 pub const POLL_MAX: Duration = Duration::from_secs(2);
+/// Before the first look at a resource that was just asked to change.
+pub const SETTLE: Duration = Duration::from_millis(5);
 
 /// Polls `check` until it is ready or `deadline` passes. `pending` says
 /// what was still being waited for (it gets the last state seen).
@@ -26,6 +28,9 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = openstack_client::Result<Poll<T>>>,
 {
+    // what was just asked to change has not settled yet: the first look
+    // comes a moment later (an immediate one only costs a round trip)
+    tokio::time::sleep(SETTLE.min(deadline.saturating_duration_since(Instant::now()))).await;
     match poll_until(operation, deadline, POLL_FIRST, POLL_MAX, check).await {
         Ok(v) => Ok(v),
         Err(openstack_client::Error::Timeout { last, .. }) => {

@@ -94,11 +94,14 @@ impl ControllerService {
     /// Grants what is missing and waits until every wanted rule is
     /// active; returns their ids. A rule Manila failed (`error`) is
     /// revoked and granted anew.
+    /// `fresh`: the share was created by this call, so it has no rules yet
+    /// and none is looked up first.
     pub(super) async fn ensure_access(
         &self,
         manila: &SharedFileSystems,
         share: &Share,
         wanted: &[GrantAccess],
+        fresh: bool,
         deadline: Instant,
     ) -> DriverResult<Vec<String>> {
         let id = share.id.as_str();
@@ -106,10 +109,14 @@ impl ControllerService {
             r.access_type.eq_ignore_ascii_case(&g.access_type)
                 && same_client(&r.access_to, &g.access_to)
         };
-        let rules = manila
-            .list_access_rules(id)
-            .await
-            .context(format!("access rules of share {id}"))?;
+        let rules = if fresh {
+            Vec::new()
+        } else {
+            manila
+                .list_access_rules(id)
+                .await
+                .context(format!("access rules of share {id}"))?
+        };
         for g in wanted {
             let existing = rules.iter().find(|r| matches(r, g));
             if let Some(r) = existing {

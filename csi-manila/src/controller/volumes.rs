@@ -172,6 +172,7 @@ impl ControllerService {
                 )));
             }
         };
+        let fresh = share.is_none();
         let share = match share {
             Some(s) => s,
             None => {
@@ -222,7 +223,7 @@ impl ControllerService {
             self.drop_clone_snapshot(&manila, &name).await;
         }
         let rule_ids = self
-            .ensure_access(&manila, &share, &wanted, deadline)
+            .ensure_access(&manila, &share, &wanted, fresh, deadline)
             .await?;
         let mut context = HashMap::from([
             ("shareID".to_string(), share.id.clone()),
