@@ -5,7 +5,8 @@
 //! - [`node`]: devices, filesystems and mounts (through `host-ops`);
 //! - [`capabilities`]: what a Cinder volume can serve;
 //! - [`errors`]: what Cinder's and Nova's refusals mean as gRPC codes;
-//! - [`options`]: the binary's flags.
+//! - [`options`]: the binary's flags;
+//! - [`plugin`]: the lifecycle the binary runs.
 //!
 //! What the Manila driver does alike (deadlines, de-duplication, paging,
 //! paths, readiness) lives in `csi-common`.
@@ -15,6 +16,7 @@ pub mod controller;
 pub mod errors;
 pub mod node;
 pub mod options;
+pub mod plugin;
 
 pub use options::Options;
 

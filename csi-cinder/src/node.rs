@@ -10,16 +10,15 @@ use std::time::{Duration, Instant};
 
 use host_ops::{BlockDevices, DeviceContent, Filesystem, MountOptions, Mounter};
 use proto::csi::v1 as csi;
-use proto::csi::v1::node_server::Node;
 use proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
-use tonic::{Request, Response, Status};
 
 use csi_common::node_ops::{
-    NodeIdentity, bind_staged, blocking, io_ctx, path_arg, sanitize_label, unmount_and_remove,
+    NodeIdentity, PublishArgs, StageArgs, abnormal_response, bind_staged, blocking, io_ctx,
+    sanitize_label, unmount_and_remove, unpublish_args, unstage_args, usage_response,
     volume_path_arg,
 };
 use csi_common::request::{is_uuid, require};
-use csi_common::{Context, DriverError, DriverResult, KeyedLocks, serve_rpc};
+use csi_common::{Context, DriverError, DriverResult, KeyedLocks, csi_node_service};
 
 use crate::TOPOLOGY_KEY;
 use crate::capabilities::{AccessType, parse_capability};
@@ -136,17 +135,11 @@ impl NodeService {
         r: csi::NodeStageVolumeRequest,
         deadline: Instant,
     ) -> DriverResult<csi::NodeStageVolumeResponse> {
-        let id = require(&r.volume_id, "volume_id")?.to_string();
-        let staging = path_arg(
-            &r.staging_target_path,
-            "staging_target_path",
-            &self.opts.path_roots,
-        )?;
-        let cap = r
-            .volume_capability
-            .as_ref()
-            .ok_or_else(|| DriverError::InvalidArgument("volume_capability is required".into()))
-            .and_then(parse_capability)?;
+        let StageArgs {
+            volume_id: id,
+            staging,
+            capability: cap,
+        } = StageArgs::parse(&r, &self.opts.path_roots, parse_capability)?;
         if !is_uuid(&id) {
             return Err(DriverError::NotFound(format!(
                 "volume {id} does not exist (volume ids are Cinder UUIDs)"
@@ -180,12 +173,7 @@ impl NodeService {
         r: csi::NodeUnstageVolumeRequest,
         deadline: Instant,
     ) -> DriverResult<csi::NodeUnstageVolumeResponse> {
-        let id = require(&r.volume_id, "volume_id")?.to_string();
-        let staging = path_arg(
-            &r.staging_target_path,
-            "staging_target_path",
-            &self.opts.path_roots,
-        )?;
+        let (id, staging) = unstage_args(&r, &self.opts.path_roots)?;
         let _guard = self.locks.lock(&id, deadline).await?;
         let mounter = self.mounter.clone();
         blocking(move || unmount_and_remove(&*mounter, &staging)).await?;
@@ -197,33 +185,18 @@ impl NodeService {
         r: csi::NodePublishVolumeRequest,
         deadline: Instant,
     ) -> DriverResult<csi::NodePublishVolumeResponse> {
-        let id = require(&r.volume_id, "volume_id")?.to_string();
-        let staging = path_arg(
-            &r.staging_target_path,
-            "staging_target_path",
-            &self.opts.path_roots,
-        )?;
-        let target = path_arg(&r.target_path, "target_path", &self.opts.path_roots)?;
-        let cap = r
-            .volume_capability
-            .as_ref()
-            .ok_or_else(|| DriverError::InvalidArgument("volume_capability is required".into()))
-            .and_then(parse_capability)?;
-        if r.volume_context
-            .get("csi.storage.k8s.io/ephemeral")
-            .map(String::as_str)
-            == Some("true")
-        {
-            return Err(DriverError::InvalidArgument(
-                "inline ephemeral volumes are not supported".into(),
-            ));
-        }
+        let PublishArgs {
+            volume_id: id,
+            staging,
+            target,
+            capability: cap,
+            read_only,
+        } = PublishArgs::parse(&r, &self.opts.path_roots, parse_capability)?;
         if !is_uuid(&id) {
             return Err(DriverError::NotFound(format!(
                 "volume {id} does not exist (volume ids are Cinder UUIDs)"
             )));
         }
-        let read_only = r.readonly || cap.read_only_mode();
         let options = MountOptions::parse(&cap.mount_flags)
             .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
         let _guard = self.locks.lock(&target.to_string_lossy(), deadline).await?;
@@ -245,8 +218,7 @@ impl NodeService {
         r: csi::NodeUnpublishVolumeRequest,
         deadline: Instant,
     ) -> DriverResult<csi::NodeUnpublishVolumeResponse> {
-        require(&r.volume_id, "volume_id")?;
-        let target = path_arg(&r.target_path, "target_path", &self.opts.path_roots)?;
+        let (_, target) = unpublish_args(&r, &self.opts.path_roots)?;
         let _guard = self.locks.lock(&target.to_string_lossy(), deadline).await?;
         let mounter = self.mounter.clone();
         blocking(move || unmount_and_remove(&*mounter, &target)).await?;
@@ -561,43 +533,12 @@ fn volume_stats(
                     message: "block device readable".into(),
                 }),
             },
-            Err(e) => csi::NodeGetVolumeStatsResponse {
-                usage: vec![],
-                volume_condition: Some(csi::VolumeCondition {
-                    abnormal: true,
-                    message: format!("block device unreadable: {e}"),
-                }),
-            },
+            Err(e) => abnormal_response(format!("block device unreadable: {e}")),
         });
     }
     Ok(match host_ops::volume_usage(path) {
-        Ok(u) => csi::NodeGetVolumeStatsResponse {
-            usage: vec![
-                csi::VolumeUsage {
-                    available: u.available_bytes as i64,
-                    total: u.total_bytes as i64,
-                    used: u.used_bytes as i64,
-                    unit: Unit::Bytes as i32,
-                },
-                csi::VolumeUsage {
-                    available: u.free_inodes as i64,
-                    total: u.total_inodes as i64,
-                    used: u.used_inodes as i64,
-                    unit: Unit::Inodes as i32,
-                },
-            ],
-            volume_condition: Some(csi::VolumeCondition {
-                abnormal: false,
-                message: "filesystem mounted and answering".into(),
-            }),
-        },
-        Err(e) => csi::NodeGetVolumeStatsResponse {
-            usage: vec![],
-            volume_condition: Some(csi::VolumeCondition {
-                abnormal: true,
-                message: format!("filesystem does not answer: {e}"),
-            }),
-        },
+        Ok(u) => usage_response(&u, "filesystem mounted and answering"),
+        Err(e) => abnormal_response(format!("filesystem does not answer: {e}")),
     })
 }
 
@@ -650,95 +591,10 @@ fn expansion_target(
     Ok((device, Some(fs)))
 }
 
-#[tonic::async_trait]
-impl Node for NodeService {
-    async fn node_stage_volume(
-        &self,
-        req: Request<csi::NodeStageVolumeRequest>,
-    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "NodeStageVolume",
-            volume_id = |r: &csi::NodeStageVolumeRequest| r.volume_id.clone(),
-            stage
-        )
-    }
-    async fn node_unstage_volume(
-        &self,
-        req: Request<csi::NodeUnstageVolumeRequest>,
-    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "NodeUnstageVolume",
-            volume_id = |r: &csi::NodeUnstageVolumeRequest| r.volume_id.clone(),
-            unstage
-        )
-    }
-    async fn node_publish_volume(
-        &self,
-        req: Request<csi::NodePublishVolumeRequest>,
-    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "NodePublishVolume",
-            volume_id = |r: &csi::NodePublishVolumeRequest| r.volume_id.clone(),
-            publish
-        )
-    }
-    async fn node_unpublish_volume(
-        &self,
-        req: Request<csi::NodeUnpublishVolumeRequest>,
-    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "NodeUnpublishVolume",
-            volume_id = |r: &csi::NodeUnpublishVolumeRequest| r.volume_id.clone(),
-            unpublish
-        )
-    }
-    async fn node_get_volume_stats(
-        &self,
-        req: Request<csi::NodeGetVolumeStatsRequest>,
-    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "NodeGetVolumeStats",
-            volume_id = |r: &csi::NodeGetVolumeStatsRequest| r.volume_id.clone(),
-            stats
-        )
-    }
-    async fn node_expand_volume(
-        &self,
-        req: Request<csi::NodeExpandVolumeRequest>,
-    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "NodeExpandVolume",
-            volume_id = |r: &csi::NodeExpandVolumeRequest| r.volume_id.clone(),
-            expand
-        )
-    }
-    async fn node_get_capabilities(
-        &self,
-        _req: Request<csi::NodeGetCapabilitiesRequest>,
-    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
-        Ok(Response::new(csi::NodeGetCapabilitiesResponse {
-            capabilities: Self::capabilities(),
-        }))
-    }
-    async fn node_get_info(
-        &self,
-        _req: Request<csi::NodeGetInfoRequest>,
-    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
-        self.node_info().map(Response::new).map_err(Status::from)
-    }
-}
+csi_node_service!(NodeService {
+    rpc node_expand_volume(NodeExpandVolumeRequest) -> NodeExpandVolumeResponse
+        = "NodeExpandVolume", volume_id = |r| r.volume_id.clone() => expand;
+});
 
 #[cfg(test)]
 mod tests {

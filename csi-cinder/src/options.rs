@@ -31,13 +31,9 @@ pub struct Options {
     /// Cluster id written into volume metadata.
     #[arg(long, default_value = "")]
     pub cluster: String,
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    pub provide_controller_service: bool,
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    pub provide_node_service: bool,
     /// Serve /metrics and /healthz on this address (`:8080`, as upstream
     /// writes it, means every interface).
-    #[arg(long, value_parser = parse_listen_address)]
+    #[arg(long, value_parser = plugin_runtime::parse_listen_address)]
     pub http_endpoint: Option<SocketAddr>,
     /// Node: where udev links block devices by serial.
     #[arg(long, default_value = "/dev/disk/by-id")]
@@ -46,10 +42,6 @@ pub struct Options {
     /// when `[Metadata] search-order` names metadataService.
     #[arg(long, default_value = "http://169.254.169.254/")]
     pub metadata_url: url::Url,
-    /// Node: staging and target paths must lie below one of these
-    /// directories (repeatable). Set it to the kubelet's root directory.
-    #[arg(long = "path-root", default_values_t = vec!["/var/lib/kubelet".to_string()])]
-    pub path_root: Vec<String>,
     /// Node: how long NodeStageVolume waits for the device of a volume
     /// that was just attached, in seconds.
     #[arg(long, default_value_t = 30)]
@@ -58,17 +50,9 @@ pub struct Options {
     #[arg(long, default_value = crate::DEFAULT_DRIVER_NAME)]
     pub driver_name: String,
     #[command(flatten)]
+    pub services: csi_common::plugin::ServiceFlags,
+    #[command(flatten)]
     pub log: LogArgs,
-}
-
-fn parse_listen_address(s: &str) -> Result<SocketAddr, String> {
-    let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
-    } else {
-        s.to_string()
-    };
-    full.parse()
-        .map_err(|e| format!("{s:?} is not an address like 127.0.0.1:8080 or :8080: {e}"))
 }
 
 fn parse_key_value(s: &str) -> Result<(String, String), String> {
@@ -84,18 +68,8 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
 impl Options {
     /// Checks that flags fit together.
     pub fn validate(&self) -> Result<(), String> {
-        plugin_runtime::csi_identity::validate_driver_name(&self.driver_name)?;
-        if !self.provide_controller_service && !self.provide_node_service {
-            return Err("at least one of --provide-controller-service and --provide-node-service must be true".into());
-        }
-        for r in &self.path_root {
-            if !r.starts_with('/') || r.split('/').any(|c| c == "..") {
-                return Err(format!(
-                    "--path-root {r:?} must be an absolute path without \"..\""
-                ));
-            }
-        }
-        if self.provide_controller_service && self.cloud_config.is_empty() {
+        self.services.check(&self.driver_name)?;
+        if self.services.provide_controller_service && self.cloud_config.is_empty() {
             return Err(
                 "--cloud-config is required when the controller service is provided".into(),
             );

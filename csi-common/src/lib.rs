@@ -10,21 +10,31 @@
 //! - [`node_ops`]: request paths confined to `--path-root`, binds and
 //!   unmounts, topology labels;
 //! - [`readiness`]: when Probe says ready;
+//! - [`plugin`]: flags both binaries check alike, and why a plugin stops;
 //! - [`waits`]: deadline-bounded waits for OpenStack resources;
-//! - [`serve_rpc!`]: one span per RPC named after it, carrying the id it
-//!   works on, and the error converted once.
+//! - [`serve_rpc!`], [`csi_service!`]: one span per RPC named after it,
+//!   carrying the id it works on, and the error converted once; the tonic
+//!   trait impl written from a table.
 
 pub mod credentials;
 pub mod errors;
 pub mod locks;
 pub mod node_ops;
 pub mod paging;
+pub mod plugin;
 pub mod readiness;
 pub mod request;
 pub mod waits;
 
 pub use errors::{Context, DriverError, DriverResult};
 pub use locks::KeyedLocks;
+
+#[doc(hidden)]
+pub use proto as __proto;
+#[doc(hidden)]
+pub use tonic as __tonic;
+#[doc(hidden)]
+pub use tracing as __tracing;
 
 /// Runs a handler `async fn method(&self, request, deadline) ->
 /// DriverResult<Response>` in a span named after the RPC that carries
@@ -37,10 +47,179 @@ macro_rules! serve_rpc {
     ($self:ident, $req:ident, $rpc:literal, $field:ident = $id:expr, $method:ident) => {{
         let deadline = $crate::request::deadline_from($req.metadata());
         let r = $req.into_inner();
-        let span = ::tracing::info_span!($rpc, $field = %$id(&r));
-        ::tracing::Instrument::instrument($self.$method(r, deadline), span)
+        let span = $crate::__tracing::info_span!($rpc, $field = %$id(&r));
+        $crate::__tracing::Instrument::instrument($self.$method(r, deadline), span)
             .await
-            .map(::tonic::Response::new)
-            .map_err(::tonic::Status::from)
+            .map($crate::__tonic::Response::new)
+            .map_err($crate::__tonic::Status::from)
     }};
+}
+
+/// A CSI service's tonic trait impl from a table: each RPC names its
+/// request and response types (in `proto::csi::v1`), its span name, the
+/// span field and how it is read from the request, and the handler
+/// (`async fn(&self, request, deadline) -> DriverResult<response>`);
+/// RPCs the driver does not serve answer Unimplemented with a reason;
+/// anything else is written out after `verbatim`.
+///
+/// ```ignore
+/// csi_common::csi_service! {
+///     impl Node => NodeService {
+///         rpc node_stage_volume(NodeStageVolumeRequest) -> NodeStageVolumeResponse
+///             = "NodeStageVolume", volume_id = |r| r.volume_id.clone() => stage;
+///         unimplemented node_expand_volume(NodeExpandVolumeRequest)
+///             -> NodeExpandVolumeResponse = "no node expansion";
+///         verbatim { async fn node_get_info(...) ... }
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! csi_service {
+    (
+        impl $trait:path => $ty:ty {
+            $(
+                rpc $method:ident($req:ident) -> $resp:ident
+                    = $rpc:literal, $span:ident = |$r:ident| $field:expr => $handler:ident;
+            )*
+            $(
+                unimplemented $umethod:ident($ureq:ident) -> $uresp:ident = $why:literal;
+            )*
+            $( verbatim { $($extra:tt)* } )?
+        }
+    ) => {
+        #[$crate::__tonic::async_trait]
+        impl $trait for $ty {
+            $(
+                async fn $method(
+                    &self,
+                    req: $crate::__tonic::Request<$crate::__proto::csi::v1::$req>,
+                ) -> ::std::result::Result<
+                    $crate::__tonic::Response<$crate::__proto::csi::v1::$resp>,
+                    $crate::__tonic::Status,
+                > {
+                    $crate::serve_rpc!(
+                        self,
+                        req,
+                        $rpc,
+                        $span = |$r: &$crate::__proto::csi::v1::$req| $field,
+                        $handler
+                    )
+                }
+            )*
+            $(
+                async fn $umethod(
+                    &self,
+                    _req: $crate::__tonic::Request<$crate::__proto::csi::v1::$ureq>,
+                ) -> ::std::result::Result<
+                    $crate::__tonic::Response<$crate::__proto::csi::v1::$uresp>,
+                    $crate::__tonic::Status,
+                > {
+                    Err($crate::__tonic::Status::unimplemented($why))
+                }
+            )*
+            $( $($extra)* )?
+        }
+    };
+}
+
+/// The Node service both drivers serve: stage, unstage, publish,
+/// unpublish and stats by the handlers of those names, capabilities and
+/// NodeGetInfo from `Self::capabilities()` and `self.node_info()`; the
+/// braces say what NodeExpandVolume is (an `rpc` or `unimplemented`
+/// entry of [`csi_service!`]).
+#[macro_export]
+macro_rules! csi_node_service {
+    ($ty:ty { $($expand:tt)* }) => {
+        $crate::csi_service! {
+            impl $crate::__proto::csi::v1::node_server::Node => $ty {
+                rpc node_stage_volume(NodeStageVolumeRequest) -> NodeStageVolumeResponse
+                    = "NodeStageVolume", volume_id = |r| r.volume_id.clone() => stage;
+                rpc node_unstage_volume(NodeUnstageVolumeRequest) -> NodeUnstageVolumeResponse
+                    = "NodeUnstageVolume", volume_id = |r| r.volume_id.clone() => unstage;
+                rpc node_publish_volume(NodePublishVolumeRequest) -> NodePublishVolumeResponse
+                    = "NodePublishVolume", volume_id = |r| r.volume_id.clone() => publish;
+                rpc node_unpublish_volume(NodeUnpublishVolumeRequest) -> NodeUnpublishVolumeResponse
+                    = "NodeUnpublishVolume", volume_id = |r| r.volume_id.clone() => unpublish;
+                rpc node_get_volume_stats(NodeGetVolumeStatsRequest) -> NodeGetVolumeStatsResponse
+                    = "NodeGetVolumeStats", volume_id = |r| r.volume_id.clone() => stats;
+                $($expand)*
+                verbatim {
+                    async fn node_get_capabilities(
+                        &self,
+                        _req: $crate::__tonic::Request<$crate::__proto::csi::v1::NodeGetCapabilitiesRequest>,
+                    ) -> ::std::result::Result<
+                        $crate::__tonic::Response<$crate::__proto::csi::v1::NodeGetCapabilitiesResponse>,
+                        $crate::__tonic::Status,
+                    > {
+                        Ok($crate::__tonic::Response::new(
+                            $crate::__proto::csi::v1::NodeGetCapabilitiesResponse {
+                                capabilities: Self::capabilities(),
+                            },
+                        ))
+                    }
+                    async fn node_get_info(
+                        &self,
+                        _req: $crate::__tonic::Request<$crate::__proto::csi::v1::NodeGetInfoRequest>,
+                    ) -> ::std::result::Result<
+                        $crate::__tonic::Response<$crate::__proto::csi::v1::NodeGetInfoResponse>,
+                        $crate::__tonic::Status,
+                    > {
+                        self.node_info()
+                            .map($crate::__tonic::Response::new)
+                            .map_err($crate::__tonic::Status::from)
+                    }
+                }
+            }
+        }
+    };
+}
+
+/// The Controller service both drivers serve: volumes (create, delete,
+/// validate, list, get, expand) and snapshots (create, delete, list) by
+/// the handlers of those names, capabilities from
+/// `self.controller_capabilities()`; `rpcs` and `unimplemented` add what
+/// differs.
+#[macro_export]
+macro_rules! csi_controller_service {
+    ($ty:ty { rpcs { $($rpcs:tt)* } unimplemented { $($unimplemented:tt)* } }) => {
+        $crate::csi_service! {
+            impl $crate::__proto::csi::v1::controller_server::Controller => $ty {
+                rpc create_volume(CreateVolumeRequest) -> CreateVolumeResponse
+                    = "CreateVolume", volume_name = |r| r.name.clone() => create_volume;
+                rpc delete_volume(DeleteVolumeRequest) -> DeleteVolumeResponse
+                    = "DeleteVolume", volume_id = |r| r.volume_id.clone() => delete_volume;
+                rpc validate_volume_capabilities(ValidateVolumeCapabilitiesRequest) -> ValidateVolumeCapabilitiesResponse
+                    = "ValidateVolumeCapabilities", volume_id = |r| r.volume_id.clone() => validate;
+                rpc list_volumes(ListVolumesRequest) -> ListVolumesResponse
+                    = "ListVolumes", token = |r| r.starting_token.clone() => list_volumes;
+                rpc controller_get_volume(ControllerGetVolumeRequest) -> ControllerGetVolumeResponse
+                    = "ControllerGetVolume", volume_id = |r| r.volume_id.clone() => get_volume;
+                rpc controller_expand_volume(ControllerExpandVolumeRequest) -> ControllerExpandVolumeResponse
+                    = "ControllerExpandVolume", volume_id = |r| r.volume_id.clone() => expand;
+                rpc create_snapshot(CreateSnapshotRequest) -> CreateSnapshotResponse
+                    = "CreateSnapshot", snapshot_name = |r| r.name.clone() => create_snapshot;
+                rpc delete_snapshot(DeleteSnapshotRequest) -> DeleteSnapshotResponse
+                    = "DeleteSnapshot", snapshot_id = |r| r.snapshot_id.clone() => delete_snapshot;
+                rpc list_snapshots(ListSnapshotsRequest) -> ListSnapshotsResponse
+                    = "ListSnapshots", volume_id = |r| r.source_volume_id.clone() => list_snapshots;
+                $($rpcs)*
+                $($unimplemented)*
+                verbatim {
+                    async fn controller_get_capabilities(
+                        &self,
+                        _req: $crate::__tonic::Request<$crate::__proto::csi::v1::ControllerGetCapabilitiesRequest>,
+                    ) -> ::std::result::Result<
+                        $crate::__tonic::Response<$crate::__proto::csi::v1::ControllerGetCapabilitiesResponse>,
+                        $crate::__tonic::Status,
+                    > {
+                        Ok($crate::__tonic::Response::new(
+                            $crate::__proto::csi::v1::ControllerGetCapabilitiesResponse {
+                                capabilities: self.controller_capabilities(),
+                            },
+                        ))
+                    }
+                }
+            }
+        }
+    };
 }

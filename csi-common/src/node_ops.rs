@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use host_ops::{MountOptions, Mounter, validate_host_path};
+use proto::csi::v1 as csi;
 
 use crate::errors::{Context, DriverError, DriverResult};
-use crate::request::require;
+use crate::request::{Capability, require};
 
 /// Who this node is, from instance metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +45,103 @@ pub fn volume_path_arg(value: &str, roots: &[PathBuf]) -> DriverResult<PathBuf> 
     require(value, "volume_path")?;
     validate_host_path(value, roots)
         .map_err(|e| DriverError::NotFound(format!("no volume at volume_path: {e}")))
+}
+
+/// A driver's capability check (the shared shape check plus what its
+/// storage serves).
+pub type ParseCapability = fn(&csi::VolumeCapability) -> DriverResult<Capability>;
+
+fn capability(
+    c: Option<&csi::VolumeCapability>,
+    parse: ParseCapability,
+) -> DriverResult<Capability> {
+    c.ok_or_else(|| DriverError::InvalidArgument("volume_capability is required".into()))
+        .and_then(parse)
+}
+
+/// NodeStageVolume's arguments, checked.
+#[derive(Debug, Clone)]
+pub struct StageArgs {
+    pub volume_id: String,
+    pub staging: PathBuf,
+    pub capability: Capability,
+}
+
+impl StageArgs {
+    pub fn parse(
+        r: &csi::NodeStageVolumeRequest,
+        roots: &[PathBuf],
+        parse: ParseCapability,
+    ) -> DriverResult<Self> {
+        Ok(Self {
+            volume_id: require(&r.volume_id, "volume_id")?.to_string(),
+            staging: path_arg(&r.staging_target_path, "staging_target_path", roots)?,
+            capability: capability(r.volume_capability.as_ref(), parse)?,
+        })
+    }
+}
+
+/// NodeUnstageVolume's arguments, checked.
+pub fn unstage_args(
+    r: &csi::NodeUnstageVolumeRequest,
+    roots: &[PathBuf],
+) -> DriverResult<(String, PathBuf)> {
+    Ok((
+        require(&r.volume_id, "volume_id")?.to_string(),
+        path_arg(&r.staging_target_path, "staging_target_path", roots)?,
+    ))
+}
+
+/// NodePublishVolume's arguments, checked; inline ephemeral volumes are
+/// refused (neither driver serves them).
+#[derive(Debug, Clone)]
+pub struct PublishArgs {
+    pub volume_id: String,
+    pub staging: PathBuf,
+    pub target: PathBuf,
+    pub capability: Capability,
+    /// The request's `readonly`, or a reader-only access mode.
+    pub read_only: bool,
+}
+
+impl PublishArgs {
+    pub fn parse(
+        r: &csi::NodePublishVolumeRequest,
+        roots: &[PathBuf],
+        parse: ParseCapability,
+    ) -> DriverResult<Self> {
+        let volume_id = require(&r.volume_id, "volume_id")?.to_string();
+        let staging = path_arg(&r.staging_target_path, "staging_target_path", roots)?;
+        let target = path_arg(&r.target_path, "target_path", roots)?;
+        let capability = capability(r.volume_capability.as_ref(), parse)?;
+        if r.volume_context
+            .get("csi.storage.k8s.io/ephemeral")
+            .map(String::as_str)
+            == Some("true")
+        {
+            return Err(DriverError::InvalidArgument(
+                "inline ephemeral volumes are not supported".into(),
+            ));
+        }
+        Ok(Self {
+            read_only: r.readonly || capability.read_only_mode(),
+            volume_id,
+            staging,
+            target,
+            capability,
+        })
+    }
+}
+
+/// NodeUnpublishVolume's arguments, checked.
+pub fn unpublish_args(
+    r: &csi::NodeUnpublishVolumeRequest,
+    roots: &[PathBuf],
+) -> DriverResult<(String, PathBuf)> {
+    Ok((
+        require(&r.volume_id, "volume_id")?.to_string(),
+        path_arg(&r.target_path, "target_path", roots)?,
+    ))
 }
 
 pub fn io_ctx<T>(r: std::io::Result<T>, what: String) -> DriverResult<T> {
@@ -140,6 +238,43 @@ pub fn remove_mount_point(path: &Path) -> DriverResult<()> {
         ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => io_ctx(Err(e), format!("inspecting {}", path.display())),
+    }
+}
+
+/// NodeGetVolumeStats' answer for a file system that answers: bytes and
+/// inodes, and a normal condition saying `how`.
+pub fn usage_response(u: &host_ops::VolumeUsage, how: &str) -> csi::NodeGetVolumeStatsResponse {
+    use csi::volume_usage::Unit;
+    csi::NodeGetVolumeStatsResponse {
+        usage: vec![
+            csi::VolumeUsage {
+                available: u.available_bytes as i64,
+                total: u.total_bytes as i64,
+                used: u.used_bytes as i64,
+                unit: Unit::Bytes as i32,
+            },
+            csi::VolumeUsage {
+                available: u.free_inodes as i64,
+                total: u.total_inodes as i64,
+                used: u.used_inodes as i64,
+                unit: Unit::Inodes as i32,
+            },
+        ],
+        volume_condition: Some(csi::VolumeCondition {
+            abnormal: false,
+            message: how.to_string(),
+        }),
+    }
+}
+
+/// NodeGetVolumeStats' answer for a volume that does not answer.
+pub fn abnormal_response(message: String) -> csi::NodeGetVolumeStatsResponse {
+    csi::NodeGetVolumeStatsResponse {
+        usage: vec![],
+        volume_condition: Some(csi::VolumeCondition {
+            abnormal: true,
+            message,
+        }),
     }
 }
 

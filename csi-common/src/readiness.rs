@@ -130,3 +130,27 @@ impl Readiness {
         State::Ready
     }
 }
+
+impl Readiness {
+    /// The Identity service's Probe: ready when every part is.
+    pub fn probe(parts: Vec<Readiness>) -> plugin_runtime::csi_identity::ProbeFn {
+        Arc::new(move || {
+            let s = Readiness::all(&parts);
+            Box::pin(async move { Ok(matches!(s, State::Ready)) })
+        })
+    }
+
+    /// `/healthz`: healthy unless a part is failing (starting is healthy:
+    /// a liveness probe must not kill a plugin waiting for its cloud).
+    pub fn health(parts: Vec<Readiness>) -> plugin_runtime::HealthCheck {
+        Arc::new(move || {
+            let s = Readiness::all(&parts);
+            Box::pin(async move {
+                match s {
+                    State::Ready | State::Starting => Ok(()),
+                    State::Failing(reason) => Err(reason),
+                }
+            })
+        })
+    }
+}

@@ -104,6 +104,19 @@ pub fn size_gib(range: Option<&csi::CapacityRange>) -> DriverResult<i64> {
     Ok(gib)
 }
 
+/// The size an expansion asks for: a capacity range is required, with
+/// `required_bytes` or `limit_bytes`.
+pub fn expansion_gib(range: Option<&csi::CapacityRange>) -> DriverResult<i64> {
+    let range =
+        range.ok_or_else(|| DriverError::InvalidArgument("capacity_range is required".into()))?;
+    if range.required_bytes <= 0 && range.limit_bytes <= 0 {
+        return Err(DriverError::InvalidArgument(
+            "capacity_range needs required_bytes or limit_bytes".into(),
+        ));
+    }
+    size_gib(Some(range))
+}
+
 fn ceil_gib(bytes: i64) -> i64 {
     bytes / GIB + i64::from(bytes % GIB != 0)
 }

@@ -12,17 +12,16 @@ use std::time::Instant;
 
 use csi_common::credentials::Credentials;
 use csi_common::node_ops::{
-    NodeIdentity, bind_staged, blocking, path_arg, remove_mount_point, sanitize_label,
+    NodeIdentity, PublishArgs, StageArgs, abnormal_response, bind_staged, blocking,
+    remove_mount_point, sanitize_label, unpublish_args, unstage_args, usage_response,
     volume_path_arg,
 };
 use csi_common::request::require;
-use csi_common::{Context, DriverError, DriverResult, KeyedLocks, serve_rpc};
+use csi_common::{Context, DriverError, DriverResult, KeyedLocks, csi_node_service};
 use host_ops::{MountOptions, Mounter};
 use openstack_client::manila::SharedFileSystems;
 use proto::csi::v1 as csi;
-use proto::csi::v1::node_server::Node;
 use proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
-use tonic::{Request, Response, Status};
 
 use crate::TOPOLOGY_KEY;
 use crate::capabilities::parse_capability;
@@ -130,17 +129,11 @@ impl NodeService {
         r: csi::NodeStageVolumeRequest,
         deadline: Instant,
     ) -> DriverResult<csi::NodeStageVolumeResponse> {
-        let id = require(&r.volume_id, "volume_id")?.to_string();
-        let staging = path_arg(
-            &r.staging_target_path,
-            "staging_target_path",
-            &self.opts.path_roots,
-        )?;
-        let cap = r
-            .volume_capability
-            .as_ref()
-            .ok_or_else(|| DriverError::InvalidArgument("volume_capability is required".into()))
-            .and_then(parse_capability)?;
+        let StageArgs {
+            volume_id: id,
+            staging,
+            capability: cap,
+        } = StageArgs::parse(&r, &self.opts.path_roots, parse_capability)?;
         let params = NodeParameters::parse(&r.volume_context)?;
         let _guard = self.locks.lock(&id, deadline).await?;
         self.state.ensure()?;
@@ -295,12 +288,7 @@ impl NodeService {
         r: csi::NodeUnstageVolumeRequest,
         deadline: Instant,
     ) -> DriverResult<csi::NodeUnstageVolumeResponse> {
-        let id = require(&r.volume_id, "volume_id")?.to_string();
-        let staging = path_arg(
-            &r.staging_target_path,
-            "staging_target_path",
-            &self.opts.path_roots,
-        )?;
+        let (id, staging) = unstage_args(&r, &self.opts.path_roots)?;
         let _guard = self.locks.lock(&id, deadline).await?;
         let daemon = self.state.fuse_pid(&staging);
         for _ in 0..8 {
@@ -328,28 +316,13 @@ impl NodeService {
         r: csi::NodePublishVolumeRequest,
         deadline: Instant,
     ) -> DriverResult<csi::NodePublishVolumeResponse> {
-        let id = require(&r.volume_id, "volume_id")?.to_string();
-        let staging = path_arg(
-            &r.staging_target_path,
-            "staging_target_path",
-            &self.opts.path_roots,
-        )?;
-        let target = path_arg(&r.target_path, "target_path", &self.opts.path_roots)?;
-        let cap = r
-            .volume_capability
-            .as_ref()
-            .ok_or_else(|| DriverError::InvalidArgument("volume_capability is required".into()))
-            .and_then(parse_capability)?;
-        if r.volume_context
-            .get("csi.storage.k8s.io/ephemeral")
-            .map(String::as_str)
-            == Some("true")
-        {
-            return Err(DriverError::InvalidArgument(
-                "inline ephemeral volumes are not supported".into(),
-            ));
-        }
-        let read_only = r.readonly || cap.read_only_mode();
+        let PublishArgs {
+            volume_id: id,
+            staging,
+            target,
+            read_only,
+            ..
+        } = PublishArgs::parse(&r, &self.opts.path_roots, parse_capability)?;
         let _guard = self.locks.lock(&id, deadline).await?;
         let Some(mut rec) = self.state.load(&staging) else {
             return Err(DriverError::FailedPrecondition(format!(
@@ -398,8 +371,7 @@ impl NodeService {
         r: csi::NodeUnpublishVolumeRequest,
         deadline: Instant,
     ) -> DriverResult<csi::NodeUnpublishVolumeResponse> {
-        let id = require(&r.volume_id, "volume_id")?.to_string();
-        let target = path_arg(&r.target_path, "target_path", &self.opts.path_roots)?;
+        let (id, target) = unpublish_args(&r, &self.opts.path_roots)?;
         let _guard = self.locks.lock(&id, deadline).await?;
         let rec = self.state.for_target(&target);
         let daemon = rec.as_ref().and_then(|r| self.state.fuse_pid(&r.staging));
@@ -443,40 +415,13 @@ impl NodeService {
             .or_else(|| self.state.load(&path))
             .filter(|rec| rec.mount.is_fuse())
             .is_some_and(|rec| self.state.fuse_pid(&rec.staging).is_none());
-        use csi::volume_usage::Unit;
-        let broken = |message: String| csi::NodeGetVolumeStatsResponse {
-            usage: vec![],
-            volume_condition: Some(csi::VolumeCondition {
-                abnormal: true,
-                message,
-            }),
-        };
         Ok(match mounts::health(&path).await {
-            _ if fuse_dead => broken(
+            _ if fuse_dead => abnormal_response(
                 "the ceph-fuse daemon of this mount is gone; the next NodeStage or NodePublish mounts it again".into(),
             ),
-            Health::Answering(u) => csi::NodeGetVolumeStatsResponse {
-                usage: vec![
-                    csi::VolumeUsage {
-                        available: u.available_bytes as i64,
-                        total: u.total_bytes as i64,
-                        used: u.used_bytes as i64,
-                        unit: Unit::Bytes as i32,
-                    },
-                    csi::VolumeUsage {
-                        available: u.free_inodes as i64,
-                        total: u.total_inodes as i64,
-                        used: u.used_inodes as i64,
-                        unit: Unit::Inodes as i32,
-                    },
-                ],
-                volume_condition: Some(csi::VolumeCondition {
-                    abnormal: false,
-                    message: "share mounted and answering".into(),
-                }),
-            },
-            Health::Broken(e) => broken(format!("the share does not answer: {e}")),
-            Health::Hung => broken(format!(
+            Health::Answering(u) => usage_response(&u, "share mounted and answering"),
+            Health::Broken(e) => abnormal_response(format!("the share does not answer: {e}")),
+            Health::Hung => abnormal_response(format!(
                 "the share did not answer within {:?} (cluster unreachable, or this client evicted)",
                 mounts::HEALTH_TIMEOUT
             )),
@@ -534,91 +479,10 @@ fn join_options(sc: Option<&str>, flags: &[String]) -> Option<String> {
     (!all.is_empty()).then(|| all.join(","))
 }
 
-#[tonic::async_trait]
-impl Node for NodeService {
-    async fn node_stage_volume(
-        &self,
-        req: Request<csi::NodeStageVolumeRequest>,
-    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "NodeStageVolume",
-            volume_id = |r: &csi::NodeStageVolumeRequest| r.volume_id.clone(),
-            stage
-        )
-    }
-    async fn node_unstage_volume(
-        &self,
-        req: Request<csi::NodeUnstageVolumeRequest>,
-    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "NodeUnstageVolume",
-            volume_id = |r: &csi::NodeUnstageVolumeRequest| r.volume_id.clone(),
-            unstage
-        )
-    }
-    async fn node_publish_volume(
-        &self,
-        req: Request<csi::NodePublishVolumeRequest>,
-    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "NodePublishVolume",
-            volume_id = |r: &csi::NodePublishVolumeRequest| r.volume_id.clone(),
-            publish
-        )
-    }
-    async fn node_unpublish_volume(
-        &self,
-        req: Request<csi::NodeUnpublishVolumeRequest>,
-    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "NodeUnpublishVolume",
-            volume_id = |r: &csi::NodeUnpublishVolumeRequest| r.volume_id.clone(),
-            unpublish
-        )
-    }
-    async fn node_get_volume_stats(
-        &self,
-        req: Request<csi::NodeGetVolumeStatsRequest>,
-    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "NodeGetVolumeStats",
-            volume_id = |r: &csi::NodeGetVolumeStatsRequest| r.volume_id.clone(),
-            stats
-        )
-    }
-    async fn node_expand_volume(
-        &self,
-        _req: Request<csi::NodeExpandVolumeRequest>,
-    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "a share's size is its quota: ControllerExpandVolume is all it needs",
-        ))
-    }
-    async fn node_get_capabilities(
-        &self,
-        _req: Request<csi::NodeGetCapabilitiesRequest>,
-    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
-        Ok(Response::new(csi::NodeGetCapabilitiesResponse {
-            capabilities: Self::capabilities(),
-        }))
-    }
-    async fn node_get_info(
-        &self,
-        _req: Request<csi::NodeGetInfoRequest>,
-    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
-        self.node_info().map(Response::new).map_err(Status::from)
-    }
-}
+csi_node_service!(NodeService {
+    unimplemented node_expand_volume(NodeExpandVolumeRequest) -> NodeExpandVolumeResponse
+        = "a share's size is its quota: ControllerExpandVolume is all it needs";
+});
 
 #[cfg(test)]
 mod tests {

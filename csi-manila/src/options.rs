@@ -78,13 +78,9 @@ pub struct Options {
     /// Cluster id written into share metadata (manila.csi.openstack.org/cluster).
     #[arg(long = "cluster-id", default_value = "")]
     pub cluster_id: String,
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    pub provide_controller_service: bool,
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    pub provide_node_service: bool,
     /// Serve /metrics and /healthz on this address (`:8080` means every
     /// interface).
-    #[arg(long, value_parser = parse_listen_address)]
+    #[arg(long, value_parser = plugin_runtime::parse_listen_address)]
     pub http_endpoint: Option<SocketAddr>,
     /// cloud.conf files (as the Cinder plugin's): the plugin's own
     /// credentials, used when a call carries no secrets, and `[Metadata]`.
@@ -96,10 +92,6 @@ pub struct Options {
     /// share is refused: nothing is opened to the world by default.
     #[arg(long = "default-nfs-share-client")]
     pub default_nfs_share_client: Option<String>,
-    /// Node: staging and target paths must lie below one of these
-    /// directories (repeatable).
-    #[arg(long = "path-root", default_values_t = vec!["/var/lib/kubelet".to_string()])]
-    pub path_root: Vec<String>,
     /// Node: where staged shares' records, ceph.conf and keyrings are kept
     /// (root only). Default: /var/lib/kubelet/plugins/<drivername>/state.
     #[arg(long)]
@@ -109,32 +101,14 @@ pub struct Options {
     #[arg(long, default_value = "http://169.254.169.254/")]
     pub metadata_url: url::Url,
     #[command(flatten)]
+    pub services: csi_common::plugin::ServiceFlags,
+    #[command(flatten)]
     pub log: LogArgs,
-}
-
-fn parse_listen_address(s: &str) -> Result<SocketAddr, String> {
-    let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
-    } else {
-        s.to_string()
-    };
-    full.parse()
-        .map_err(|e| format!("{s:?} is not an address like 127.0.0.1:8080 or :8080: {e}"))
 }
 
 impl Options {
     pub fn validate(&self) -> Result<(), String> {
-        plugin_runtime::csi_identity::validate_driver_name(&self.driver_name)?;
-        if !self.provide_controller_service && !self.provide_node_service {
-            return Err("at least one of --provide-controller-service and --provide-node-service must be true".into());
-        }
-        for r in &self.path_root {
-            if !r.starts_with('/') || r.split('/').any(|c| c == "..") {
-                return Err(format!(
-                    "--path-root {r:?} must be an absolute path without \"..\""
-                ));
-            }
-        }
+        self.services.check(&self.driver_name)?;
         if let Some(p) = &self.runtime_config_file
             && !p.is_file()
         {
@@ -162,7 +136,7 @@ impl Options {
     /// What this instance does not serve, said at start-up.
     pub fn not_served(&self) -> Vec<String> {
         let mut out = Vec::new();
-        if !self.provide_controller_service {
+        if !self.services.provide_controller_service {
             out.push("Controller service (--provide-controller-service=false)".to_string());
         } else if self.cloud_config.is_empty() {
             out.push(
@@ -170,7 +144,7 @@ impl Options {
                     .to_string(),
             );
         }
-        if !self.provide_node_service {
+        if !self.services.provide_node_service {
             out.push("Node service (--provide-node-service=false)".to_string());
         }
         out

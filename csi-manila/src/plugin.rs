@@ -2,12 +2,11 @@
 //! flags ask for, serve until SIGTERM, then end what the node started.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use csi_common::credentials::Credentials;
-use csi_common::readiness::{Readiness, State};
-use openstack_client::config::{CloudConf, ConfigEnv};
+use csi_common::readiness::Readiness;
+use openstack_client::config::ConfigEnv;
 use openstack_client::manila::SharedFileSystems;
 use openstack_client::metadata::MetadataReader;
 use openstack_client::{ApiMetrics, Session, SessionOptions};
@@ -19,26 +18,14 @@ use proto::csi::v1::node_server::NodeServer;
 use proto::csi::v1::plugin_capability::service::Type as ServiceType;
 use proto::csi::v1::plugin_capability::volume_expansion::Type as ExpansionType;
 
+pub use csi_common::plugin::PluginError;
+
 use crate::Options;
 use crate::controller::{ControllerOptions, ControllerService};
 use crate::mounts::StateDir;
 use crate::node::{NodeOptions, NodeService};
 use crate::parameters::parse_share_clients;
 use crate::runtime_config::RuntimeConfigFile;
-
-#[derive(Debug, thiserror::Error)]
-pub enum PluginError {
-    #[error("{0}")]
-    Flags(String),
-    #[error("reading --cloud-config: {0}")]
-    Config(#[from] openstack_client::config::ConfigError),
-    #[error("{0}")]
-    Client(#[from] openstack_client::Error),
-    #[error("node state: {0}")]
-    State(#[from] csi_common::DriverError),
-    #[error(transparent)]
-    Runtime(#[from] plugin_runtime::RuntimeError),
-}
 
 /// Serves until SIGTERM or SIGINT.
 pub async fn run(opts: Options) -> Result<(), PluginError> {
@@ -52,14 +39,9 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
         tracing::warn!(%what, "not served by this instance");
     }
     let server = PluginServer::new(opts.endpoint.clone()).http_endpoint(opts.http_endpoint);
-    let conf = if opts.cloud_config.is_empty() {
-        CloudConf::default()
-    } else {
-        CloudConf::load(&opts.cloud_config, ConfigEnv::from_process())?
-    };
-    for w in &conf.warnings {
-        tracing::warn!(warning = %w, "cloud.conf");
-    }
+    // the node needs only [Metadata] (and [BlockStorage]): its cloud.conf
+    // is optional
+    let conf = csi_common::plugin::load_cloud_conf(&opts.cloud_config)?;
     let metrics = ApiMetrics::default();
     metrics.register(&mut server.registry().lock().unwrap_or_else(|p| p.into_inner()));
     let session_options = SessionOptions {
@@ -88,7 +70,7 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     let mut parts = Vec::new();
     let mut routes = tonic::service::Routes::default();
     let mut capabilities = Vec::new();
-    if opts.provide_controller_service {
+    if opts.services.provide_controller_service {
         let r = Readiness::default();
         if sessions.is_empty() {
             // credentials arrive with each call
@@ -118,7 +100,7 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
         capabilities.push(expansion_capability(ExpansionType::Online));
     }
     let mut node = None;
-    if opts.provide_node_service {
+    if opts.services.provide_node_service {
         let mut reader = MetadataReader::new(conf.metadata.clone());
         reader.service_url = opts.metadata_url.clone();
         let identity = Arc::new(RwLock::new(None));
@@ -136,7 +118,7 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
             NodeOptions {
                 protocol: opts.share_protocol,
                 with_topology: opts.with_topology,
-                path_roots: opts.path_root.iter().map(PathBuf::from).collect(),
+                path_roots: opts.services.path_roots(),
             },
         );
         routes = routes.add_service(NodeServer::new(service.clone()));
@@ -148,25 +130,13 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
         ));
     }
 
-    let probe_parts = parts.clone();
     let identity = IdentityService::new(
         opts.driver_name.clone(),
         env!("CARGO_PKG_VERSION").to_string(),
         capabilities,
-        Arc::new(move || {
-            let s = Readiness::all(&probe_parts);
-            Box::pin(async move { Ok(matches!(s, State::Ready)) })
-        }),
+        Readiness::probe(parts.clone()),
     );
-    let server = server.health_check(Arc::new(move || {
-        let s = Readiness::all(&parts);
-        Box::pin(async move {
-            match s {
-                State::Ready | State::Starting => Ok(()),
-                State::Failing(reason) => Err(reason),
-            }
-        })
-    }));
+    let server = server.health_check(Readiness::health(parts));
     tracing::info!(protocol = %opts.share_protocol, driver = %opts.driver_name, "starting");
     let served = server
         .serve(

@@ -77,3 +77,15 @@ pub async fn serve(
     tracing::info!(address = %bound, "serving /metrics and /healthz");
     Ok((bound, task))
 }
+
+/// `--http-endpoint` as upstream writes it: `127.0.0.1:8080`, or `:8080`
+/// for every interface.
+pub fn parse_listen_address(s: &str) -> Result<SocketAddr, String> {
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_string()
+    };
+    full.parse()
+        .map_err(|e| format!("{s:?} is not an address like 127.0.0.1:8080 or :8080: {e}"))
+}

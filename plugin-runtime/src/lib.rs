@@ -20,7 +20,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 
 pub use endpoint::{Endpoint, EndpointError};
 pub use grpc::{GrpcMetrics, ObserveLayer};
-pub use http_endpoint::HealthCheck;
+pub use http_endpoint::{HealthCheck, parse_listen_address};
 pub use logging::{LogArgs, LogFormat};
 
 /// Default socket mode of the CSI plugins (kubelet and sidecars share a

@@ -13,13 +13,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use csi_common::request::GIB;
-use csi_common::{DriverError, DriverResult, KeyedLocks, serve_rpc};
+use csi_common::{DriverError, DriverResult, KeyedLocks, csi_controller_service};
 use openstack_client::cinder::{BlockStorage, Volume, VolumeStatus};
 use openstack_client::nova::Compute;
 use proto::csi::v1 as csi;
-use proto::csi::v1::controller_server::Controller;
 use proto::csi::v1::controller_service_capability::rpc::Type as Rpc;
-use tonic::{Request, Response, Status};
 
 use crate::TOPOLOGY_KEY;
 use volumes::content_source;
@@ -110,6 +108,10 @@ impl ControllerService {
         .collect()
     }
 
+    fn controller_capabilities(&self) -> Vec<csi::ControllerServiceCapability> {
+        Self::capabilities()
+    }
+
     /// The cloud a request's secrets select (`cloud` key), else the first.
     fn cloud(&self, secrets: &HashMap<String, String>) -> DriverResult<&Cloud> {
         match secrets.get("cloud") {
@@ -154,166 +156,17 @@ impl ControllerService {
     }
 }
 
-#[tonic::async_trait]
-impl Controller for ControllerService {
-    async fn create_volume(
-        &self,
-        req: Request<csi::CreateVolumeRequest>,
-    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "CreateVolume",
-            volume_name = |r: &csi::CreateVolumeRequest| r.name.clone(),
-            create_volume
-        )
+csi_controller_service!(ControllerService {
+    rpcs {
+        rpc controller_publish_volume(ControllerPublishVolumeRequest) -> ControllerPublishVolumeResponse
+            = "ControllerPublishVolume", volume_id = |r| r.volume_id.clone() => publish;
+        rpc controller_unpublish_volume(ControllerUnpublishVolumeRequest) -> ControllerUnpublishVolumeResponse
+            = "ControllerUnpublishVolume", volume_id = |r| r.volume_id.clone() => unpublish;
+        rpc controller_modify_volume(ControllerModifyVolumeRequest) -> ControllerModifyVolumeResponse
+            = "ControllerModifyVolume", volume_id = |r| r.volume_id.clone() => modify;
     }
-    async fn delete_volume(
-        &self,
-        req: Request<csi::DeleteVolumeRequest>,
-    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "DeleteVolume",
-            volume_id = |r: &csi::DeleteVolumeRequest| r.volume_id.clone(),
-            delete_volume
-        )
+    unimplemented {
+        unimplemented get_capacity(GetCapacityRequest) -> GetCapacityResponse
+            = "GetCapacity is not supported: Cinder does not report capacity per zone to projects";
     }
-    async fn controller_publish_volume(
-        &self,
-        req: Request<csi::ControllerPublishVolumeRequest>,
-    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "ControllerPublishVolume",
-            volume_id = |r: &csi::ControllerPublishVolumeRequest| r.volume_id.clone(),
-            publish
-        )
-    }
-    async fn controller_unpublish_volume(
-        &self,
-        req: Request<csi::ControllerUnpublishVolumeRequest>,
-    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "ControllerUnpublishVolume",
-            volume_id = |r: &csi::ControllerUnpublishVolumeRequest| r.volume_id.clone(),
-            unpublish
-        )
-    }
-    async fn validate_volume_capabilities(
-        &self,
-        req: Request<csi::ValidateVolumeCapabilitiesRequest>,
-    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "ValidateVolumeCapabilities",
-            volume_id = |r: &csi::ValidateVolumeCapabilitiesRequest| r.volume_id.clone(),
-            validate
-        )
-    }
-    async fn list_volumes(
-        &self,
-        req: Request<csi::ListVolumesRequest>,
-    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "ListVolumes",
-            token = |r: &csi::ListVolumesRequest| r.starting_token.clone(),
-            list_volumes
-        )
-    }
-    async fn get_capacity(
-        &self,
-        _req: Request<csi::GetCapacityRequest>,
-    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
-        Err(Status::unimplemented(
-            "GetCapacity is not supported: Cinder does not report capacity per zone to projects",
-        ))
-    }
-    async fn controller_get_capabilities(
-        &self,
-        _req: Request<csi::ControllerGetCapabilitiesRequest>,
-    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
-        Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
-            capabilities: Self::capabilities(),
-        }))
-    }
-    async fn create_snapshot(
-        &self,
-        req: Request<csi::CreateSnapshotRequest>,
-    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "CreateSnapshot",
-            snapshot_name = |r: &csi::CreateSnapshotRequest| r.name.clone(),
-            create_snapshot
-        )
-    }
-    async fn delete_snapshot(
-        &self,
-        req: Request<csi::DeleteSnapshotRequest>,
-    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "DeleteSnapshot",
-            snapshot_id = |r: &csi::DeleteSnapshotRequest| r.snapshot_id.clone(),
-            delete_snapshot
-        )
-    }
-    async fn list_snapshots(
-        &self,
-        req: Request<csi::ListSnapshotsRequest>,
-    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "ListSnapshots",
-            volume_id = |r: &csi::ListSnapshotsRequest| r.source_volume_id.clone(),
-            list_snapshots
-        )
-    }
-    async fn controller_expand_volume(
-        &self,
-        req: Request<csi::ControllerExpandVolumeRequest>,
-    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "ControllerExpandVolume",
-            volume_id = |r: &csi::ControllerExpandVolumeRequest| r.volume_id.clone(),
-            expand
-        )
-    }
-    async fn controller_get_volume(
-        &self,
-        req: Request<csi::ControllerGetVolumeRequest>,
-    ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "ControllerGetVolume",
-            volume_id = |r: &csi::ControllerGetVolumeRequest| r.volume_id.clone(),
-            get_volume
-        )
-    }
-    async fn controller_modify_volume(
-        &self,
-        req: Request<csi::ControllerModifyVolumeRequest>,
-    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "ControllerModifyVolume",
-            volume_id = |r: &csi::ControllerModifyVolumeRequest| r.volume_id.clone(),
-            modify
-        )
-    }
-}
+});

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use csi_common::request::{GIB, is_uuid, require, size_fits, size_gib};
+use csi_common::request::{GIB, expansion_gib, is_uuid, require, size_fits, size_gib};
 use csi_common::{Context, DriverError, DriverResult};
 use openstack_client::cinder::{
     BlockStorage, CreateVolume, ListVolumes, SnapshotStatus, Volume, VolumeStatus,
@@ -586,16 +586,7 @@ impl ControllerService {
         deadline: Instant,
     ) -> DriverResult<csi::ControllerExpandVolumeResponse> {
         let id = require(&r.volume_id, "volume_id")?;
-        let range = r
-            .capacity_range
-            .as_ref()
-            .ok_or_else(|| DriverError::InvalidArgument("capacity_range is required".into()))?;
-        if range.required_bytes <= 0 && range.limit_bytes <= 0 {
-            return Err(DriverError::InvalidArgument(
-                "capacity_range needs required_bytes or limit_bytes".into(),
-            ));
-        }
-        let want = size_gib(Some(range))?;
+        let want = expansion_gib(r.capacity_range.as_ref())?;
         let block_mode = match &r.volume_capability {
             Some(c) => parse_capability(c)?.access_type == AccessType::Block,
             None => false,

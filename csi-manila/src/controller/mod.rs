@@ -15,12 +15,10 @@ use std::sync::Arc;
 
 use csi_common::credentials::{Credentials, Source};
 use csi_common::request::GIB;
-use csi_common::{DriverResult, KeyedLocks, serve_rpc};
+use csi_common::{DriverResult, KeyedLocks, csi_controller_service};
 use openstack_client::manila::{Share, SharedFileSystems};
 use proto::csi::v1 as csi;
-use proto::csi::v1::controller_server::Controller;
 use proto::csi::v1::controller_service_capability::rpc::Type as Rpc;
-use tonic::{Request, Response, Status};
 
 use crate::TOPOLOGY_KEY;
 use crate::options::ShareProtocol;
@@ -87,6 +85,10 @@ impl ControllerService {
             .collect()
     }
 
+    fn controller_capabilities(&self) -> Vec<csi::ControllerServiceCapability> {
+        Self::capabilities(self.credentials.has_own())
+    }
+
     /// The Manila client for a call's secrets (or the plugin's own).
     fn manila(&self, secrets: &HashMap<String, String>) -> DriverResult<SharedFileSystems> {
         let (m, source) = self.credentials.client_for(secrets)?;
@@ -138,158 +140,17 @@ fn content_source(s: &Share) -> Option<csi::VolumeContentSource> {
     Some(csi::VolumeContentSource { r#type: Some(t) })
 }
 
-#[tonic::async_trait]
-impl Controller for ControllerService {
-    async fn create_volume(
-        &self,
-        req: Request<csi::CreateVolumeRequest>,
-    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "CreateVolume",
-            volume_name = |r: &csi::CreateVolumeRequest| r.name.clone(),
-            create_volume
-        )
+csi_controller_service!(ControllerService {
+    rpcs {
+        rpc get_capacity(GetCapacityRequest) -> GetCapacityResponse
+            = "GetCapacity", parameters = |r| r.parameters.len() => capacity;
     }
-    async fn delete_volume(
-        &self,
-        req: Request<csi::DeleteVolumeRequest>,
-    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "DeleteVolume",
-            volume_id = |r: &csi::DeleteVolumeRequest| r.volume_id.clone(),
-            delete_volume
-        )
+    unimplemented {
+        unimplemented controller_publish_volume(ControllerPublishVolumeRequest) -> ControllerPublishVolumeResponse
+            = "Manila shares are not attached: the node mounts them (attachRequired: false)";
+        unimplemented controller_unpublish_volume(ControllerUnpublishVolumeRequest) -> ControllerUnpublishVolumeResponse
+            = "Manila shares are not attached: the node mounts them (attachRequired: false)";
+        unimplemented controller_modify_volume(ControllerModifyVolumeRequest) -> ControllerModifyVolumeResponse
+            = "ControllerModifyVolume is not supported by the Manila driver";
     }
-    async fn controller_publish_volume(
-        &self,
-        _req: Request<csi::ControllerPublishVolumeRequest>,
-    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "Manila shares are not attached: the node mounts them (attachRequired: false)",
-        ))
-    }
-    async fn controller_unpublish_volume(
-        &self,
-        _req: Request<csi::ControllerUnpublishVolumeRequest>,
-    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "Manila shares are not attached: the node mounts them (attachRequired: false)",
-        ))
-    }
-    async fn validate_volume_capabilities(
-        &self,
-        req: Request<csi::ValidateVolumeCapabilitiesRequest>,
-    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "ValidateVolumeCapabilities",
-            volume_id = |r: &csi::ValidateVolumeCapabilitiesRequest| r.volume_id.clone(),
-            validate
-        )
-    }
-    async fn list_volumes(
-        &self,
-        req: Request<csi::ListVolumesRequest>,
-    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "ListVolumes",
-            token = |r: &csi::ListVolumesRequest| r.starting_token.clone(),
-            list_volumes
-        )
-    }
-    async fn get_capacity(
-        &self,
-        req: Request<csi::GetCapacityRequest>,
-    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "GetCapacity",
-            parameters = |r: &csi::GetCapacityRequest| r.parameters.len(),
-            capacity
-        )
-    }
-    async fn controller_get_capabilities(
-        &self,
-        _req: Request<csi::ControllerGetCapabilitiesRequest>,
-    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
-        Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
-            capabilities: Self::capabilities(self.credentials.has_own()),
-        }))
-    }
-    async fn create_snapshot(
-        &self,
-        req: Request<csi::CreateSnapshotRequest>,
-    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "CreateSnapshot",
-            snapshot_name = |r: &csi::CreateSnapshotRequest| r.name.clone(),
-            create_snapshot
-        )
-    }
-    async fn delete_snapshot(
-        &self,
-        req: Request<csi::DeleteSnapshotRequest>,
-    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "DeleteSnapshot",
-            snapshot_id = |r: &csi::DeleteSnapshotRequest| r.snapshot_id.clone(),
-            delete_snapshot
-        )
-    }
-    async fn list_snapshots(
-        &self,
-        req: Request<csi::ListSnapshotsRequest>,
-    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "ListSnapshots",
-            volume_id = |r: &csi::ListSnapshotsRequest| r.source_volume_id.clone(),
-            list_snapshots
-        )
-    }
-    async fn controller_expand_volume(
-        &self,
-        req: Request<csi::ControllerExpandVolumeRequest>,
-    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "ControllerExpandVolume",
-            volume_id = |r: &csi::ControllerExpandVolumeRequest| r.volume_id.clone(),
-            expand
-        )
-    }
-    async fn controller_get_volume(
-        &self,
-        req: Request<csi::ControllerGetVolumeRequest>,
-    ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
-        serve_rpc!(
-            self,
-            req,
-            "ControllerGetVolume",
-            volume_id = |r: &csi::ControllerGetVolumeRequest| r.volume_id.clone(),
-            get_volume
-        )
-    }
-    async fn controller_modify_volume(
-        &self,
-        _req: Request<csi::ControllerModifyVolumeRequest>,
-    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
-        Err(Status::unimplemented(
-            "ControllerModifyVolume is not supported by the Manila driver",
-        ))
-    }
-}
+});

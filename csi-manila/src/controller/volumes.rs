@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use csi_common::paging::{offset_from_token, offset_token, page_limit};
-use csi_common::request::{Capability, GIB, is_uuid, require, size_fits, size_gib};
+use csi_common::request::{Capability, GIB, expansion_gib, is_uuid, require, size_fits, size_gib};
 use csi_common::waits::{wait_gone, wait_until};
 use csi_common::{Context, DriverError, DriverResult};
 use openstack_client::common::Poll;
@@ -744,16 +744,7 @@ impl ControllerService {
         deadline: Instant,
     ) -> DriverResult<csi::ControllerExpandVolumeResponse> {
         let id = require(&r.volume_id, "volume_id")?;
-        let range = r
-            .capacity_range
-            .as_ref()
-            .ok_or_else(|| DriverError::InvalidArgument("capacity_range is required".into()))?;
-        if range.required_bytes <= 0 && range.limit_bytes <= 0 {
-            return Err(DriverError::InvalidArgument(
-                "capacity_range needs required_bytes or limit_bytes".into(),
-            ));
-        }
-        let want = size_gib(Some(range))?;
+        let want = expansion_gib(r.capacity_range.as_ref())?;
         if let Some(c) = &r.volume_capability {
             crate::capabilities::parse_capability(c)?;
         }

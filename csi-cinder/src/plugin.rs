@@ -1,0 +1,123 @@
+//! The plugin's lifecycle: read the configuration, build the services the
+//! flags ask for, serve until SIGTERM.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use csi_common::readiness::Readiness;
+use openstack_client::cinder::BlockStorage;
+use openstack_client::metadata::MetadataReader;
+use openstack_client::nova::Compute;
+use openstack_client::{ApiMetrics, Session, SessionOptions};
+use plugin_runtime::PluginServer;
+use plugin_runtime::csi_identity::{IdentityService, expansion_capability, service_capability};
+use proto::csi::v1::controller_server::ControllerServer;
+use proto::csi::v1::identity_server::IdentityServer;
+use proto::csi::v1::node_server::NodeServer;
+use proto::csi::v1::plugin_capability::service::Type as ServiceType;
+use proto::csi::v1::plugin_capability::volume_expansion::Type as ExpansionType;
+
+pub use csi_common::plugin::PluginError;
+
+use crate::Options;
+use crate::controller::{Cloud, ControllerOptions, ControllerService};
+use crate::node::{NodeOptions, NodeService, attach_limit};
+
+/// Serves until SIGTERM or SIGINT.
+pub async fn run(opts: Options) -> Result<(), PluginError> {
+    opts.validate().map_err(PluginError::Flags)?;
+    let server = PluginServer::new(opts.endpoint.clone()).http_endpoint(opts.http_endpoint);
+
+    // the node needs only [Metadata] (and [BlockStorage]): its cloud.conf
+    // is optional
+    let conf = csi_common::plugin::load_cloud_conf(&opts.cloud_config)?;
+
+    let mut parts = Vec::new();
+    let mut routes = tonic::service::Routes::default();
+    let mut capabilities = Vec::new();
+    if opts.services.provide_controller_service {
+        let metrics = ApiMetrics::default();
+        metrics.register(&mut server.registry().lock().unwrap_or_else(|p| p.into_inner()));
+        let mut sessions = Vec::new();
+        let mut clouds = Vec::new();
+        for name in &opts.cloud_name {
+            let session = Session::new(
+                conf.cloud(name)?,
+                SessionOptions {
+                    metrics: Some(metrics.clone()),
+                    ..Default::default()
+                },
+            )?;
+            let mut block = BlockStorage::new(session.clone());
+            if conf.block_storage.ignore_volume_microversion {
+                block = block.without_microversions();
+            }
+            clouds.push(Cloud {
+                name: name.clone(),
+                block,
+                compute: Compute::new(session.clone()),
+            });
+            sessions.push((name.clone(), session));
+        }
+        let r = Readiness::default();
+        r.watch_clouds(sessions);
+        parts.push(r);
+        let controller = ControllerService::new(
+            clouds,
+            ControllerOptions {
+                cluster: opts.cluster.clone(),
+                with_topology: opts.with_topology,
+                ignore_volume_az: conf.block_storage.ignore_volume_az,
+            },
+        );
+        routes = routes.add_service(ControllerServer::new(controller));
+        capabilities.push(service_capability(ServiceType::ControllerService));
+        if opts.with_topology {
+            capabilities.push(service_capability(
+                ServiceType::VolumeAccessibilityConstraints,
+            ));
+        }
+    }
+    if opts.services.provide_node_service {
+        let mut reader = MetadataReader::new(conf.metadata.clone());
+        reader.service_url = opts.metadata_url.clone();
+        let identity = Arc::new(RwLock::new(None));
+        let r = Readiness::default();
+        r.watch_metadata(reader, identity.clone());
+        parts.push(r);
+        let node = NodeService::new(
+            identity,
+            Arc::new(host_ops::LinuxMounter),
+            Arc::new(host_ops::LinuxBlockDevices::new(opts.by_id_dir.clone())),
+            NodeOptions {
+                with_topology: opts.with_topology,
+                additional_topology: opts.additional_topology.clone(),
+                max_volumes_per_node: attach_limit(conf.block_storage.node_volume_attach_limit),
+                path_roots: opts.services.path_roots(),
+                device_wait: Duration::from_secs(opts.device_wait_secs),
+                rescan_on_resize: conf.block_storage.rescan_on_resize,
+            },
+        );
+        routes = routes.add_service(NodeServer::new(node));
+        if !opts.services.provide_controller_service && opts.with_topology {
+            capabilities.push(service_capability(
+                ServiceType::VolumeAccessibilityConstraints,
+            ));
+        }
+    }
+    capabilities.push(expansion_capability(ExpansionType::Online));
+    capabilities.push(expansion_capability(ExpansionType::Offline));
+
+    let identity = IdentityService::new(
+        opts.driver_name.clone(),
+        env!("CARGO_PKG_VERSION").to_string(),
+        capabilities,
+        Readiness::probe(parts.clone()),
+    );
+    let server = server.health_check(Readiness::health(parts));
+    let routes = routes.add_service(IdentityServer::new(identity));
+    server
+        .serve(routes, plugin_runtime::shutdown_signal())
+        .await?;
+    Ok(())
+}
