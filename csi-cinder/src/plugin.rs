@@ -1,12 +1,11 @@
 //! The plugin's lifecycle: read the configuration, build the services the
 //! flags ask for, serve until SIGTERM.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use csi_common::readiness::Readiness;
 use openstack_client::cinder::BlockStorage;
-use openstack_client::metadata::MetadataReader;
 use openstack_client::nova::Compute;
 use openstack_client::{ApiMetrics, Session, SessionOptions};
 use plugin_runtime::PluginServer;
@@ -79,11 +78,8 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
         }
     }
     if opts.services.provide_node_service {
-        let mut reader = MetadataReader::new(conf.metadata.clone());
-        reader.service_url = opts.metadata_url.clone();
-        let identity = Arc::new(RwLock::new(None));
-        let r = Readiness::default();
-        r.watch_metadata(reader, identity.clone());
+        let (r, identity) =
+            Readiness::node_identity(conf.metadata.clone(), opts.metadata_url.clone());
         parts.push(r);
         let node = NodeService::new(
             identity,

@@ -154,3 +154,23 @@ impl Readiness {
         })
     }
 }
+
+/// The node's identity slot, filled from instance metadata in the
+/// background (see [`Readiness::watch_metadata`]).
+pub type IdentitySlot = Arc<std::sync::RwLock<Option<crate::node_ops::NodeIdentity>>>;
+
+impl Readiness {
+    /// Starts reading the node's identity (`[Metadata]` search order; the
+    /// metadata service at `service_url`); ready once it is known.
+    pub fn node_identity(
+        metadata: openstack_client::config::MetadataOptions,
+        service_url: url::Url,
+    ) -> (Readiness, IdentitySlot) {
+        let mut reader = openstack_client::metadata::MetadataReader::new(metadata);
+        reader.service_url = service_url;
+        let slot: IdentitySlot = Arc::new(std::sync::RwLock::new(None));
+        let r = Readiness::default();
+        r.watch_metadata(reader, slot.clone());
+        (r, slot)
+    }
+}

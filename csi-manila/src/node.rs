@@ -316,13 +316,9 @@ impl NodeService {
         r: csi::NodePublishVolumeRequest,
         deadline: Instant,
     ) -> DriverResult<csi::NodePublishVolumeResponse> {
-        let PublishArgs {
-            volume_id: id,
-            staging,
-            target,
-            read_only,
-            ..
-        } = PublishArgs::parse(&r, &self.opts.path_roots, parse_capability)?;
+        let args = PublishArgs::parse(&r, &self.opts.path_roots, parse_capability)?;
+        let (id, staging, target) = (args.volume_id, args.staging, args.target);
+        let read_only = args.read_only;
         let _guard = self.locks.lock(&id, deadline).await?;
         let Some(mut rec) = self.state.load(&staging) else {
             return Err(DriverError::FailedPrecondition(format!(

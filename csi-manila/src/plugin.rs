@@ -2,13 +2,12 @@
 //! flags ask for, serve until SIGTERM, then end what the node started.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use csi_common::credentials::Credentials;
 use csi_common::readiness::Readiness;
 use openstack_client::config::ConfigEnv;
 use openstack_client::manila::SharedFileSystems;
-use openstack_client::metadata::MetadataReader;
 use openstack_client::{ApiMetrics, Session, SessionOptions};
 use plugin_runtime::PluginServer;
 use plugin_runtime::csi_identity::{IdentityService, expansion_capability, service_capability};
@@ -101,11 +100,8 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     }
     let mut node = None;
     if opts.services.provide_node_service {
-        let mut reader = MetadataReader::new(conf.metadata.clone());
-        reader.service_url = opts.metadata_url.clone();
-        let identity = Arc::new(RwLock::new(None));
-        let r = Readiness::default();
-        r.watch_metadata(reader, identity.clone());
+        let (r, identity) =
+            Readiness::node_identity(conf.metadata.clone(), opts.metadata_url.clone());
         parts.push(r);
         let state = StateDir::new(opts.state_dir());
         state.ensure()?;
