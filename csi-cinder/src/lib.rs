@@ -6,6 +6,8 @@
 //! - [`capabilities`]: what a Cinder volume can serve;
 //! - [`errors`]: what Cinder's and Nova's refusals mean as gRPC codes;
 //! - [`options`]: the binary's flags;
+//! - [`parameters`]: StorageClass, VolumeAttributesClass and
+//!   VolumeSnapshotClass parameters;
 //! - [`plugin`]: the lifecycle the binary runs.
 //!
 //! What the Manila driver does alike (deadlines, de-duplication, paging,
@@ -16,6 +18,7 @@ pub mod controller;
 pub mod errors;
 pub mod node;
 pub mod options;
+pub mod parameters;
 pub mod plugin;
 
 pub use options::Options;

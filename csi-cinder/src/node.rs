@@ -23,6 +23,7 @@ use csi_common::{Context, DriverError, DriverResult, KeyedLocks, csi_node_servic
 use crate::TOPOLOGY_KEY;
 use crate::capabilities::{AccessType, parse_capability};
 use crate::controller::RESIZE_REQUIRED_KEY;
+use crate::parameters::FS_TYPE_CONTEXT_KEY;
 
 /// Upstream leaves an unset `node-volume-attach-limit` at 0, which tells
 /// the scheduler "unlimited", while a KVM guest runs out of PCI slots for
@@ -90,6 +91,7 @@ impl NodeService {
             NodeRpc::GetVolumeStats,
             NodeRpc::ExpandVolume,
             NodeRpc::VolumeCondition,
+            NodeRpc::SingleNodeMultiWriter,
         ]
         .into_iter()
         .map(|t| csi::NodeServiceCapability {
@@ -154,7 +156,16 @@ impl NodeService {
         let plan = StagePlan {
             device,
             staging,
-            fs_type: cap.fs_type.clone(),
+            // the capability's filesystem, else a StorageClass's legacy
+            // `fsType` (recorded by CreateVolume)
+            fs_type: if cap.fs_type.is_empty() {
+                r.volume_context
+                    .get(FS_TYPE_CONTEXT_KEY)
+                    .cloned()
+                    .unwrap_or_default()
+            } else {
+                cap.fs_type.clone()
+            },
             mount_flags: cap.mount_flags.clone(),
             grow: r
                 .volume_context

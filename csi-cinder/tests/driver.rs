@@ -233,10 +233,10 @@ async fn create_volume_validates_before_calling_openstack() {
     e.h.emulator.control().clear_calls();
     let cases: Vec<(&str, csi::CreateVolumeRequest, Code)> = vec![
         (
-            "unknown parameter",
+            "malformed class parameter",
             {
                 let mut r = create_req("p1", mount_cap("ext4", Mode::SingleNodeWriter), 1);
-                r.parameters.insert("fstype".into(), "ext4".into());
+                r.parameters.insert("fsType".into(), "zfs".into());
                 r
             },
             Code::InvalidArgument,
@@ -321,13 +321,15 @@ async fn create_volume_validates_before_calling_openstack() {
     let err =
         e.c.create_volume({
             let mut r = create_req("p9", mount_cap("ext4", Mode::SingleNodeWriter), 1);
-            r.parameters.insert("fstype".into(), "ext4".into());
+            // a legacy fsType the node cannot make
+            r.parameters.insert("fsType".into(), "btrfs".into());
             r
         })
         .await
         .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
     assert!(
-        err.message().contains("\"fstype\""),
+        err.message().contains("fsType"),
         "the message names the parameter: {}",
         err.message()
     );
@@ -607,7 +609,7 @@ async fn attachments_respect_other_servers_and_gone_servers() {
 }
 
 #[tokio::test]
-async fn modify_volume_retypes_and_refuses_unknown_parameters() {
+async fn modify_volume_retypes_records_claim_keys_and_refuses_unknown_parameters() {
     if !root() {
         return;
     }
@@ -648,6 +650,25 @@ async fn modify_volume_retypes_and_refuses_unknown_parameters() {
     e.c.controller_modify_volume(modify(&[("type", "multiattach")]))
         .await
         .unwrap();
+    // csi-resizer --extra-modify-metadata adds the claim's keys: accepted
+    // and recorded, as the provisioner's are at creation
+    e.c.controller_modify_volume(modify(&[
+        ("type", "multiattach"),
+        ("csi.storage.k8s.io/pvc/name", "data"),
+        ("csi.storage.k8s.io/pvc/namespace", "apps"),
+        ("csi.storage.k8s.io/pv/name", "pvc-1"),
+    ]))
+    .await
+    .unwrap();
+    let md = e.cinder.get_volume(&v.volume_id).await.unwrap().metadata;
+    assert_eq!(
+        md.get("csi.storage.k8s.io/pvc/name").map(String::as_str),
+        Some("data")
+    );
+    assert_eq!(
+        md.get("csi.storage.k8s.io/pv/name").map(String::as_str),
+        Some("pvc-1")
+    );
 }
 
 #[tokio::test]
@@ -841,6 +862,269 @@ async fn restore_to_a_larger_volume_grows_the_filesystem_and_keeps_data() {
         "filesystem not grown: {usage:?}"
     );
     e.unstage(&restored.volume_id).await;
+}
+
+fn snapshot_req(source: &str, name: &str, params: &[(&str, &str)]) -> csi::CreateSnapshotRequest {
+    csi::CreateSnapshotRequest {
+        source_volume_id: source.into(),
+        name: name.into(),
+        parameters: params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn from_snapshot(id: &str) -> Option<csi::VolumeContentSource> {
+    Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource {
+                snapshot_id: id.into(),
+            },
+        )),
+    })
+}
+
+#[tokio::test]
+async fn backup_snapshots_restore_outlive_their_volume_and_delete_cleanly() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let xfs = mount_cap("xfs", Mode::SingleNodeWriter);
+    let v = e.create("backed-up", xfs.clone(), 1).await;
+    e.publish(&v.volume_id, xfs.clone()).await;
+    e.stage(&v, xfs.clone()).await.unwrap();
+    let (staging, _) = e.h.paths(&v.volume_id);
+    std::fs::write(staging.join("kept"), b"in the backup").unwrap();
+    nix::unistd::sync();
+
+    // an attached volume is backed up only when the class says so, and
+    // the refusal says how
+    let err =
+        e.c.create_snapshot(snapshot_req(&v.volume_id, "bk-1", &[("type", "backup")]))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert!(
+        err.message().contains("force-create: \"true\""),
+        "{}",
+        err.message()
+    );
+    let params = [("type", "backup"), ("force-create", "true")];
+    let first =
+        e.c.create_snapshot(snapshot_req(&v.volume_id, "bk-1", &params))
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+    assert_eq!(first.source_volume_id, v.volume_id);
+    // the snapshotter polls until ready; the id is the backup's
+    let mut ready = first.ready_to_use;
+    for _ in 0..100 {
+        if ready {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let again =
+            e.c.create_snapshot(snapshot_req(&v.volume_id, "bk-1", &params))
+                .await
+                .unwrap()
+                .into_inner()
+                .snapshot
+                .unwrap();
+        assert_eq!(again.snapshot_id, first.snapshot_id, "one backup per name");
+        ready = again.ready_to_use;
+    }
+    assert!(ready, "backup never became ready");
+    let id = first.snapshot_id.clone();
+    let backup = e.cinder.get_backup(&id).await.unwrap();
+    assert_eq!(backup.volume_id, v.volume_id);
+    // the snapshot it was made from is not left behind
+    let leftover: Vec<_> = e
+        .cinder
+        .list_snapshots(&openstack_client::cinder::ListSnapshots {
+            volume_id: Some(v.volume_id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|s| s.status.as_str() != "deleting")
+        .collect();
+    assert!(leftover.is_empty(), "{leftover:?}");
+    let got =
+        e.c.get_snapshot(csi::GetSnapshotRequest {
+            snapshot_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert!(got.ready_to_use);
+    let listed =
+        e.c.list_snapshots(csi::ListSnapshotsRequest {
+            snapshot_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    assert_eq!(listed.len(), 1);
+
+    // a backup outlives its volume
+    e.unstage(&v.volume_id).await;
+    e.unpublish(&v.volume_id).await;
+    e.c.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut r = create_req("from-backup", xfs.clone(), 2);
+    r.volume_content_source = from_snapshot(&id);
+    let restored =
+        e.c.create_volume(r.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    assert_eq!(restored.content_source, r.volume_content_source);
+    assert_eq!(
+        restored
+            .volume_context
+            .get("cinder.csi.openstack.org/resizeRequired")
+            .map(String::as_str),
+        Some("true")
+    );
+    // idempotent: the same answer, no second volume
+    let again =
+        e.c.create_volume(r)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    assert_eq!(again.volume_id, restored.volume_id);
+    e.publish(&restored.volume_id, xfs.clone()).await;
+    e.stage(&restored, xfs.clone()).await.unwrap();
+    let (staging_r, _) = e.h.paths(&restored.volume_id);
+    assert_eq!(
+        std::fs::read(staging_r.join("kept")).unwrap(),
+        b"in the backup"
+    );
+    e.unstage(&restored.volume_id).await;
+
+    // deleting it: gone when the call answers, and again is fine
+    for _ in 0..2 {
+        e.c.delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        assert!(e.cinder.get_backup(&id).await.unwrap_err().is_not_found());
+    }
+    let err =
+        e.c.get_snapshot(csi::GetSnapshotRequest {
+            snapshot_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+
+    // a class type this driver does not know is refused, naming it
+    let err =
+        e.c.create_snapshot(snapshot_req(
+            &restored.volume_id,
+            "bk-2",
+            &[("type", "replica")],
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("type"), "{}", err.message());
+}
+
+#[tokio::test]
+async fn legacy_fs_type_formats_and_unknown_class_keys_are_ignored() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    // an in-tree StorageClass: fsType, and a key upstream ignores
+    let mut r = create_req("legacy", mount_cap("", Mode::SingleNodeWriter), 1);
+    r.parameters.insert("fsType".into(), "xfs".into());
+    r.parameters.insert("someOldKey".into(), "x".into());
+    let v =
+        e.c.create_volume(r)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    let cap = mount_cap("", Mode::SingleNodeWriter);
+    e.publish(&v.volume_id, cap.clone()).await;
+    e.stage(&v, cap.clone()).await.unwrap();
+    let (staging, _) = e.h.paths(&v.volume_id);
+    let mounts = host_ops::mounts_at(&staging).unwrap();
+    assert_eq!(
+        mounts.last().map(|m| m.fs_type.as_str()),
+        Some("xfs"),
+        "{mounts:?}"
+    );
+    e.unstage(&v.volume_id).await;
+    e.unpublish(&v.volume_id).await;
+}
+
+#[tokio::test]
+async fn publishing_past_novas_disk_limit_is_resource_exhausted_and_attaches_nothing() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    // Nova counts the root disk: three data volumes fit in four devices
+    e.h.emulator.control().set_max_disk_devices(4);
+    let cap = block_cap(Mode::SingleNodeWriter);
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(
+            e.create(&format!("full-{i}"), cap.clone(), 1)
+                .await
+                .volume_id,
+        );
+    }
+    for id in &ids[..3] {
+        e.publish(id, cap.clone()).await;
+    }
+    let node_id = e.h.node_id.clone();
+    let publish = |id: &str| csi::ControllerPublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: node_id.clone(),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    };
+    let req = publish(&ids[3]);
+    let err = e.c.controller_publish_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{}", err.message());
+    let last = e.cinder.get_volume(&ids[3]).await.unwrap();
+    assert_eq!(last.status.as_str(), "available");
+    assert!(last.attachments.is_empty(), "{:?}", last.attachments);
+    // room again once one is detached
+    e.unpublish(&ids[0]).await;
+    let req = publish(&ids[3]);
+    e.c.controller_publish_volume(req).await.unwrap();
+    for id in &ids[1..] {
+        e.unpublish(id).await;
+    }
 }
 
 // ----------------------------------------------------------------- faults

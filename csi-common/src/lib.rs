@@ -6,6 +6,7 @@
 //!   capabilities, timestamps;
 //! - [`locks`]: per-key serialisation that de-duplicates in-flight calls;
 //! - [`paging`]: `max_entries` and the tokens of ListVolumes/ListSnapshots;
+//! - [`parameters`]: the keys the sidecars add about claims and snapshots;
 //! - [`credentials`]: CSI secrets → a cached Keystone session;
 //! - [`node_ops`]: request paths confined to `--path-root`, binds and
 //!   unmounts, topology labels;
@@ -21,6 +22,7 @@ pub mod errors;
 pub mod locks;
 pub mod node_ops;
 pub mod paging;
+pub mod parameters;
 pub mod plugin;
 pub mod readiness;
 pub mod request;
@@ -175,7 +177,7 @@ macro_rules! csi_node_service {
 }
 
 /// The Controller service both drivers serve: volumes (create, delete,
-/// validate, list, get, expand) and snapshots (create, delete, list) by
+/// validate, list, get, expand) and snapshots (create, delete, list, get) by
 /// the handlers of those names, capabilities from
 /// `self.controller_capabilities()`; `rpcs` and `unimplemented` add what
 /// differs.
@@ -202,6 +204,8 @@ macro_rules! csi_controller_service {
                     = "DeleteSnapshot", snapshot_id = |r| r.snapshot_id.clone() => delete_snapshot;
                 rpc list_snapshots(ListSnapshotsRequest) -> ListSnapshotsResponse
                     = "ListSnapshots", volume_id = |r| r.source_volume_id.clone() => list_snapshots;
+                rpc get_snapshot(GetSnapshotRequest) -> GetSnapshotResponse
+                    = "GetSnapshot", snapshot_id = |r| r.snapshot_id.clone() => get_snapshot;
                 $($rpcs)*
                 $($unimplemented)*
                 verbatim {

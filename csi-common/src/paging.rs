@@ -5,14 +5,18 @@
 use crate::errors::{DriverError, DriverResult};
 use crate::request::is_uuid;
 
-/// Entries per page: `max_entries`, or `default` when the caller sets no
-/// limit (0). A page at a time keeps every call short on big projects.
-pub fn page_limit(max_entries: i32, default: u32) -> DriverResult<u32> {
+/// Entries per page when the caller sets no limit: a page at a time keeps
+/// every call short on big projects.
+pub const DEFAULT_PAGE: u32 = 500;
+
+/// Entries per page: `max_entries`, or [`DEFAULT_PAGE`] when the caller
+/// sets no limit (0).
+pub fn page_limit(max_entries: i32) -> DriverResult<u32> {
     match max_entries {
         n if n < 0 => Err(DriverError::InvalidArgument(
             "max_entries must not be negative".into(),
         )),
-        0 => Ok(default),
+        0 => Ok(DEFAULT_PAGE),
         n => Ok(n as u32),
     }
 }
@@ -56,10 +60,10 @@ mod tests {
 
     #[test]
     fn limits_and_tokens() {
-        assert_eq!(page_limit(0, 500).unwrap(), 500);
-        assert_eq!(page_limit(7, 500).unwrap(), 7);
+        assert_eq!(page_limit(0).unwrap(), DEFAULT_PAGE);
+        assert_eq!(page_limit(7).unwrap(), 7);
         assert!(matches!(
-            page_limit(-1, 500),
+            page_limit(-1),
             Err(DriverError::InvalidArgument(_))
         ));
         assert_eq!(offset_from_token("").unwrap(), 0);

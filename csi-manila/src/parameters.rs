@@ -12,14 +12,7 @@ use csi_common::{DriverError, DriverResult};
 
 use crate::options::ShareProtocol;
 
-/// The provisioner's `--extra-create-metadata` keys, written as share
-/// metadata.
-pub const PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
-pub const PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
-pub const PV_NAME: &str = "csi.storage.k8s.io/pv/name";
-pub const SNAPSHOT_NAME: &str = "csi.storage.k8s.io/volumesnapshot/name";
-pub const SNAPSHOT_NAMESPACE: &str = "csi.storage.k8s.io/volumesnapshot/namespace";
-pub const SNAPSHOT_CONTENT_NAME: &str = "csi.storage.k8s.io/volumesnapshotcontent/name";
+use csi_common::parameters::is_volume_metadata_key;
 
 /// How a CephFS share is mounted on the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -227,8 +220,8 @@ impl ShareParameters {
                         ));
                     }
                 }
-                PVC_NAME | PVC_NAMESPACE | PV_NAME => {
-                    p.metadata.insert(k.clone(), v.clone());
+                k if is_volume_metadata_key(k) => {
+                    p.metadata.insert(k.to_string(), v.clone());
                 }
                 other => p.ignored.push(other.to_string()),
             }
@@ -319,6 +312,7 @@ impl NodeParameters {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use csi_common::parameters::PVC_NAME;
 
     fn m(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs

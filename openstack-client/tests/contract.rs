@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use openstack_client::barbican::{CreateSecret, KeyManager};
 use openstack_client::cinder::{
-    BlockStorage, CreateSnapshot, CreateVolume, ListSnapshots, ListVolumes, Volume, VolumeStatus,
+    BlockStorage, CreateBackup, CreateSnapshot, CreateVolume, ListSnapshots, ListVolumes, Volume,
+    VolumeStatus,
 };
 use openstack_client::common::{Poll, poll_until};
 use openstack_client::config::{CloudConf, ConfigEnv};
@@ -26,8 +27,8 @@ use zeroize::Zeroizing;
 
 mod common;
 use common::{
-    deadline, wait_gone, wait_rule, wait_share, wait_share_size, wait_snapshot, wait_volume,
-    wait_volume_size,
+    deadline, wait_backup, wait_gone, wait_rule, wait_share, wait_share_size, wait_snapshot,
+    wait_volume, wait_volume_size,
 };
 
 enum Backend {
@@ -58,9 +59,16 @@ impl Backend {
                 });
                 let services = match profile.trim() {
                     "kms" => vec!["keystone", "barbican"],
-                    "block" => vec!["keystone", "cinder", "nova"],
+                    "block" => vec!["keystone", "cinder", "cinder-backup", "nova"],
                     "file" => vec!["keystone", "manila"],
-                    _ => vec!["keystone", "barbican", "cinder", "nova", "manila"],
+                    _ => vec![
+                        "keystone",
+                        "barbican",
+                        "cinder",
+                        "cinder-backup",
+                        "nova",
+                        "manila",
+                    ],
                 };
                 Backend::Real {
                     dir,
@@ -135,6 +143,10 @@ impl Backend {
         }
     }
 }
+
+/// Tests that attach to the real cloud's one test server take turns, so
+/// that a count of its devices holds.
+static TEST_SERVER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn new_volume(c: &BlockStorage, name: &str, size: u64) -> Volume {
     let v = c
@@ -599,11 +611,102 @@ async fn cinder_snapshots_and_restore() {
 }
 
 #[tokio::test]
+async fn cinder_backups_and_restore() {
+    let b = Backend::new().await;
+    if !b.has("cinder-backup", "cinder_backups_and_restore") {
+        return;
+    }
+    let c = BlockStorage::new(b.session(User::Admin));
+    let v = new_volume(&c, &unique("contract-bksrc"), 1).await;
+    // of the volume itself
+    let name = unique("contract-backup");
+    let whole = c
+        .create_backup(&CreateBackup {
+            volume_id: v.id.clone(),
+            name: name.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert_eq!(whole.name, name);
+    assert_eq!(whole.volume_id, v.id);
+    let whole = wait_backup(&c, &whole.id).await;
+    assert_eq!(whole.size, 1);
+    let named = c.backups_named(&name, Some(&v.id)).await.unwrap();
+    assert_eq!(named.len(), 1, "{}", b.name());
+    assert!(
+        c.backups_named(&name, Some(&whole.id))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // of a snapshot of it
+    let snap = c
+        .create_snapshot(&CreateSnapshot {
+            volume_id: v.id.clone(),
+            name: unique("contract-bksnap"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_snapshot(&c, &snap.id).await;
+    let of_snap = c
+        .create_backup(&CreateBackup {
+            volume_id: v.id.clone(),
+            name: unique("contract-backup-snap"),
+            snapshot_id: Some(snap.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let of_snap = wait_backup(&c, &of_snap.id).await;
+    assert_eq!(of_snap.snapshot_id.as_deref(), Some(snap.id.as_str()));
+    wait_snapshot(&c, &snap.id).await;
+    c.delete_snapshot(&snap.id).await.unwrap();
+    wait_gone("snapshot delete", || c.get_snapshot(&snap.id)).await;
+    // a backup outlives its volume
+    c.delete_volume(&v.id).await.unwrap();
+    wait_gone("volume delete", || c.get_volume(&v.id)).await;
+    let restored = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-from-backup"),
+            size_gib: 2,
+            backup_id: Some(of_snap.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let restored = wait_volume(&c, &restored.id, VolumeStatus::Available).await;
+    assert_eq!(restored.size, 2);
+    wait_backup(&c, &of_snap.id).await;
+    // smaller than the backup: refused
+    let err = c
+        .create_volume(&CreateVolume {
+            name: "small".into(),
+            size_gib: 0,
+            backup_id: Some(of_snap.id.clone()),
+            ..Default::default()
+        })
+        .await;
+    if let Err(e) = &err {
+        assert!(matches!(e, Error::BadRequest(_)), "{}: {e}", b.name());
+    }
+    for id in [&whole.id, &of_snap.id] {
+        c.delete_backup(id).await.unwrap();
+        wait_gone("backup delete", || c.get_backup(id)).await;
+    }
+    let err = c.get_backup(&whole.id).await.unwrap_err();
+    assert!(err.is_not_found(), "{}: {err}", b.name());
+    c.delete_volume(&restored.id).await.unwrap();
+}
+
+#[tokio::test]
 async fn nova_attach_extend_detach() {
     let b = Backend::new().await;
     if !b.has("nova", "nova_attach_extend_detach") {
         return;
     }
+    let _server = TEST_SERVER.lock().await;
     let s = b.session(User::Admin);
     let c = BlockStorage::new(s.clone());
     let nova = Compute::new(s.clone());
@@ -672,6 +775,8 @@ async fn nova_attach_extend_detach() {
         .unwrap();
     wait_snapshot(&c, &forced.id).await;
     c.delete_snapshot(&forced.id).await.unwrap();
+    // Cinder deletes asynchronously: the volume can go once it is gone
+    wait_gone("snapshot delete", || c.get_snapshot(&forced.id)).await;
 
     // online extend (3.42)
     c.extend_volume(&v.id, 2, true)
@@ -694,11 +799,79 @@ async fn nova_attach_extend_detach() {
 }
 
 #[tokio::test]
+async fn nova_refuses_attach_past_max_disk_devices() {
+    let b = Backend::new().await;
+    if !b.has("nova", "nova_refuses_attach_past_max_disk_devices") {
+        return;
+    }
+    let _server = TEST_SERVER.lock().await;
+    // `[compute] max_disk_devices_to_attach`, the root disk included
+    let max: usize = match &b {
+        Backend::Emulator(e) => {
+            e.control().set_max_disk_devices(4);
+            4
+        }
+        Backend::Real { dir, .. } => std::fs::read_to_string(dir.join("max-disk-devices"))
+            .expect("the test cloud records Nova's disk limit")
+            .trim()
+            .parse()
+            .unwrap(),
+    };
+    let s = b.session(User::Admin);
+    let c = BlockStorage::new(s.clone());
+    let nova = Compute::new(s);
+    let server = b.server();
+    let in_use = nova.list_volume_attachments(&server).await.unwrap().len();
+    // the root disk: a volume on the real cloud's server (listed), an
+    // image on the emulator's (not listed)
+    let devices = match &b {
+        Backend::Emulator(_) => in_use + 1,
+        Backend::Real { .. } => in_use,
+    };
+    assert!(devices < max, "{}: the server is already full", b.name());
+    let mut attached = Vec::new();
+    for i in 0..(max - devices) {
+        let v = new_volume(&c, &unique(&format!("contract-full-{i}")), 1).await;
+        nova.attach_volume(&server, &v.id, false)
+            .await
+            .unwrap_or_else(|e| panic!("{}: attach {i}: {e}", b.name()));
+        wait_volume(&c, &v.id, VolumeStatus::InUse).await;
+        attached.push(v.id);
+    }
+    let one_more = new_volume(&c, &unique("contract-full-extra"), 1).await;
+    let err = nova
+        .attach_volume(&server, &one_more.id, false)
+        .await
+        .unwrap_err();
+    match &err {
+        Error::Forbidden(e) => assert!(
+            e.message.contains("maximum allowed number of disk devices"),
+            "{}: {}",
+            b.name(),
+            e.message
+        ),
+        other => panic!("{}: expected 403, got {other}", b.name()),
+    }
+    // refused before anything was reserved
+    let v = c.get_volume(&one_more.id).await.unwrap();
+    assert_eq!(v.status, VolumeStatus::Available, "{}", b.name());
+    assert!(v.attachments.is_empty(), "{}", b.name());
+    for id in &attached {
+        nova.detach_volume(&server, id).await.unwrap();
+    }
+    for id in attached.iter().chain([&one_more.id]) {
+        wait_volume(&c, id, VolumeStatus::Available).await;
+        c.delete_volume(id).await.unwrap();
+    }
+}
+
+#[tokio::test]
 async fn nova_multiattach_needs_2_60() {
     let b = Backend::new().await;
     if !b.has("nova", "nova_multiattach_needs_2_60") {
         return;
     }
+    let _server = TEST_SERVER.lock().await;
     let s = b.session(User::Admin);
     let c = BlockStorage::new(s.clone());
     let nova = Compute::new(s.clone());
@@ -1046,6 +1219,7 @@ async fn attached_volumes_become_block_devices() {
     if !b.has("nova", "attached_volumes_become_block_devices") {
         return;
     }
+    let _server = TEST_SERVER.lock().await;
     let by_id = match &b {
         Backend::Emulator(_) => scratch.path().join("by-id"),
         Backend::Real { dir, .. } => dir.join("by-id"),

@@ -169,6 +169,11 @@ impl Control {
     pub fn fail_next_share_creates(&self, n: u32) {
         self.state.world().failing_share_creates = n;
     }
+    /// Nova's `[compute] max_disk_devices_to_attach` (root disk included;
+    /// -1: unlimited).
+    pub fn set_max_disk_devices(&self, max: i64) {
+        self.state.world().max_disk_devices_to_attach = max;
+    }
     /// Creates an ACTIVE server in `project` ("admin" or "demo"), returns
     /// its id.
     pub fn create_server(
@@ -224,6 +229,7 @@ pub fn routes() -> axum::Router<Arc<AppState>> {
         .route("/token-lifetime", put(set_token_lifetime))
         .route("/failures", put(set_failures))
         .route("/servers", post(create_server))
+        .route("/compute", put(set_compute))
         .route("/metadata-instance", put(set_metadata_instance))
         .route("/catalog", put(set_catalog))
         .route("/calls", get(calls).delete(clear_calls))
@@ -281,6 +287,16 @@ async fn set_failures(State(s): St, Json(f): Json<Failures>) -> StatusCode {
     let mut w = s.world();
     w.failing_volume_creates = f.volume_creates;
     w.failing_share_creates = f.share_creates;
+    StatusCode::NO_CONTENT
+}
+
+/// Nova's compute options the emulator models.
+#[derive(Deserialize)]
+struct ComputeOptions {
+    max_disk_devices_to_attach: i64,
+}
+async fn set_compute(State(s): St, Json(c): Json<ComputeOptions>) -> StatusCode {
+    s.world().max_disk_devices_to_attach = c.max_disk_devices_to_attach;
     StatusCode::NO_CONTENT
 }
 

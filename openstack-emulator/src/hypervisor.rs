@@ -189,7 +189,12 @@ impl Hypervisor {
 
     /// Drops a snapshot's data.
     pub fn forget_snapshot(&self, snapshot_id: &str) {
-        let _ = std::fs::remove_file(self.image(&Self::snapshot_key(snapshot_id)));
+        self.forget_data(&Self::snapshot_key(snapshot_id));
+    }
+
+    /// Drops the data kept under `key` (a snapshot's, a backup's).
+    pub fn forget_data(&self, key: &str) {
+        let _ = std::fs::remove_file(self.image(key));
     }
 
     /// The volume was deleted: drop its device and its data.

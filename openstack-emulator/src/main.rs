@@ -60,22 +60,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let mut delays = Delays::default();
     if let Some(ms) = args.transition_delay_ms {
-        delays = Delays {
-            volume_create_ms: ms,
-            volume_delete_ms: ms,
-            volume_attach_ms: ms,
-            volume_detach_ms: ms,
-            volume_extend_ms: ms,
-            volume_retype_ms: ms,
-            snapshot_create_ms: ms,
-            snapshot_delete_ms: ms,
-            share_create_ms: ms,
-            share_delete_ms: ms,
-            share_resize_ms: ms,
-            access_rule_ms: ms,
-            share_snapshot_ms: ms,
-            order_ms: ms,
-        };
+        delays = Delays::uniform(ms);
     }
     let hypervisor = match (args.hypervisor_by_id_dir, args.hypervisor_image_dir) {
         (Some(by_id_dir), Some(image_dir)) => Some(HypervisorConfig {

@@ -313,6 +313,18 @@ async fn attach(
             ),
         ));
     }
+    // Nova counts the root disk, and refuses in the API call (403
+    // TooManyDiskDevices) before anything is reserved
+    let max = w.max_disk_devices_to_attach;
+    let attached = w.servers.get(&server_id).map_or(0, |s| s.volumes.len()) as i64;
+    if max >= 0 && attached + 2 > max {
+        return Err(ApiErr::forbidden(
+            S,
+            format!(
+                "The maximum allowed number of disk devices ({max}) to attach to a single instance has been exceeded."
+            ),
+        ));
+    }
     let device = w.next_device(&server_id);
     if let Some(s) = w.servers.get_mut(&server_id) {
         s.volumes.insert(volume_id.clone(), device.clone());

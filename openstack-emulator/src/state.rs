@@ -24,6 +24,9 @@ pub struct Delays {
     pub volume_retype_ms: u64,
     pub snapshot_create_ms: u64,
     pub snapshot_delete_ms: u64,
+    pub backup_create_ms: u64,
+    pub backup_delete_ms: u64,
+    pub backup_restore_ms: u64,
     pub share_create_ms: u64,
     pub share_delete_ms: u64,
     pub share_resize_ms: u64,
@@ -36,13 +39,19 @@ impl Default for Delays {
     fn default() -> Self {
         Self {
             volume_create_ms: 50,
-            volume_delete_ms: 50,
+            // deletions take a while in a real Cinder (about a second):
+            // enough here that a caller who does not wait for them sees
+            // them under way
+            volume_delete_ms: 250,
             volume_attach_ms: 100,
             volume_detach_ms: 100,
             volume_extend_ms: 50,
             volume_retype_ms: 50,
             snapshot_create_ms: 50,
-            snapshot_delete_ms: 50,
+            snapshot_delete_ms: 250,
+            backup_create_ms: 300,
+            backup_delete_ms: 250,
+            backup_restore_ms: 300,
             share_create_ms: 50,
             share_delete_ms: 50,
             share_resize_ms: 50,
@@ -56,6 +65,29 @@ impl Default for Delays {
 impl Delays {
     pub fn d(ms: u64) -> Duration {
         Duration::from_millis(ms)
+    }
+
+    /// Every transient state lasts `ms`.
+    pub fn uniform(ms: u64) -> Self {
+        Self {
+            volume_create_ms: ms,
+            volume_delete_ms: ms,
+            volume_attach_ms: ms,
+            volume_detach_ms: ms,
+            volume_extend_ms: ms,
+            volume_retype_ms: ms,
+            snapshot_create_ms: ms,
+            snapshot_delete_ms: ms,
+            backup_create_ms: ms,
+            backup_delete_ms: ms,
+            backup_restore_ms: ms,
+            share_create_ms: ms,
+            share_delete_ms: ms,
+            share_resize_ms: ms,
+            access_rule_ms: ms,
+            share_snapshot_ms: ms,
+            order_ms: ms,
+        }
     }
 }
 
@@ -153,6 +185,23 @@ pub struct SnapshotRec {
     pub size: u64,
     pub volume_id: String,
     pub metadata: BTreeMap<String, String>,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct BackupRec {
+    pub seq: u64,
+    pub id: String,
+    pub project_id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub status: String,
+    pub size: u64,
+    pub volume_id: String,
+    pub snapshot_id: Option<String>,
+    pub availability_zone: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub fail_reason: Option<String>,
     pub created_at: String,
 }
 
@@ -278,6 +327,7 @@ pub struct World {
     pub token_lifetime: Duration,
     pub volumes: BTreeMap<String, VolumeRec>,
     pub snapshots: BTreeMap<String, SnapshotRec>,
+    pub backups: BTreeMap<String, BackupRec>,
     pub volume_types: Vec<VolumeTypeRec>,
     pub servers: BTreeMap<String, ServerRec>,
     pub shares: BTreeMap<String, ShareRec>,
@@ -295,6 +345,9 @@ pub struct World {
     pub failing_volume_creates: u32,
     /// The next N share creations end in `error` (with a user message).
     pub failing_share_creates: u32,
+    /// Nova's `[compute] max_disk_devices_to_attach`: disk devices per
+    /// server, the root disk included; -1: unlimited (Nova's default).
+    pub max_disk_devices_to_attach: i64,
     /// The server the metadata service answers for.
     pub metadata_instance: Option<String>,
     /// Catalog types under which each service is registered.
@@ -401,6 +454,7 @@ impl World {
             token_lifetime: config.token_lifetime,
             volumes: BTreeMap::new(),
             snapshots: BTreeMap::new(),
+            backups: BTreeMap::new(),
             volume_types,
             servers: BTreeMap::new(),
             shares: BTreeMap::new(),
@@ -416,6 +470,7 @@ impl World {
             calls: Vec::new(),
             failing_volume_creates: 0,
             failing_share_creates: 0,
+            max_disk_devices_to_attach: -1,
             metadata_instance: None,
             catalog_types,
             manila_max_minor: 87,

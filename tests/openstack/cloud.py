@@ -7,7 +7,8 @@
     cloud.py env                       print the variables tests read
 
 Profiles: kms = Keystone + Barbican (sqlite, no broker); block = Keystone +
-Cinder (fake driver) + Nova (fake driver) + Placement + MariaDB + RabbitMQ;
+Cinder (a fake driver keeping volume data in image files) + cinder-backup
+(POSIX driver) + Nova (fake driver) + Placement + MariaDB + RabbitMQ;
 file = Keystone + a real single-node Ceph (mon, mgr, OSD on a sparse file,
 MDS, CephFS, cephx) + Manila with two backends (the dummy driver for NFS,
 Manila's own CephFS native driver on that Ceph) + MariaDB + RabbitMQ;
@@ -37,6 +38,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 STATE = Path(os.environ.get("OS_TEST_CLOUD_DIR", REPO / ".openstack-cloud")).resolve()
+# volume data: the hypervisor agent attaches it, the Cinder driver copies it
+HYPERVISOR_IMAGES = STATE / "hypervisor-images"
+# Nova's disk limit per server ([compute] max_disk_devices_to_attach, the
+# root disk included): the node plugin under test reports one less
+MAX_DISK_DEVICES = 9
 VENV = Path(os.environ.get("OS_TEST_CLOUD_VENV", REPO / ".venv-openstack")).resolve()
 CONSTRAINTS = HERE / "constraints.txt"
 PORT_BASE = int(os.environ.get("OS_TEST_CLOUD_PORT_BASE", "25000"))
@@ -662,6 +668,8 @@ def setup_cinder(ks):
     shutil.copy(VENV / "etc" / "cinder" / "api-paste.ini", d / "api-paste.ini")
     shutil.copy(VENV / "etc" / "cinder" / "resource_filters.json", d / "resource_filters.json")
     conf = d / "cinder.conf"
+    # os-brick (cinder-backup attaching volumes) runs its privileged helper
+    # directly: everything here already runs as root, and there is no sudo
     conf.write_text(f"""[DEFAULT]
 transport_url = {rabbit_url()}
 auth_strategy = keystone
@@ -678,10 +686,17 @@ periodic_fuzzy_delay = 0
 glance_api_servers = http://{HOST}:9
 my_ip = {HOST}
 host = test-cinder
+backup_driver = cinder.backup.drivers.posix.PosixBackupDriver
+backup_posix_path = {d}/backups
+backup_compression_algorithm = none
 [database]
 connection = {db_url("cinder")}
 [oslo_concurrency]
 lock_path = {d}/locks
+[privsep_osbrick]
+helper_command = {venv_bin("privsep-helper")} --config-file {conf}
+[privsep]
+helper_command = {venv_bin("privsep-helper")} --config-file {conf}
 [fake]
 volume_driver = test_cloud_cinder.MultiattachFakeDriver
 volume_backend_name = fake
@@ -695,8 +710,12 @@ volume_backend_name = fake
                              "from cinder.wsgi.api import application\n")
     gunicorn("cinder-api", "cinder_app", PORTS["cinder"], {}, threads=4)
     start("cinder-scheduler", [venv_bin("cinder-scheduler"), "--config-file", str(conf)])
-    start("cinder-volume", [venv_bin("cinder-volume"), "--config-file", str(conf)],
-          env={"PYTHONPATH": str(HERE / "drivers")})
+    # the fake driver keeps volume data where the hypervisor agent attaches
+    # it from, and cinder-backup reads and writes it there
+    images = {"PYTHONPATH": str(HERE / "drivers"), "TEST_CLOUD_IMAGE_DIR": str(HYPERVISOR_IMAGES)}
+    (d / "backups").mkdir(exist_ok=True)
+    start("cinder-volume", [venv_bin("cinder-volume"), "--config-file", str(conf)], env=images)
+    start("cinder-backup", [venv_bin("cinder-backup"), "--config-file", str(conf)], env=images)
     wait_until("cinder-api", lambda: http("GET", f"http://{HOST}:{PORTS['cinder']}/")[0] in (200, 300), 120,
                STATE / "logs" / "cinder-api.log")
 
@@ -724,6 +743,8 @@ report_interval = 5
 log_file = %(log)s
 [api]
 auth_strategy = keystone
+[compute]
+max_disk_devices_to_attach = {MAX_DISK_DEVICES}
 [oslo_concurrency]
 lock_path = {d}/locks
 [glance]
@@ -789,6 +810,8 @@ region_name = {REGION}
         compute_id.write_text(str(uuid.uuid4()))
     time.sleep(2)  # let the conductor register before compute starts (gotcha 7)
     start("nova-compute", [venv_bin("nova-compute"), "--config-file", str(d / "nova-compute.conf")])
+    # tests size their attach limits from it
+    (STATE / "max-disk-devices").write_text(f"{MAX_DISK_DEVICES}\n")
 
 
 def reported_since_start(process, services):
@@ -1249,7 +1272,7 @@ def start_hypervisor_agent():
     server = (STATE / "test-server-id").read_text().strip()
     start("hypervisor-agent", [target / "debug" / "hypervisor-agent", "--cloud-config", STATE / "cloud-admin.conf",
                                "--server", server, "--by-id-dir", STATE / "by-id",
-                               "--image-dir", STATE / "hypervisor-images"])
+                               "--image-dir", HYPERVISOR_IMAGES])
     wait_until("hypervisor-agent", lambda: (STATE / "by-id").is_dir(), 30)
 
 
@@ -1284,7 +1307,7 @@ def health(service):
     checks = {
         "keystone": (["keystone"], lambda: http("GET", keystone_url())[0] == 200),
         "barbican": (["barbican"], lambda: http("GET", f"http://{HOST}:{PORTS['barbican']}/")[0] in (200, 300)),
-        "cinder": (["mariadb", "rabbitmq", "cinder-api", "cinder-scheduler", "cinder-volume"],
+        "cinder": (["mariadb", "rabbitmq", "cinder-api", "cinder-scheduler", "cinder-volume", "cinder-backup"],
                    lambda: http("GET", f"http://{HOST}:{PORTS['cinder']}/")[0] in (200, 300)),
         "nova": (["neutron-stub", "placement", "nova-api", "nova-conductor", "nova-scheduler", "nova-compute",
                   "hypervisor-agent"],
@@ -1380,7 +1403,7 @@ SERVICE_PROCESSES = [
     "hypervisor-agent",
     "nova-compute", "nova-api", "nova-scheduler", "nova-conductor", "placement", "neutron-stub",
     "manila-share", "manila-scheduler", "manila-api",
-    "cinder-volume", "cinder-scheduler", "cinder-api",
+    "cinder-backup", "cinder-volume", "cinder-scheduler", "cinder-api",
     "barbican", "keystone",
 ]
 INFRA_PROCESSES = ["rabbitmq", "epmd", "mariadb"]

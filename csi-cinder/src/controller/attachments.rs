@@ -5,17 +5,17 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use csi_common::request::{is_uuid, require};
+use csi_common::waits::wait_until;
 use csi_common::{Context, DriverError, DriverResult};
 use openstack_client::cinder::{BlockStorage, VolumeStatus};
-use openstack_client::common::{Poll, poll_until};
+use openstack_client::common::Poll;
 use proto::csi::v1 as csi;
 
 use super::*;
 use crate::capabilities::{capability_unsupported, parse_capability};
+use crate::errors::attach_error;
 
 impl ControllerService {
-    // ---------------------------------------------------------- attachment
-
     pub(super) async fn publish(
         &self,
         r: csi::ControllerPublishVolumeRequest,
@@ -69,9 +69,7 @@ impl ControllerService {
                         Err(openstack_client::Error::Conflict(e)) => {
                             tracing::info!(volume_id = id, node, error = %e, "attach in progress")
                         }
-                        Err(e) => {
-                            return Err(e).context(format!("attaching volume {id} to {node}"));
-                        }
+                        Err(e) => return Err(attach_error(e, id, node)),
                     }
                 }
                 // an earlier attempt's attach is still under way
@@ -102,36 +100,33 @@ impl ControllerService {
         node: &str,
         deadline: Instant,
     ) -> DriverResult<Option<String>> {
-        let r = poll_until("volume_attach", deadline, POLL_FIRST, POLL_MAX, || async {
-            let v = block.get_volume(id).await?;
-            let att = v
-                .attachments
-                .iter()
-                .find(|a| a.server_id.as_deref() == Some(node));
-            Ok(match (&v.status, att) {
-                (VolumeStatus::InUse, Some(a)) => Poll::Ready(Ok(a.device.clone())),
-                (s, _) if s.is_error() => Poll::Ready(Err(s.to_string())),
-                // Nova rolled the attach back
-                (VolumeStatus::Available, None) => {
-                    Poll::Ready(Err("available (the attach failed)".to_string()))
-                }
-                (s, _) => Poll::Pending(s.to_string()),
-            })
-        })
-        .await;
-        match r {
-            Ok(Ok(d)) => Ok(d),
-            Ok(Err(s)) => Err(DriverError::Internal(format!(
+        let r = wait_until(
+            "volume_attach",
+            deadline,
+            |s| format!("volume {id} is not attached to {node} yet (volume is {s})"),
+            || async {
+                let v = block.get_volume(id).await?;
+                let att = v
+                    .attachments
+                    .iter()
+                    .find(|a| a.server_id.as_deref() == Some(node));
+                Ok(match (&v.status, att) {
+                    (VolumeStatus::InUse, Some(a)) => Poll::Ready(Ok(a.device.clone())),
+                    (s, _) if s.is_error() => Poll::Ready(Err(s.to_string())),
+                    // Nova rolled the attach back
+                    (VolumeStatus::Available, None) => {
+                        Poll::Ready(Err("available (the attach failed)".to_string()))
+                    }
+                    (s, _) => Poll::Pending(s.to_string()),
+                })
+            },
+        )
+        .await?;
+        r.map_err(|s| {
+            DriverError::Internal(format!(
                 "attaching volume {id} to {node} failed: volume is {s}"
-            ))),
-            Err(openstack_client::Error::Timeout { last, .. }) => {
-                Err(DriverError::DeadlineExceeded(format!(
-                    "volume {id} is not attached to {node} yet ({}); a retry resumes waiting",
-                    last.map(|e| e.to_string()).unwrap_or_default()
-                )))
-            }
-            Err(e) => Err(e).context(format!("waiting for volume {id} to attach")),
-        }
+            ))
+        })
     }
 
     pub(super) async fn unpublish(
@@ -176,28 +171,27 @@ impl ControllerService {
                 Err(e) => return Err(e).context(format!("detaching volume {id} from {node}")),
             }
         }
-        let r = poll_until("volume_detach", deadline, POLL_FIRST, POLL_MAX, || async {
-            let v = match block.get_volume(id).await {
-                Ok(v) => v,
-                Err(e) if e.is_not_found() => return Ok(Poll::Ready(())),
-                Err(e) => return Err(e),
-            };
-            if v.attachments
-                .iter()
-                .any(|a| a.server_id.as_deref() == Some(node))
-            {
-                Ok(Poll::Pending(v.status.to_string()))
-            } else {
-                Ok(Poll::Ready(()))
-            }
-        })
-        .await;
-        match r {
-            Ok(()) => Ok(csi::ControllerUnpublishVolumeResponse {}),
-            Err(openstack_client::Error::Timeout { .. }) => Err(DriverError::DeadlineExceeded(
-                format!("volume {id} is still attached to {node}; a retry resumes waiting"),
-            )),
-            Err(e) => Err(e).context(format!("waiting for volume {id} to detach")),
-        }
+        wait_until(
+            "volume_detach",
+            deadline,
+            |s| format!("volume {id} is still attached to {node} (volume is {s})"),
+            || async {
+                let v = match block.get_volume(id).await {
+                    Ok(v) => v,
+                    Err(e) if e.is_not_found() => return Ok(Poll::Ready(())),
+                    Err(e) => return Err(e),
+                };
+                if v.attachments
+                    .iter()
+                    .any(|a| a.server_id.as_deref() == Some(node))
+                {
+                    Ok(Poll::Pending(v.status.to_string()))
+                } else {
+                    Ok(Poll::Ready(()))
+                }
+            },
+        )
+        .await?;
+        Ok(csi::ControllerUnpublishVolumeResponse {})
     }
 }

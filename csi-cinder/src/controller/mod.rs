@@ -2,15 +2,17 @@
 //! through Nova. Every wait is bounded by the caller's deadline; every
 //! mutating call is idempotent and serialised per volume (or name).
 //!
-//! By RPC family: [`volumes`] (create, delete, validate, list, get,
-//! expand, modify), [`attachments`] (publish, unpublish), [`snapshots`].
+//! By RPC family: [`volumes`] (create, delete, expand, modify),
+//! [`inventory`] (validate, list, get), [`attachments`] (publish,
+//! unpublish), [`snapshots`] (snapshots and backups).
 
 mod attachments;
+mod backups;
+mod inventory;
 mod snapshots;
 mod volumes;
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use csi_common::request::GIB;
 use csi_common::{DriverError, DriverResult, KeyedLocks, csi_controller_service};
@@ -25,20 +27,10 @@ use volumes::content_source;
 /// Volume metadata and context keys (upstream's).
 pub const CLUSTER_KEY: &str = "cinder.csi.openstack.org/cluster";
 pub const RESIZE_REQUIRED_KEY: &str = "cinder.csi.openstack.org/resizeRequired";
-const PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
-const PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
-const PV_NAME: &str = "csi.storage.k8s.io/pv/name";
-const SNAPSHOT_NAME: &str = "csi.storage.k8s.io/volumesnapshot/name";
-const SNAPSHOT_NAMESPACE: &str = "csi.storage.k8s.io/volumesnapshot/namespace";
-const SNAPSHOT_CONTENT_NAME: &str = "csi.storage.k8s.io/volumesnapshotcontent/name";
+/// Metadata of a volume restored from a Cinder backup: Cinder itself does
+/// not show a volume's backup, and CreateVolume must name its source.
+pub const SOURCE_BACKUP_KEY: &str = "cinder.csi.openstack.org/sourceBackup";
 const DESCRIPTION: &str = "Created by OpenStack Cinder CSI driver";
-
-/// First poll of a pending resource, and the cap of the growing interval.
-const POLL_FIRST: Duration = Duration::from_millis(25);
-const POLL_MAX: Duration = Duration::from_secs(2);
-/// ListVolumes/ListSnapshots page size when the caller sets no limit:
-/// a page at a time keeps every call short on big projects.
-const DEFAULT_PAGE: u32 = 500;
 
 /// One cloud's clients (a `[Global "name"]` section).
 #[derive(Debug, Clone)]
@@ -95,9 +87,11 @@ impl ControllerService {
             Rpc::VolumeCondition,
             Rpc::CreateDeleteSnapshot,
             Rpc::ListSnapshots,
+            Rpc::GetSnapshot,
             Rpc::CloneVolume,
             Rpc::ExpandVolume,
             Rpc::ModifyVolume,
+            Rpc::SingleNodeMultiWriter,
         ]
         .into_iter()
         .map(|t| csi::ControllerServiceCapability {

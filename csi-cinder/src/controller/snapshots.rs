@@ -1,19 +1,36 @@
-//! Snapshots: create (idempotent by name), delete, list.
+//! Snapshots: create (idempotent by name), delete (gone before the
+//! answer), get and list. A CSI snapshot is a Cinder snapshot, or, with
+//! `type: backup` in the VolumeSnapshotClass, a Cinder backup
+//! ([`super::backups`]); every call that takes a snapshot id accepts both.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use csi_common::paging::{marker_from_token, page_limit};
 use csi_common::request::{GIB, is_uuid, require, timestamp};
+use csi_common::waits::{wait_gone, wait_until};
 use csi_common::{Context, DriverError, DriverResult};
-use openstack_client::cinder::{CreateSnapshot, ListSnapshots, Snapshot, SnapshotStatus};
-use openstack_client::common::{Poll, poll_until};
+use openstack_client::cinder::{
+    Backup, BackupStatus, BlockStorage, CreateSnapshot, ListSnapshots, Snapshot, SnapshotStatus,
+    VolumeStatus,
+};
+use openstack_client::common::Poll;
 use proto::csi::v1 as csi;
 
 use super::*;
+use crate::parameters::{SnapshotKind, SnapshotParameters};
+
+/// How long CreateSnapshot waits for a Cinder snapshot before answering
+/// `ready_to_use: false` (the snapshotter then polls).
+const SNAPSHOT_WAIT: Duration = Duration::from_secs(30);
+
+/// What a snapshot id names.
+pub(super) enum Found {
+    Snapshot(Snapshot),
+    Backup(Backup),
+}
 
 impl ControllerService {
-    // ----------------------------------------------------------- snapshots
-
     pub(super) async fn create_snapshot(
         &self,
         r: csi::CreateSnapshotRequest,
@@ -21,34 +38,9 @@ impl ControllerService {
     ) -> DriverResult<csi::CreateSnapshotResponse> {
         let name = require(&r.name, "name")?;
         let source = require(&r.source_volume_id, "source_volume_id")?;
+        let params = SnapshotParameters::parse(&r.parameters)?;
         let cloud = self.cloud(&r.secrets)?;
-        let mut force = false;
-        let mut metadata = BTreeMap::new();
-        for (k, v) in &r.parameters {
-            match k.as_str() {
-                "force-create" => {
-                    force = v.parse::<bool>().map_err(|_| {
-                        DriverError::InvalidArgument(format!(
-                            "force-create must be true or false, not {v:?}"
-                        ))
-                    })?;
-                }
-                "type" if v.is_empty() || v == "snapshot" => {}
-                "type" => {
-                    return Err(DriverError::InvalidArgument(format!(
-                        "snapshot type {v:?} is not supported by this driver (only \"snapshot\")"
-                    )));
-                }
-                SNAPSHOT_NAME | SNAPSHOT_NAMESPACE | SNAPSHOT_CONTENT_NAME => {
-                    metadata.insert(k.clone(), v.clone());
-                }
-                other => {
-                    return Err(DriverError::InvalidArgument(format!(
-                        "unknown VolumeSnapshotClass parameter {other:?} (known: force-create, type)"
-                    )));
-                }
-            }
-        }
+        let mut metadata = params.metadata.clone();
         if !self.opts.cluster.is_empty() {
             metadata.insert(CLUSTER_KEY.to_string(), self.opts.cluster.clone());
         }
@@ -62,6 +54,36 @@ impl ControllerService {
             .lock(&format!("snapshot/{name}"), deadline)
             .await?;
         let block = cloud.block.with_deadline(deadline);
+        let snapshot = match params.kind {
+            SnapshotKind::Snapshot => {
+                let s = self
+                    .ensure_snapshot(&block, name, source, &params, metadata, deadline)
+                    .await?;
+                csi_snapshot(&s)
+            }
+            SnapshotKind::Backup => {
+                let b = self
+                    .ensure_backup(&block, name, source, &params, metadata, deadline)
+                    .await?;
+                csi_backup(&b)
+            }
+        };
+        Ok(csi::CreateSnapshotResponse {
+            snapshot: Some(snapshot),
+        })
+    }
+
+    /// The Cinder snapshot `name` of `source`: found or created, and
+    /// waited for (a little: `ready_to_use` tells the snapshotter to poll).
+    pub(super) async fn ensure_snapshot(
+        &self,
+        block: &BlockStorage,
+        name: &str,
+        source: &str,
+        params: &SnapshotParameters,
+        metadata: BTreeMap<String, String>,
+        deadline: Instant,
+    ) -> DriverResult<Snapshot> {
         let existing = block
             .list_snapshots(&ListSnapshots {
                 name: Some(name.to_string()),
@@ -90,20 +112,38 @@ impl ControllerService {
             }
             [s] => s.clone(),
             [] => {
-                block
+                let v = block
                     .get_volume(source)
                     .await
                     .context(format!("volume {source}"))?;
-                block
+                if v.status == VolumeStatus::InUse && !params.force {
+                    return Err(DriverError::FailedPrecondition(format!(
+                        "volume {source} is in use (attached to {:?}); Cinder snapshots an attached volume only when asked: set force-create: \"true\" in the VolumeSnapshotClass's parameters, or detach the volume",
+                        v.attached_servers().collect::<Vec<_>>()
+                    )));
+                }
+                match block
                     .create_snapshot(&CreateSnapshot {
                         volume_id: source.to_string(),
                         name: name.to_string(),
                         description: Some(DESCRIPTION.to_string()),
-                        force,
+                        force: params.force,
                         metadata,
                     })
                     .await
-                    .context(format!("creating snapshot {name} of volume {source}"))?
+                {
+                    Ok(s) => s,
+                    Err(openstack_client::Error::BadRequest(e)) => {
+                        return Err(DriverError::FailedPrecondition(format!(
+                            "Cinder refuses to snapshot volume {source}: {}",
+                            e.message
+                        )));
+                    }
+                    Err(e) => {
+                        return Err(e)
+                            .context(format!("creating snapshot {name} of volume {source}"));
+                    }
+                }
             }
             many => {
                 let ids: Vec<&str> = many.iter().map(|s| s.id.as_str()).collect();
@@ -112,16 +152,13 @@ impl ControllerService {
                 )));
             }
         };
-        // ready_to_use tells the snapshotter to poll; wait a little for the
-        // common fast case, never past the deadline
-        let wait_until = deadline.min(Instant::now() + Duration::from_secs(30));
-        let snap = match poll_until(
+        let id = snap.id.clone();
+        let waited = wait_until(
             "snapshot_create",
-            wait_until,
-            POLL_FIRST,
-            POLL_MAX,
+            deadline.min(Instant::now() + SNAPSHOT_WAIT),
+            |s| format!("snapshot {id} is still {s}"),
             || async {
-                let s = block.get_snapshot(&snap.id).await?;
+                let s = block.get_snapshot(&id).await?;
                 Ok(match s.status {
                     SnapshotStatus::Available => Poll::Ready(s),
                     ref st if st.is_error() => Poll::Ready(s),
@@ -129,22 +166,40 @@ impl ControllerService {
                 })
             },
         )
-        .await
-        {
+        .await;
+        match waited {
             Ok(s) if s.status.is_error() => {
                 let _ = block.delete_snapshot(&s.id).await;
-                return Err(DriverError::Internal(format!(
+                Err(DriverError::Internal(format!(
                     "Cinder failed snapshot {} of volume {source}; deleted it",
                     s.id
-                )));
+                )))
             }
-            Ok(s) => s,
-            Err(openstack_client::Error::Timeout { .. }) => snap,
-            Err(e) => return Err(e).context(format!("waiting for snapshot {}", snap.id)),
-        };
-        Ok(csi::CreateSnapshotResponse {
-            snapshot: Some(csi_snapshot(&snap)),
-        })
+            Ok(s) => Ok(s),
+            Err(DriverError::DeadlineExceeded(_)) => Ok(snap),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A snapshot id: a Cinder snapshot's, else a backup's, else `None`.
+    pub(super) async fn find_snapshot(
+        &self,
+        block: &BlockStorage,
+        id: &str,
+    ) -> DriverResult<Option<Found>> {
+        if !is_uuid(id) {
+            return Ok(None);
+        }
+        match block.get_snapshot(id).await {
+            Ok(s) => return Ok(Some(Found::Snapshot(s))),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e).context(format!("snapshot {id}")),
+        }
+        match block.get_backup(id).await {
+            Ok(b) => Ok(Some(Found::Backup(b))),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e).context(format!("backup {id}")),
+        }
     }
 
     pub(super) async fn delete_snapshot(
@@ -153,23 +208,58 @@ impl ControllerService {
         deadline: Instant,
     ) -> DriverResult<csi::DeleteSnapshotResponse> {
         let id = require(&r.snapshot_id, "snapshot_id")?;
-        if !is_uuid(id) {
-            return Ok(csi::DeleteSnapshotResponse {});
-        }
         let cloud = self.cloud(&r.secrets)?;
         let _guard = self.locks.lock(id, deadline).await?;
         let block = cloud.block.with_deadline(deadline);
-        match block.get_snapshot(id).await {
-            Err(e) if e.is_not_found() => return Ok(csi::DeleteSnapshotResponse {}),
-            Err(e) => return Err(e).context(format!("snapshot {id}")),
-            // an earlier call's deletion is under way
-            Ok(s) if s.status == SnapshotStatus::Deleting => {
-                return Ok(csi::DeleteSnapshotResponse {});
+        match self.find_snapshot(&block, id).await? {
+            None => {}
+            Some(Found::Backup(b)) => self.delete_backup(&block, b, deadline).await?,
+            Some(Found::Snapshot(s)) => {
+                if s.status != SnapshotStatus::Deleting {
+                    match block.delete_snapshot(id).await {
+                        Ok(()) => tracing::info!(snapshot_id = id, "snapshot deletion accepted"),
+                        Err(e) if e.is_not_found() => {
+                            return Ok(csi::DeleteSnapshotResponse {});
+                        }
+                        Err(openstack_client::Error::BadRequest(e)) => {
+                            return Err(DriverError::FailedPrecondition(format!(
+                                "Cinder refuses to delete snapshot {id}: {}",
+                                e.message
+                            )));
+                        }
+                        Err(e) => return Err(e).context(format!("deleting snapshot {id}")),
+                    }
+                }
+                // done means gone: the source volume can be deleted next
+                wait_gone(
+                    "snapshot_delete",
+                    deadline,
+                    &format!("snapshot {id}"),
+                    || block.get_snapshot(id),
+                    |s| s.status.to_string(),
+                )
+                .await?;
             }
-            Ok(_) => {}
         }
-        not_found_ok(block.delete_snapshot(id).await).context(format!("deleting snapshot {id}"))?;
         Ok(csi::DeleteSnapshotResponse {})
+    }
+
+    pub(super) async fn get_snapshot(
+        &self,
+        r: csi::GetSnapshotRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::GetSnapshotResponse> {
+        let id = require(&r.snapshot_id, "snapshot_id")?;
+        let cloud = self.cloud(&r.secrets)?;
+        let block = cloud.block.with_deadline(deadline);
+        match self.find_snapshot(&block, id).await?.and_then(listed) {
+            Some(snapshot) => Ok(csi::GetSnapshotResponse {
+                snapshot: Some(snapshot),
+            }),
+            None => Err(DriverError::NotFound(format!(
+                "snapshot {id} does not exist"
+            ))),
+        }
     }
 
     pub(super) async fn list_snapshots(
@@ -177,49 +267,29 @@ impl ControllerService {
         r: csi::ListSnapshotsRequest,
         deadline: Instant,
     ) -> DriverResult<csi::ListSnapshotsResponse> {
-        if r.max_entries < 0 {
-            return Err(DriverError::InvalidArgument(
-                "max_entries must not be negative".into(),
-            ));
-        }
+        let limit = page_limit(r.max_entries)?;
         let cloud = self.cloud(&r.secrets)?;
         let block = cloud.block.with_deadline(deadline);
         if !r.snapshot_id.is_empty() {
-            if !is_uuid(&r.snapshot_id) {
-                return Ok(csi::ListSnapshotsResponse::default());
-            }
-            return match block.get_snapshot(&r.snapshot_id).await {
-                Ok(s) if r.source_volume_id.is_empty() || s.volume_id == r.source_volume_id => {
-                    Ok(csi::ListSnapshotsResponse {
-                        entries: vec![csi::list_snapshots_response::Entry {
-                            snapshot: Some(csi_snapshot(&s)),
-                        }],
-                        next_token: String::new(),
-                    })
-                }
-                Ok(_) => Ok(csi::ListSnapshotsResponse::default()),
-                Err(e) if e.is_not_found() => Ok(csi::ListSnapshotsResponse::default()),
-                Err(e) => Err(e).context(format!("snapshot {}", r.snapshot_id)),
-            };
+            let entries = self
+                .find_snapshot(&block, &r.snapshot_id)
+                .await?
+                .and_then(listed)
+                .filter(|s| {
+                    r.source_volume_id.is_empty() || s.source_volume_id == r.source_volume_id
+                })
+                .map(|s| csi::list_snapshots_response::Entry { snapshot: Some(s) })
+                .into_iter()
+                .collect();
+            return Ok(csi::ListSnapshotsResponse {
+                entries,
+                next_token: String::new(),
+            });
         }
         if !r.source_volume_id.is_empty() && !is_uuid(&r.source_volume_id) {
             return Ok(csi::ListSnapshotsResponse::default());
         }
-        let marker = if r.starting_token.is_empty() {
-            None
-        } else if is_uuid(&r.starting_token) {
-            Some(r.starting_token.clone())
-        } else {
-            return Err(DriverError::Aborted(format!(
-                "starting_token {:?} is not one this driver issued",
-                r.starting_token
-            )));
-        };
-        let limit = if r.max_entries == 0 {
-            DEFAULT_PAGE
-        } else {
-            r.max_entries as u32
-        };
+        let marker = marker_from_token(&r.starting_token)?;
         let page = match block
             .list_snapshots(&ListSnapshots {
                 name: None,
@@ -244,14 +314,23 @@ impl ControllerService {
         Ok(csi::ListSnapshotsResponse {
             entries: page
                 .items
-                .iter()
-                .filter(|s| !s.status.is_error() && s.status != SnapshotStatus::Deleting)
-                .map(|s| csi::list_snapshots_response::Entry {
-                    snapshot: Some(csi_snapshot(s)),
-                })
+                .into_iter()
+                .filter_map(|s| listed(Found::Snapshot(s)))
+                .map(|s| csi::list_snapshots_response::Entry { snapshot: Some(s) })
                 .collect(),
             next_token: page.next_marker.unwrap_or_default(),
         })
+    }
+}
+
+/// What a caller still sees: failed and departing snapshots are not
+/// listed.
+fn listed(found: Found) -> Option<csi::Snapshot> {
+    match found {
+        Found::Snapshot(s) if s.status.is_error() || s.status == SnapshotStatus::Deleting => None,
+        Found::Snapshot(s) => Some(csi_snapshot(&s)),
+        Found::Backup(b) if b.status.is_error() || b.status == BackupStatus::Deleting => None,
+        Found::Backup(b) => Some(csi_backup(&b)),
     }
 }
 
@@ -262,6 +341,17 @@ pub(super) fn csi_snapshot(s: &Snapshot) -> csi::Snapshot {
         source_volume_id: s.volume_id.clone(),
         creation_time: timestamp(s.created_at.as_deref()),
         ready_to_use: s.status == SnapshotStatus::Available,
+        group_snapshot_id: String::new(),
+    }
+}
+
+pub(super) fn csi_backup(b: &Backup) -> csi::Snapshot {
+    csi::Snapshot {
+        size_bytes: (b.size as i64).saturating_mul(GIB),
+        snapshot_id: b.id.clone(),
+        source_volume_id: b.volume_id.clone(),
+        creation_time: timestamp(b.created_at.as_deref()),
+        ready_to_use: b.status == BackupStatus::Available,
         group_snapshot_id: String::new(),
     }
 }

@@ -5,17 +5,20 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use csi_common::request::{GIB, expansion_gib, is_uuid, require, size_fits, size_gib};
+use csi_common::waits::wait_until;
 use csi_common::{Context, DriverError, DriverResult};
 use openstack_client::cinder::{
-    BlockStorage, CreateVolume, ListVolumes, SnapshotStatus, Volume, VolumeStatus,
+    Backup, BackupStatus, BlockStorage, CreateVolume, ListSnapshots, Snapshot, SnapshotStatus,
+    Volume, VolumeStatus,
 };
-use openstack_client::common::{Poll, poll_until};
+use openstack_client::common::Poll;
 use proto::csi::v1 as csi;
 
 use super::*;
 use crate::capabilities::{
     AccessType, capability_unsupported, parse_capabilities, parse_capability,
 };
+use crate::parameters::{FS_TYPE_CONTEXT_KEY, MutableParameters, VolumeParameters};
 
 impl ControllerService {
     // ------------------------------------------------------------ volumes
@@ -36,56 +39,14 @@ impl ControllerService {
         let mut size = size_gib(r.capacity_range.as_ref())?;
         let cloud = self.cloud(&r.secrets)?;
 
-        let mut volume_type = None;
-        let mut availability = None;
-        let mut metadata = BTreeMap::new();
-        for (k, v) in &r.parameters {
-            match k.as_str() {
-                "type" => volume_type = Some(v.clone()).filter(|v| !v.is_empty()),
-                "availability" => availability = Some(v.clone()).filter(|v| !v.is_empty()),
-                PVC_NAME | PVC_NAMESPACE | PV_NAME => {
-                    metadata.insert(k.clone(), v.clone());
-                }
-                other => {
-                    return Err(DriverError::InvalidArgument(format!(
-                        "unknown StorageClass parameter {other:?} (known: type, availability)"
-                    )));
-                }
-            }
-        }
-        for (k, v) in &r.mutable_parameters {
-            match k.as_str() {
-                "type" => volume_type = Some(v.clone()).filter(|v| !v.is_empty()),
-                other => {
-                    return Err(DriverError::InvalidArgument(format!(
-                        "unknown mutable parameter {other:?} (known: type)"
-                    )));
-                }
-            }
-        }
+        let params = VolumeParameters::parse(&r.parameters, &r.mutable_parameters)?;
+        let volume_type = params.volume_type.clone();
+        let mut metadata = params.metadata.clone();
         if !self.opts.cluster.is_empty() {
             metadata.insert(CLUSTER_KEY.to_string(), self.opts.cluster.clone());
         }
-        let requested_zone = self.requested_zone(&r, availability.as_deref());
-
-        let (snapshot_id, source_volume_id) = match r
-            .volume_content_source
-            .as_ref()
-            .and_then(|s| s.r#type.as_ref())
-        {
-            Some(csi::volume_content_source::Type::Snapshot(s)) => (
-                Some(
-                    require(&s.snapshot_id, "volume_content_source.snapshot.snapshot_id")?
-                        .to_string(),
-                ),
-                None,
-            ),
-            Some(csi::volume_content_source::Type::Volume(v)) => (
-                None,
-                Some(require(&v.volume_id, "volume_content_source.volume.volume_id")?.to_string()),
-            ),
-            None => (None, None),
-        };
+        let requested_zone = self.requested_zone(&r, params.availability.as_deref());
+        let requested = RequestedSource::of(&r)?;
 
         let _guard = self.locks.lock(&format!("create/{name}"), deadline).await?;
         let block = cloud.block.with_deadline(deadline);
@@ -110,18 +71,10 @@ impl ControllerService {
                 not_found_ok(block.delete_volume(&v.id).await)
                     .context(format!("deleting failed volume {}", v.id))?;
             } else {
-                self.check_compatible(
-                    &block,
-                    &v,
-                    &r,
-                    volume_type.as_deref(),
-                    snapshot_id.as_deref(),
-                    source_volume_id.as_deref(),
-                    &caps,
-                )
-                .await?;
+                self.check_compatible(&block, &v, &r, volume_type.as_deref(), &requested, &caps)
+                    .await?;
                 let v = self.wait_volume_available(&block, &v.id, deadline).await?;
-                let context = resize_context(&v, self.source_size(&block, &v).await);
+                let context = volume_context(&v, self.source_size(&block, &v).await, &params);
                 return Ok(csi::CreateVolumeResponse {
                     volume: Some(self.csi_volume(&v, context, requested_zone.as_deref())),
                 });
@@ -129,43 +82,8 @@ impl ControllerService {
         }
 
         // the source decides the minimum size and must be usable
-        let mut source_size = None;
-        if let Some(sid) = &snapshot_id {
-            if !is_uuid(sid) {
-                return Err(DriverError::NotFound(format!(
-                    "snapshot {sid} does not exist"
-                )));
-            }
-            let s = block
-                .get_snapshot(sid)
-                .await
-                .context(format!("snapshot {sid}"))?;
-            if s.status != SnapshotStatus::Available {
-                return Err(DriverError::Unavailable(format!(
-                    "snapshot {sid} is {}, not available",
-                    s.status
-                )));
-            }
-            source_size = Some(s.size as i64);
-        }
-        if let Some(vid) = &source_volume_id {
-            if !is_uuid(vid) {
-                return Err(DriverError::NotFound(format!(
-                    "volume {vid} does not exist"
-                )));
-            }
-            let v = block
-                .get_volume(vid)
-                .await
-                .context(format!("source volume {vid}"))?;
-            if !matches!(v.status, VolumeStatus::Available | VolumeStatus::InUse) {
-                return Err(DriverError::Unavailable(format!(
-                    "source volume {vid} is {}, not available",
-                    v.status
-                )));
-            }
-            source_size = Some(v.size as i64);
-        }
+        let source = requested.resolve(&block).await?;
+        let source_size = source.size_gib();
         if let Some(min) = source_size
             && size < min
         {
@@ -190,17 +108,25 @@ impl ControllerService {
             }
         }
 
-        let spec = CreateVolume {
+        let mut spec = CreateVolume {
             name: name.to_string(),
             size_gib: size as u64,
             description: Some(DESCRIPTION.to_string()),
             volume_type: volume_type.clone(),
             availability_zone: requested_zone.clone(),
-            snapshot_id: snapshot_id.clone(),
-            source_volume_id: source_volume_id.clone(),
             metadata,
-            scheduler_hints: BTreeMap::new(),
+            ..Default::default()
         };
+        match source {
+            Source::Empty => {}
+            Source::Snapshot(s) => spec.snapshot_id = Some(s.id),
+            Source::Volume(v) => spec.source_volume_id = Some(v.id),
+            Source::Backup(b) => {
+                spec.metadata
+                    .insert(SOURCE_BACKUP_KEY.to_string(), b.id.clone());
+                spec.backup_id = Some(b.id);
+            }
+        }
         let created = block
             .create_volume(&spec)
             .await
@@ -209,7 +135,7 @@ impl ControllerService {
         let v = self
             .wait_volume_available(&block, &created.id, deadline)
             .await?;
-        let context = resize_context(&v, source_size);
+        let context = volume_context(&v, source_size, &params);
         Ok(csi::CreateVolumeResponse {
             volume: Some(self.csi_volume(&v, context, requested_zone.as_deref())),
         })
@@ -250,15 +176,13 @@ impl ControllerService {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn check_compatible(
         &self,
         block: &BlockStorage,
         v: &Volume,
         r: &csi::CreateVolumeRequest,
         volume_type: Option<&str>,
-        snapshot_id: Option<&str>,
-        source_volume_id: Option<&str>,
+        requested: &RequestedSource,
         caps: &[csi_common::request::Capability],
     ) -> DriverResult<()> {
         let clash = |what: String| {
@@ -270,8 +194,7 @@ impl ControllerService {
         if !size_fits(v.size as i64, r.capacity_range.as_ref()) {
             return clash(format!("size {} GiB, outside the requested range", v.size));
         }
-        if v.snapshot_id.as_deref() != snapshot_id || v.source_volid.as_deref() != source_volume_id
-        {
+        if !requested.made(v) {
             return clash("another content source".into());
         }
         if let Some(t) = volume_type
@@ -296,9 +219,13 @@ impl ControllerService {
         Ok(())
     }
 
+    /// The size of the source an existing volume was made from.
     pub(super) async fn source_size(&self, block: &BlockStorage, v: &Volume) -> Option<i64> {
         if let Some(s) = &v.snapshot_id {
             return block.get_snapshot(s).await.ok().map(|s| s.size as i64);
+        }
+        if let Some(b) = v.metadata.get(SOURCE_BACKUP_KEY) {
+            return block.get_backup(b).await.ok().map(|b| b.size as i64);
         }
         if let Some(s) = &v.source_volid {
             return block.get_volume(s).await.ok().map(|s| s.size as i64);
@@ -316,18 +243,23 @@ impl ControllerService {
         id: &str,
         deadline: Instant,
     ) -> DriverResult<Volume> {
-        let result = poll_until("volume_create", deadline, POLL_FIRST, POLL_MAX, || async {
-            let v = block.get_volume(id).await?;
-            Ok(match v.status {
-                VolumeStatus::Available | VolumeStatus::InUse => Poll::Ready(Ok(v)),
-                ref s if s.is_error() || volume_gone(s) => Poll::Ready(Err(v)),
-                ref s => Poll::Pending(s.to_string()),
-            })
-        })
-        .await;
+        let result = wait_until(
+            "volume_create",
+            deadline,
+            |s| format!("volume {id} is still {s}"),
+            || async {
+                let v = block.get_volume(id).await?;
+                Ok(match v.status {
+                    VolumeStatus::Available | VolumeStatus::InUse => Poll::Ready(Ok(v)),
+                    ref s if s.is_error() || volume_gone(s) => Poll::Ready(Err(v)),
+                    ref s => Poll::Pending(s.to_string()),
+                })
+            },
+        )
+        .await?;
         match result {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(v)) => {
+            Ok(v) => Ok(v),
+            Err(v) => {
                 let deleted = not_found_ok(block.delete_volume(id).await);
                 Err(DriverError::Internal(format!(
                     "Cinder could not create volume {id} (status {}; usually no backend with enough capacity for the type and zone){}",
@@ -338,10 +270,6 @@ impl ControllerService {
                     }
                 )))
             }
-            Err(openstack_client::Error::Timeout { .. }) => Err(DriverError::DeadlineExceeded(
-                format!("volume {id} is not available yet; a retry resumes waiting"),
-            )),
-            Err(e) => Err(e).context(format!("waiting for volume {id}")),
         }
     }
 
@@ -362,220 +290,107 @@ impl ControllerService {
             Err(e) if e.is_not_found() => return Ok(csi::DeleteVolumeResponse {}),
             Err(e) => return Err(e).context(format!("volume {id}")),
         };
-        if volume_gone(&v.status) {
-            return Ok(csi::DeleteVolumeResponse {});
-        }
-        let servers: Vec<&str> = v.attached_servers().collect();
-        if !servers.is_empty()
-            || matches!(
-                v.status,
-                VolumeStatus::InUse
-                    | VolumeStatus::Attaching
-                    | VolumeStatus::Detaching
-                    | VolumeStatus::Reserved
-            )
-        {
-            return Err(DriverError::FailedPrecondition(format!(
-                "volume {id} is {} (attached to {servers:?}); unpublish it first",
-                v.status
-            )));
-        }
-        not_found_ok(block.delete_volume(id).await).context(format!("deleting volume {id}"))?;
-        tracing::info!(volume_id = id, "volume deletion accepted");
-        Ok(csi::DeleteVolumeResponse {})
-    }
-
-    // ------------------------------------------------------------- queries
-
-    pub(super) async fn validate(
-        &self,
-        r: csi::ValidateVolumeCapabilitiesRequest,
-        deadline: Instant,
-    ) -> DriverResult<csi::ValidateVolumeCapabilitiesResponse> {
-        let id = require(&r.volume_id, "volume_id")?;
-        let caps = parse_capabilities(&r.volume_capabilities)?;
-        let cloud = self.cloud(&r.secrets)?;
-        if !is_uuid(id) {
-            return Err(DriverError::NotFound(format!("volume {id} does not exist")));
-        }
-        let v = cloud
-            .block
-            .with_deadline(deadline)
-            .get_volume(id)
-            .await
-            .context(format!("volume {id}"))?;
-        for k in r.parameters.keys() {
-            if !matches!(
-                k.as_str(),
-                "type" | "availability" | PVC_NAME | PVC_NAMESPACE | PV_NAME
-            ) {
-                return Ok(csi::ValidateVolumeCapabilitiesResponse {
-                    confirmed: None,
-                    message: format!("unknown parameter {k:?}"),
-                });
-            }
-        }
-        if let Some(t) = r.parameters.get("type")
-            && v.volume_type.as_deref() != Some(t.as_str())
-        {
-            return Ok(csi::ValidateVolumeCapabilitiesResponse {
-                confirmed: None,
-                message: format!("volume {id} has type {:?}, not {t:?}", v.volume_type),
-            });
-        }
-        for c in &caps {
-            if let Some(why) = capability_unsupported(c, v.multiattach) {
-                return Ok(csi::ValidateVolumeCapabilitiesResponse {
-                    confirmed: None,
-                    message: why,
-                });
-            }
-        }
-        Ok(csi::ValidateVolumeCapabilitiesResponse {
-            confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
-                volume_context: r.volume_context,
-                volume_capabilities: r.volume_capabilities,
-                parameters: r.parameters,
-                mutable_parameters: r.mutable_parameters,
-            }),
-            message: String::new(),
-        })
-    }
-
-    /// Tokens: a Cinder marker; with several clouds, `<marker>:<cloud>`
-    /// (an empty marker starts that cloud).
-    pub(super) async fn list_volumes(
-        &self,
-        r: csi::ListVolumesRequest,
-        deadline: Instant,
-    ) -> DriverResult<csi::ListVolumesResponse> {
-        if r.max_entries < 0 {
-            return Err(DriverError::InvalidArgument(
-                "max_entries must not be negative".into(),
-            ));
-        }
-        let multi = self.clouds.len() > 1;
-        let (mut cloud_idx, mut marker) = if r.starting_token.is_empty() {
-            (0, None)
-        } else {
-            let (m, c) = if multi {
-                r.starting_token.rsplit_once(':').ok_or_else(|| {
-                    DriverError::Aborted(format!(
-                        "starting_token {:?} is not one this driver issued",
-                        r.starting_token
-                    ))
-                })?
-            } else {
-                (r.starting_token.as_str(), "")
-            };
-            let idx = if multi {
-                self.clouds.iter().position(|x| x.name == c)
-            } else {
-                Some(0)
-            };
-            let idx = idx.ok_or_else(|| {
-                DriverError::Aborted(format!("starting_token names unknown cloud {c:?}"))
-            })?;
-            if !m.is_empty() && !is_uuid(m) {
-                return Err(DriverError::Aborted(format!(
-                    "starting_token {:?} is not one this driver issued",
-                    r.starting_token
+        if !volume_gone(&v.status) {
+            let servers: Vec<&str> = v.attached_servers().collect();
+            if !servers.is_empty()
+                || matches!(
+                    v.status,
+                    VolumeStatus::InUse
+                        | VolumeStatus::Attaching
+                        | VolumeStatus::Detaching
+                        | VolumeStatus::Reserved
+                )
+            {
+                return Err(DriverError::FailedPrecondition(format!(
+                    "volume {id} is {} (attached to {servers:?}); unpublish it first",
+                    v.status
                 )));
             }
-            (idx, Some(m.to_string()).filter(|m| !m.is_empty()))
-        };
-        let mut limit = if r.max_entries == 0 {
-            DEFAULT_PAGE as usize
-        } else {
-            r.max_entries as usize
-        };
-        let mut entries = Vec::new();
-        let mut next_token = String::new();
-        while cloud_idx < self.clouds.len() && limit > 0 {
-            let cloud = &self.clouds[cloud_idx];
-            let page = match cloud
-                .block
-                .with_deadline(deadline)
-                .list_volumes(&ListVolumes {
-                    name: None,
-                    limit: Some(limit as u32),
-                    marker: marker.clone(),
-                })
-                .await
-            {
-                Ok(p) => p,
-                Err(openstack_client::Error::BadRequest(e))
-                | Err(openstack_client::Error::NotFound(e))
-                    if marker.is_some() =>
-                {
-                    return Err(DriverError::Aborted(format!(
-                        "starting_token is no longer valid: {}",
+            self.wait_snapshots_deleted(&block, id, deadline).await?;
+            match block.delete_volume(id).await {
+                Ok(()) => tracing::info!(volume_id = id, "volume deletion accepted"),
+                Err(e) if e.is_not_found() => return Ok(csi::DeleteVolumeResponse {}),
+                Err(openstack_client::Error::BadRequest(e)) => {
+                    return Err(DriverError::FailedPrecondition(format!(
+                        "Cinder refuses to delete volume {id}: {}",
                         e.message
                     )));
                 }
-                Err(e) => return Err(e).context("listing volumes"),
-            };
-            limit = limit.saturating_sub(page.items.len());
-            for v in &page.items {
-                entries.push(csi::list_volumes_response::Entry {
-                    volume: Some(self.csi_volume(v, HashMap::new(), None)),
-                    status: Some(csi::list_volumes_response::VolumeStatus {
-                        published_node_ids: v.attached_servers().map(str::to_string).collect(),
-                        volume_condition: Some(condition(v)),
-                    }),
-                });
-            }
-            match page.next_marker {
-                Some(m) => {
-                    next_token = if multi {
-                        format!("{m}:{}", cloud.name)
-                    } else {
-                        m
-                    };
-                    break;
-                }
-                None => {
-                    cloud_idx += 1;
-                    marker = None;
-                    if cloud_idx < self.clouds.len() {
-                        next_token = format!(":{}", self.clouds[cloud_idx].name);
-                    } else {
-                        next_token.clear();
-                    }
-                }
+                Err(e) => return Err(e).context(format!("deleting volume {id}")),
             }
         }
-        Ok(csi::ListVolumesResponse {
-            entries,
-            next_token,
-        })
+        // done means gone: a list, a get or the deletion of a source must
+        // not see it any more
+        wait_until(
+            "volume_delete",
+            deadline,
+            |s| format!("volume {id} is still {s}"),
+            || async {
+                Ok(match block.get_volume(id).await {
+                    Err(e) if e.is_not_found() => Poll::Ready(Ok(())),
+                    Err(e) => return Err(e),
+                    Ok(v) if v.status.as_str() == "error_deleting" => Poll::Ready(Err(())),
+                    Ok(v) => Poll::Pending(v.status.to_string()),
+                })
+            },
+        )
+        .await?
+        .map_err(|()| {
+            DriverError::Internal(format!(
+                "Cinder could not delete volume {id} (error_deleting); it needs an operator"
+            ))
+        })?;
+        Ok(csi::DeleteVolumeResponse {})
     }
 
-    pub(super) async fn get_volume(
+    /// Snapshots of a volume that are being deleted keep Cinder from
+    /// deleting the volume: wait them out. Any other snapshot is a
+    /// refusal the user acts on.
+    async fn wait_snapshots_deleted(
         &self,
-        r: csi::ControllerGetVolumeRequest,
+        block: &BlockStorage,
+        id: &str,
         deadline: Instant,
-    ) -> DriverResult<csi::ControllerGetVolumeResponse> {
-        let id = require(&r.volume_id, "volume_id")?;
-        if !is_uuid(id) {
-            return Err(DriverError::NotFound(format!("volume {id} does not exist")));
+    ) -> DriverResult<()> {
+        let of_volume = || async {
+            block
+                .list_snapshots(&ListSnapshots {
+                    volume_id: Some(id.to_string()),
+                    ..Default::default()
+                })
+                .await
+                .map(|p| p.items)
+        };
+        let snaps = of_volume()
+            .await
+            .context(format!("snapshots of volume {id}"))?;
+        let live: Vec<&str> = snaps
+            .iter()
+            .filter(|s| s.status != SnapshotStatus::Deleting)
+            .map(|s| s.id.as_str())
+            .collect();
+        if !live.is_empty() {
+            return Err(DriverError::FailedPrecondition(format!(
+                "volume {id} has snapshots {live:?}; delete them first"
+            )));
         }
-        for cloud in &self.clouds {
-            match cloud.block.with_deadline(deadline).get_volume(id).await {
-                Ok(v) => {
-                    return Ok(csi::ControllerGetVolumeResponse {
-                        volume: Some(self.csi_volume(&v, HashMap::new(), None)),
-                        status: Some(csi::controller_get_volume_response::VolumeStatus {
-                            published_node_ids: v.attached_servers().map(str::to_string).collect(),
-                            volume_condition: Some(condition(&v)),
-                        }),
-                    });
-                }
-                Err(e) if e.is_not_found() => continue,
-                Err(e) => return Err(e).context(format!("volume {id}")),
-            }
+        if snaps.is_empty() {
+            return Ok(());
         }
-        Err(DriverError::NotFound(format!("volume {id} does not exist")))
+        wait_until(
+            "snapshot_delete",
+            deadline,
+            |s| format!("snapshots of volume {id} are still being deleted ({s})"),
+            || async {
+                let left = of_volume().await?;
+                Ok(if left.is_empty() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending(format!("{} left", left.len()))
+                })
+            },
+        )
+        .await
     }
 
     // ---------------------------------------------------------- expansion
@@ -623,30 +438,29 @@ impl ControllerService {
                 .await
                 .context(format!("extending volume {id} to {want} GiB"))?;
         }
-        let r = poll_until("volume_expand", deadline, POLL_FIRST, POLL_MAX, || async {
-            let v = block.get_volume(id).await?;
-            Ok(match v.status {
-                VolumeStatus::Available | VolumeStatus::InUse if v.size as i64 >= want => {
-                    Poll::Ready(Ok(v))
-                }
-                ref s if s.is_error() => Poll::Ready(Err(s.to_string())),
-                ref s => Poll::Pending(s.to_string()),
-            })
+        let v = wait_until(
+            "volume_expand",
+            deadline,
+            |s| format!("volume {id} is still {s}"),
+            || async {
+                let v = block.get_volume(id).await?;
+                Ok(match v.status {
+                    VolumeStatus::Available | VolumeStatus::InUse if v.size as i64 >= want => {
+                        Poll::Ready(Ok(v))
+                    }
+                    ref s if s.is_error() => Poll::Ready(Err(s.to_string())),
+                    ref s => Poll::Pending(s.to_string()),
+                })
+            },
+        )
+        .await?
+        .map_err(|s| {
+            DriverError::Internal(format!("Cinder could not extend volume {id}: status {s}"))
+        })?;
+        Ok(csi::ControllerExpandVolumeResponse {
+            capacity_bytes: (v.size as i64).saturating_mul(GIB),
+            node_expansion_required: !block_mode,
         })
-        .await;
-        match r {
-            Ok(Ok(v)) => Ok(csi::ControllerExpandVolumeResponse {
-                capacity_bytes: (v.size as i64).saturating_mul(GIB),
-                node_expansion_required: !block_mode,
-            }),
-            Ok(Err(s)) => Err(DriverError::Internal(format!(
-                "Cinder could not extend volume {id}: status {s}"
-            ))),
-            Err(openstack_client::Error::Timeout { .. }) => Err(DriverError::DeadlineExceeded(
-                format!("volume {id} is still extending; a retry resumes waiting"),
-            )),
-            Err(e) => Err(e).context(format!("waiting for volume {id} to extend")),
-        }
     }
 
     pub(super) async fn modify(
@@ -655,27 +469,35 @@ impl ControllerService {
         deadline: Instant,
     ) -> DriverResult<csi::ControllerModifyVolumeResponse> {
         let id = require(&r.volume_id, "volume_id")?;
-        let mut new_type = None;
-        for (k, v) in &r.mutable_parameters {
-            match k.as_str() {
-                "type" if !v.is_empty() => new_type = Some(v.clone()),
-                other => {
-                    return Err(DriverError::InvalidArgument(format!(
-                        "mutable parameter {other:?}={v:?} is not supported (known: type)"
-                    )));
-                }
-            }
-        }
+        let changes = MutableParameters::parse(&r.mutable_parameters)?;
         let cloud = self.cloud(&r.secrets)?;
         if !is_uuid(id) {
             return Err(DriverError::NotFound(format!("volume {id} does not exist")));
         }
-        let Some(new_type) = new_type else {
-            return Ok(csi::ControllerModifyVolumeResponse {});
-        };
         let _guard = self.locks.lock(id, deadline).await?;
         let block = cloud.block.with_deadline(deadline);
         let v = block.get_volume(id).await.context(format!("volume {id}"))?;
+        if volume_gone(&v.status) {
+            return Err(DriverError::NotFound(format!(
+                "volume {id} is being deleted"
+            )));
+        }
+        // the resizer's claim keys: recorded as the provisioner's are
+        let stale: BTreeMap<String, String> = changes
+            .metadata
+            .iter()
+            .filter(|(k, val)| v.metadata.get(*k) != Some(*val))
+            .map(|(k, val)| (k.clone(), val.clone()))
+            .collect();
+        if !stale.is_empty() {
+            block
+                .update_volume_metadata(id, &stale)
+                .await
+                .context(format!("recording metadata on volume {id}"))?;
+        }
+        let Some(new_type) = changes.volume_type else {
+            return Ok(csi::ControllerModifyVolumeResponse {});
+        };
         let target = match block.get_volume_type(&new_type).await {
             Ok(t) => t,
             Err(e) if e.is_not_found() => {
@@ -694,39 +516,41 @@ impl ControllerService {
                 .await
                 .context(format!("retyping volume {id} to {}", target.name))?;
         }
-        let r = poll_until("volume_retype", deadline, POLL_FIRST, POLL_MAX, || async {
-            let v = block.get_volume(id).await?;
-            Ok(match v.status {
-                VolumeStatus::Retyping => Poll::Pending("retyping".into()),
-                ref s if s.is_error() => Poll::Ready(Err(s.to_string())),
-                _ if v.volume_type.as_deref() == Some(target.name.as_str()) => Poll::Ready(Ok(())),
-                _ => Poll::Ready(Err(format!(
-                    "type is still {:?} (Cinder refused the retype)",
-                    v.volume_type
-                ))),
-            })
-        })
-        .await;
-        match r {
-            Ok(Ok(())) => Ok(csi::ControllerModifyVolumeResponse {}),
-            Ok(Err(s)) => Err(DriverError::Internal(format!(
-                "retyping volume {id} failed: {s}"
-            ))),
-            Err(openstack_client::Error::Timeout { .. }) => Err(DriverError::DeadlineExceeded(
-                format!("volume {id} is still retyping; a retry resumes waiting"),
-            )),
-            Err(e) => Err(e).context(format!("waiting for volume {id} to retype")),
-        }
+        wait_until(
+            "volume_retype",
+            deadline,
+            |s| format!("volume {id} is still {s}"),
+            || async {
+                let v = block.get_volume(id).await?;
+                Ok(match v.status {
+                    VolumeStatus::Retyping => Poll::Pending("retyping".into()),
+                    ref s if s.is_error() => Poll::Ready(Err(s.to_string())),
+                    _ if v.volume_type.as_deref() == Some(target.name.as_str()) => {
+                        Poll::Ready(Ok(()))
+                    }
+                    _ => Poll::Ready(Err(format!(
+                        "type is still {:?} (Cinder refused the retype)",
+                        v.volume_type
+                    ))),
+                })
+            },
+        )
+        .await?
+        .map_err(|s| DriverError::Internal(format!("retyping volume {id} failed: {s}")))?;
+        Ok(csi::ControllerModifyVolumeResponse {})
     }
 }
 
+/// The content source a volume was made from: a CSI snapshot id is a
+/// Cinder snapshot's or a backup's.
 pub(super) fn content_source(v: &Volume) -> Option<csi::VolumeContentSource> {
-    let t = if let Some(s) = &v.snapshot_id {
-        csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource {
+    use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
+    let t = if let Some(s) = v.snapshot_id.as_ref().or(v.metadata.get(SOURCE_BACKUP_KEY)) {
+        Type::Snapshot(SnapshotSource {
             snapshot_id: s.clone(),
         })
     } else if let Some(s) = &v.source_volid {
-        csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource {
+        Type::Volume(VolumeSource {
             volume_id: s.clone(),
         })
     } else {
@@ -735,27 +559,139 @@ pub(super) fn content_source(v: &Volume) -> Option<csi::VolumeContentSource> {
     Some(csi::VolumeContentSource { r#type: Some(t) })
 }
 
-/// The node grows the filesystem when the volume is larger than its source.
-pub(super) fn resize_context(v: &Volume, source_size: Option<i64>) -> HashMap<String, String> {
+/// What the node needs to know: grow the filesystem when the volume is
+/// larger than its source, and the StorageClass's legacy `fsType`.
+pub(super) fn volume_context(
+    v: &Volume,
+    source_size: Option<i64>,
+    params: &VolumeParameters,
+) -> HashMap<String, String> {
     let mut c = HashMap::new();
     if let Some(s) = source_size
         && (v.size as i64) > s
     {
         c.insert(RESIZE_REQUIRED_KEY.to_string(), "true".to_string());
     }
+    if let Some(fs) = params.fs_type {
+        c.insert(FS_TYPE_CONTEXT_KEY.to_string(), fs.as_str().to_string());
+    }
     c
 }
 
-pub(super) fn condition(v: &Volume) -> csi::VolumeCondition {
-    if v.status.is_error() {
-        csi::VolumeCondition {
-            abnormal: true,
-            message: format!("Cinder reports volume {} in status {}", v.id, v.status),
+/// The content source a CreateVolume asks for, before it is looked up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum RequestedSource {
+    Empty,
+    /// A CSI snapshot: a Cinder snapshot or a backup.
+    Snapshot(String),
+    Volume(String),
+}
+
+/// The content source, found in Cinder.
+#[derive(Debug, Clone)]
+pub(super) enum Source {
+    Empty,
+    Snapshot(Snapshot),
+    Backup(Backup),
+    Volume(Volume),
+}
+
+impl RequestedSource {
+    fn of(r: &csi::CreateVolumeRequest) -> DriverResult<Self> {
+        use csi::volume_content_source::Type;
+        Ok(
+            match r
+                .volume_content_source
+                .as_ref()
+                .and_then(|s| s.r#type.as_ref())
+            {
+                Some(Type::Snapshot(s)) => RequestedSource::Snapshot(
+                    require(&s.snapshot_id, "volume_content_source.snapshot.snapshot_id")?
+                        .to_string(),
+                ),
+                Some(Type::Volume(v)) => RequestedSource::Volume(
+                    require(&v.volume_id, "volume_content_source.volume.volume_id")?.to_string(),
+                ),
+                None => RequestedSource::Empty,
+            },
+        )
+    }
+
+    /// Whether an existing volume was made from this source.
+    fn made(&self, v: &Volume) -> bool {
+        let backup = v.metadata.get(SOURCE_BACKUP_KEY);
+        match self {
+            RequestedSource::Empty => {
+                v.snapshot_id.is_none() && v.source_volid.is_none() && backup.is_none()
+            }
+            RequestedSource::Snapshot(id) => {
+                v.snapshot_id.as_ref() == Some(id) || backup == Some(id)
+            }
+            RequestedSource::Volume(id) => v.source_volid.as_ref() == Some(id),
         }
-    } else {
-        csi::VolumeCondition {
-            abnormal: false,
-            message: format!("volume is {}", v.status),
+    }
+
+    /// Looks the source up: it must exist (NotFound) and be usable now
+    /// (Unavailable, which the provisioner retries).
+    async fn resolve(self, block: &BlockStorage) -> DriverResult<Source> {
+        match self {
+            RequestedSource::Empty => Ok(Source::Empty),
+            RequestedSource::Snapshot(id) => {
+                let missing = || DriverError::NotFound(format!("snapshot {id} does not exist"));
+                if !is_uuid(&id) {
+                    return Err(missing());
+                }
+                match block.get_snapshot(&id).await {
+                    Ok(s) if s.status == SnapshotStatus::Available => {
+                        return Ok(Source::Snapshot(s));
+                    }
+                    Ok(s) => {
+                        return Err(DriverError::Unavailable(format!(
+                            "snapshot {id} is {}, not available",
+                            s.status
+                        )));
+                    }
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e).context(format!("snapshot {id}")),
+                }
+                // snapshots of type backup are Cinder backups
+                match block.get_backup(&id).await {
+                    Ok(b) if b.status == BackupStatus::Available => Ok(Source::Backup(b)),
+                    Ok(b) => Err(DriverError::Unavailable(format!(
+                        "backup {id} is {}, not available",
+                        b.status
+                    ))),
+                    Err(e) if e.is_not_found() => Err(missing()),
+                    Err(e) => Err(e).context(format!("backup {id}")),
+                }
+            }
+            RequestedSource::Volume(id) => {
+                if !is_uuid(&id) {
+                    return Err(DriverError::NotFound(format!("volume {id} does not exist")));
+                }
+                let v = block
+                    .get_volume(&id)
+                    .await
+                    .context(format!("source volume {id}"))?;
+                if !matches!(v.status, VolumeStatus::Available | VolumeStatus::InUse) {
+                    return Err(DriverError::Unavailable(format!(
+                        "source volume {id} is {}, not available",
+                        v.status
+                    )));
+                }
+                Ok(Source::Volume(v))
+            }
+        }
+    }
+}
+
+impl Source {
+    fn size_gib(&self) -> Option<i64> {
+        match self {
+            Source::Empty => None,
+            Source::Snapshot(s) => Some(s.size as i64),
+            Source::Backup(b) => Some(b.size as i64),
+            Source::Volume(v) => Some(v.size as i64),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! [`snapshots`].
 
 mod access;
+mod inventory;
 mod snapshots;
 mod volumes;
 
@@ -64,6 +65,7 @@ impl ControllerService {
             Rpc::CreateDeleteVolume,
             Rpc::CreateDeleteSnapshot,
             Rpc::ListSnapshots,
+            Rpc::GetSnapshot,
             Rpc::CloneVolume,
             Rpc::ExpandVolume,
             Rpc::SingleNodeMultiWriter,
@@ -96,6 +98,16 @@ impl ControllerService {
             tracing::debug!(credentials = %label, "credentials from the call's secrets");
         }
         Ok(m)
+    }
+
+    /// A call's secrets when it has some, else the plugin's own
+    /// credentials (calls whose secrets are optional).
+    fn manila_or_own(&self, secrets: &HashMap<String, String>) -> DriverResult<SharedFileSystems> {
+        if secrets.is_empty() && self.credentials.has_own() {
+            self.own_manila()
+        } else {
+            self.manila(secrets)
+        }
     }
 
     /// The plugin's own client, for calls without secrets.

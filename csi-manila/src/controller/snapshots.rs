@@ -15,11 +15,10 @@ use proto::csi::v1 as csi;
 use super::ControllerService;
 use super::volumes::{share_type, spec_true};
 use crate::errors::failure_from_messages;
-use crate::parameters::{SNAPSHOT_CONTENT_NAME, SNAPSHOT_NAME, SNAPSHOT_NAMESPACE};
 use crate::shares::DESCRIPTION;
+use csi_common::parameters::is_snapshot_metadata_key;
 
 /// ListSnapshots page size when the caller sets no limit.
-const DEFAULT_PAGE: u32 = 500;
 /// How long CreateSnapshot waits for the common fast case before it
 /// answers `ready_to_use: false` and lets the snapshotter poll.
 const READY_WAIT: Duration = Duration::from_secs(30);
@@ -50,12 +49,7 @@ impl ControllerService {
         let ignored: Vec<&String> = r
             .parameters
             .keys()
-            .filter(|k| {
-                !matches!(
-                    k.as_str(),
-                    SNAPSHOT_NAME | SNAPSHOT_NAMESPACE | SNAPSHOT_CONTENT_NAME
-                )
-            })
+            .filter(|k| !is_snapshot_metadata_key(k))
             .collect();
         if !ignored.is_empty() {
             // upstream ignores VolumeSnapshotClass parameters too
@@ -213,19 +207,35 @@ impl ControllerService {
         Ok(csi::DeleteSnapshotResponse {})
     }
 
+    pub(super) async fn get_snapshot(
+        &self,
+        r: csi::GetSnapshotRequest,
+        deadline: Instant,
+    ) -> DriverResult<csi::GetSnapshotResponse> {
+        let id = require(&r.snapshot_id, "snapshot_id")?;
+        let gone = || DriverError::NotFound(format!("snapshot {id} does not exist"));
+        if !is_uuid(id) {
+            return Err(gone());
+        }
+        let manila = self.manila_or_own(&r.secrets)?.with_deadline(deadline);
+        match manila.get_snapshot(id).await {
+            Ok(s) if s.status == ShareSnapshotStatus::Deleting => Err(gone()),
+            Ok(s) => Ok(csi::GetSnapshotResponse {
+                snapshot: Some(csi_snapshot(&s)),
+            }),
+            Err(e) if e.is_not_found() => Err(gone()),
+            Err(e) => Err(e).context(format!("snapshot {id}")),
+        }
+    }
+
     pub(super) async fn list_snapshots(
         &self,
         r: csi::ListSnapshotsRequest,
         deadline: Instant,
     ) -> DriverResult<csi::ListSnapshotsResponse> {
-        let limit = page_limit(r.max_entries, DEFAULT_PAGE)?;
+        let limit = page_limit(r.max_entries)?;
         let offset = offset_from_token(&r.starting_token)?;
-        let manila = if r.secrets.is_empty() && self.credentials.has_own() {
-            self.own_manila()?
-        } else {
-            self.manila(&r.secrets)?
-        }
-        .with_deadline(deadline);
+        let manila = self.manila_or_own(&r.secrets)?.with_deadline(deadline);
         let entry = |s: &ShareSnapshot| csi::list_snapshots_response::Entry {
             snapshot: Some(csi_snapshot(s)),
         };

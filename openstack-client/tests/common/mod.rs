@@ -7,7 +7,9 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use openstack_client::Error;
-use openstack_client::cinder::{BlockStorage, SnapshotStatus, Volume, VolumeStatus};
+use openstack_client::cinder::{
+    Backup, BackupStatus, BlockStorage, SnapshotStatus, Volume, VolumeStatus,
+};
 use openstack_client::common::{Poll, poll_until};
 use openstack_client::manila::{
     AccessRule, AccessRuleState, Share, ShareStatus, SharedFileSystems,
@@ -83,6 +85,19 @@ pub async fn wait_snapshot(c: &BlockStorage, id: &str) {
             Poll::Ready(())
         } else {
             Poll::Pending(s.status.to_string())
+        })
+    })
+    .await
+}
+
+pub async fn wait_backup(c: &BlockStorage, id: &str) -> Backup {
+    until("backup", || async {
+        let b = c.get_backup(id).await?;
+        assert!(!b.status.is_error(), "backup {id} went to {}", b.status);
+        Ok(if b.status == BackupStatus::Available {
+            Poll::Ready(b)
+        } else {
+            Poll::Pending(b.status.to_string())
         })
     })
     .await

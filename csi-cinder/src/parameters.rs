@@ -1,0 +1,303 @@
+//! StorageClass, VolumeAttributesClass and VolumeSnapshotClass parameters,
+//! read as upstream's plugin reads them: the keys it knows are checked (a
+//! malformed value is InvalidArgument naming the key), keys it does not
+//! know are ignored and logged, so a class written for upstream, or for
+//! the in-tree provisioner before it (legacy `fsType`), works unchanged.
+//!
+//! Mutable parameters are the exception: a VolumeAttributesClass asks for
+//! a change, and a change this driver cannot make is refused, never
+//! silently dropped.
+
+use std::collections::{BTreeMap, HashMap};
+
+use csi_common::parameters::{
+    PROVISIONER_PREFIX, is_snapshot_metadata_key, is_volume_metadata_key,
+};
+use csi_common::{DriverError, DriverResult};
+use host_ops::Filesystem;
+
+/// The volume context key carrying a StorageClass's legacy `fsType` to the
+/// node, which formats with it when the capability names no filesystem.
+pub const FS_TYPE_CONTEXT_KEY: &str = "cinder.csi.openstack.org/fsType";
+
+/// The provisioner's own filesystem key (it normally strips it; an older
+/// one forwards it).
+const PREFIXED_FS_TYPE: &str = "csi.storage.k8s.io/fstype";
+
+/// Upstream's default wait for a backup: this many seconds per GiB, plus
+/// [`BACKUP_BASE_SECONDS`].
+pub const DEFAULT_BACKUP_SECONDS_PER_GIB: u64 = 20;
+pub const BACKUP_BASE_SECONDS: u64 = 30;
+
+fn invalid(key: &str, value: &str, why: &str) -> DriverError {
+    DriverError::InvalidArgument(format!("parameter {key}={value:?}: {why}"))
+}
+
+fn non_empty(v: &str) -> Option<String> {
+    Some(v.to_string()).filter(|v| !v.is_empty())
+}
+
+/// Go's `strconv.ParseBool`, which upstream uses for its flags in classes.
+fn parse_bool(key: &str, v: &str) -> DriverResult<bool> {
+    match v {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(invalid(key, v, "must be true or false")),
+    }
+}
+
+fn log_ignored(class: &str, ignored: &[String]) {
+    if !ignored.is_empty() {
+        tracing::warn!(keys = ?ignored, "{class} parameters this driver does not know are ignored");
+    }
+}
+
+/// What CreateVolume reads from a StorageClass (and the mutable
+/// parameters of a VolumeAttributesClass given at creation).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VolumeParameters {
+    /// Cinder volume type, name or id.
+    pub volume_type: Option<String>,
+    /// Cinder availability zone; overrides the topology's.
+    pub availability: Option<String>,
+    /// `fsType` of in-tree StorageClasses.
+    pub fs_type: Option<Filesystem>,
+    /// The provisioner's claim keys, written as volume metadata.
+    pub metadata: BTreeMap<String, String>,
+    pub ignored: Vec<String>,
+}
+
+impl VolumeParameters {
+    pub fn parse(
+        parameters: &HashMap<String, String>,
+        mutable: &HashMap<String, String>,
+    ) -> DriverResult<Self> {
+        let mut p = VolumeParameters::default();
+        for (k, v) in parameters {
+            match k.as_str() {
+                "type" => p.volume_type = non_empty(v),
+                "availability" => p.availability = non_empty(v),
+                k if k.eq_ignore_ascii_case("fstype") || k == PREFIXED_FS_TYPE => {
+                    if !v.is_empty() {
+                        p.fs_type = Some(Filesystem::parse(v).map_err(|_| {
+                            invalid(k, v, "this driver formats ext2, ext3, ext4 and xfs")
+                        })?);
+                    }
+                }
+                k if is_volume_metadata_key(k) => {
+                    p.metadata.insert(k.to_string(), v.clone());
+                }
+                k if k.starts_with(PROVISIONER_PREFIX) => {}
+                other => p.ignored.push(other.to_string()),
+            }
+        }
+        let changes = MutableParameters::parse(mutable)?;
+        if changes.volume_type.is_some() {
+            p.volume_type = changes.volume_type;
+        }
+        p.metadata.extend(changes.metadata);
+        p.ignored.sort();
+        log_ignored("StorageClass", &p.ignored);
+        Ok(p)
+    }
+}
+
+/// What ControllerModifyVolume can change: the volume type (a Cinder
+/// retype), and the claim keys csi-resizer adds with
+/// `--extra-modify-metadata` (recorded as volume metadata).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MutableParameters {
+    pub volume_type: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl MutableParameters {
+    pub fn parse(mutable: &HashMap<String, String>) -> DriverResult<Self> {
+        let mut p = MutableParameters::default();
+        for (k, v) in mutable {
+            match k.as_str() {
+                "type" if !v.is_empty() => p.volume_type = Some(v.clone()),
+                k if is_volume_metadata_key(k) => {
+                    p.metadata.insert(k.to_string(), v.clone());
+                }
+                // other sidecar keys describe the request, not the volume
+                k if k.starts_with(PROVISIONER_PREFIX) => {}
+                other => {
+                    return Err(DriverError::InvalidArgument(format!(
+                        "mutable parameter {other}={v:?} is not supported: a VolumeAttributesClass can change \"type\" (a Cinder retype)"
+                    )));
+                }
+            }
+        }
+        Ok(p)
+    }
+}
+
+/// What a CSI snapshot is in Cinder.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SnapshotKind {
+    /// A Cinder snapshot, on the volume's backend (fast; the volume cannot
+    /// be deleted while it exists).
+    #[default]
+    Snapshot,
+    /// A Cinder backup, in the backup store (slow; independent of the
+    /// volume).
+    Backup,
+}
+
+impl SnapshotKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotKind::Snapshot => "snapshot",
+            SnapshotKind::Backup => "backup",
+        }
+    }
+}
+
+/// What CreateSnapshot reads from a VolumeSnapshotClass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotParameters {
+    pub kind: SnapshotKind,
+    /// Snapshot or back up an attached (`in-use`) volume.
+    pub force: bool,
+    /// How long a backup may take per GiB of the volume.
+    pub backup_seconds_per_gib: u64,
+    /// Availability zone of a backup.
+    pub availability: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub ignored: Vec<String>,
+}
+
+impl Default for SnapshotParameters {
+    fn default() -> Self {
+        SnapshotParameters {
+            kind: SnapshotKind::Snapshot,
+            force: false,
+            backup_seconds_per_gib: DEFAULT_BACKUP_SECONDS_PER_GIB,
+            availability: None,
+            metadata: BTreeMap::new(),
+            ignored: Vec::new(),
+        }
+    }
+}
+
+impl SnapshotParameters {
+    pub fn parse(parameters: &HashMap<String, String>) -> DriverResult<Self> {
+        let mut p = SnapshotParameters::default();
+        for (k, v) in parameters {
+            match k.as_str() {
+                "force-create" => p.force = parse_bool(k, v)?,
+                "type" => {
+                    p.kind = match v.as_str() {
+                        "" | "snapshot" => SnapshotKind::Snapshot,
+                        "backup" => SnapshotKind::Backup,
+                        _ => return Err(invalid(k, v, "must be \"snapshot\" or \"backup\"")),
+                    }
+                }
+                "backup-max-duration-seconds-per-gb" => {
+                    p.backup_seconds_per_gib = v
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|s| *s > 0)
+                        .ok_or_else(|| invalid(k, v, "must be a positive number of seconds"))?;
+                }
+                "availability" => p.availability = non_empty(v),
+                k if is_snapshot_metadata_key(k) => {
+                    p.metadata.insert(k.to_string(), v.clone());
+                }
+                k if k.starts_with(PROVISIONER_PREFIX) => {}
+                other => p.ignored.push(other.to_string()),
+            }
+        }
+        p.ignored.sort();
+        log_ignored("VolumeSnapshotClass", &p.ignored);
+        Ok(p)
+    }
+
+    /// How long a backup of a volume of `size_gib` may take (upstream's
+    /// formula).
+    pub fn backup_timeout(&self, size_gib: u64) -> std::time::Duration {
+        std::time::Duration::from_secs(
+            self.backup_seconds_per_gib
+                .saturating_mul(size_gib)
+                .saturating_add(BACKUP_BASE_SECONDS),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use csi_common::parameters::{PV_NAME, PVC_NAME, SNAPSHOT_NAME};
+
+    fn m(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn storage_classes_in_the_wild_are_accepted() {
+        let p = VolumeParameters::parse(
+            &m(&[
+                ("type", "fast"),
+                ("availability", "nova"),
+                ("fsType", "xfs"),
+                (PVC_NAME, "data"),
+                (PV_NAME, "pvc-1"),
+                ("csi.storage.k8s.io/provisioner-secret-name", "x"),
+                ("someOldKey", "v"),
+            ]),
+            &HashMap::new(),
+        )
+        .unwrap();
+        assert_eq!(p.volume_type.as_deref(), Some("fast"));
+        assert_eq!(p.availability.as_deref(), Some("nova"));
+        assert_eq!(p.fs_type, Some(Filesystem::Xfs));
+        assert_eq!(p.metadata.len(), 2);
+        assert_eq!(p.ignored, vec!["someOldKey".to_string()]);
+        let lower = VolumeParameters::parse(&m(&[("fstype", "ext3")]), &HashMap::new()).unwrap();
+        assert_eq!(lower.fs_type, Some(Filesystem::Ext3));
+    }
+
+    #[test]
+    fn a_filesystem_the_node_cannot_make_is_refused() {
+        let e = VolumeParameters::parse(&m(&[("fsType", "btrfs")]), &HashMap::new()).unwrap_err();
+        assert!(matches!(e, DriverError::InvalidArgument(ref s) if s.contains("fsType")));
+    }
+
+    #[test]
+    fn mutable_parameters_take_the_resizers_keys_and_refuse_others() {
+        let p = MutableParameters::parse(&m(&[("type", "slow"), (PVC_NAME, "data")])).unwrap();
+        assert_eq!(p.volume_type.as_deref(), Some("slow"));
+        assert_eq!(p.metadata.get(PVC_NAME).map(String::as_str), Some("data"));
+        assert!(MutableParameters::parse(&m(&[("iops", "100")])).is_err());
+    }
+
+    #[test]
+    fn snapshot_classes() {
+        let p = SnapshotParameters::parse(&m(&[
+            ("force-create", "True"),
+            ("type", "backup"),
+            ("backup-max-duration-seconds-per-gb", "5"),
+            ("availability", "az2"),
+            (SNAPSHOT_NAME, "snap"),
+        ]))
+        .unwrap();
+        assert!(p.force);
+        assert_eq!(p.kind, SnapshotKind::Backup);
+        assert_eq!(p.backup_timeout(2).as_secs(), 40);
+        assert_eq!(p.availability.as_deref(), Some("az2"));
+        assert_eq!(p.metadata.len(), 1);
+        assert!(SnapshotParameters::parse(&m(&[("force-create", "yes")])).is_err());
+        assert!(SnapshotParameters::parse(&m(&[("type", "clone")])).is_err());
+        assert!(
+            SnapshotParameters::parse(&m(&[("backup-max-duration-seconds-per-gb", "0")])).is_err()
+        );
+        assert_eq!(
+            SnapshotParameters::default().backup_timeout(1).as_secs(),
+            50
+        );
+    }
+}
