@@ -1127,6 +1127,117 @@ async fn publishing_past_novas_disk_limit_is_resource_exhausted_and_attaches_not
     }
 }
 
+#[tokio::test]
+async fn json_logs_have_unique_keys_and_name_what_each_call_works_on() {
+    if !root() {
+        return;
+    }
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("plugin.log");
+    let mut o = HarnessOptions::new(BIN);
+    o.extra_args = vec!["--log-format=json".into()];
+    o.log_file = Some(log.clone());
+    let h = CinderOnEmulator::start(o).await.unwrap();
+    csi_sanity::harness::wait_until_ready(&h.socket)
+        .await
+        .unwrap();
+    let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
+    let mut c = ControllerClient::new(ch.clone());
+    let mut n = NodeClient::new(ch);
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let mut r = create_req("pvc-logged", cap.clone(), 1);
+    r.parameters
+        .insert("csi.storage.k8s.io/pvc/name".into(), "data".into());
+    let v = c
+        .create_volume(r)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let snap = c
+        .create_snapshot(snapshot_req(&v.volume_id, "snap-logged", &[]))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    c.delete_snapshot(csi::DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    c.controller_publish_volume(csi::ControllerPublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        node_id: h.node_id.clone(),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (staging, _) = h.paths(&v.volume_id);
+    n.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    n.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+    })
+    .await
+    .unwrap();
+    c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        node_id: h.node_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // a failing call logs too
+    let _ = c
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            node_id: "00000000-0000-4000-8000-00000000dead".into(),
+            volume_capability: Some(cap),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    c.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    drop(h);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let problems = csi_sanity::logs::check_json_log(&text);
+    assert!(problems.is_empty(), "{problems:#?}");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let in_span = |rpc: &str, field: &str, value: &str| {
+        lines
+            .iter()
+            .any(|l| l["span"]["name"] == rpc && l["span"][field].as_str() == Some(value))
+    };
+    assert!(
+        in_span("CreateVolume", "volume_name", "pvc-logged"),
+        "{text}"
+    );
+    assert!(in_span("DeleteVolume", "volume_id", &v.volume_id), "{text}");
+    assert!(
+        in_span("ControllerPublishVolume", "volume_id", &v.volume_id),
+        "{text}"
+    );
+}
+
 // ----------------------------------------------------------------- faults
 
 /// Retries like the external-provisioner/attacher: until success or a

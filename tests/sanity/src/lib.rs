@@ -5,6 +5,7 @@
 use std::path::Path;
 
 pub mod harness;
+pub mod logs;
 pub mod suite;
 
 pub use suite::{Outcome, Report, Suite, SuiteConfig};

@@ -50,6 +50,10 @@ struct Args {
     /// expansion (a share's quota).
     #[arg(long)]
     quota_on_node: bool,
+    /// The backend refuses attachments past the node's max_volumes_per_node:
+    /// check that one more is ResourceExhausted.
+    #[arg(long)]
+    attach_limit_enforced: bool,
 }
 
 fn read_map(p: &Option<PathBuf>) -> Result<HashMap<String, String>, String> {
@@ -101,6 +105,7 @@ async fn main() -> std::process::ExitCode {
     cfg.block = !args.no_block;
     cfg.shared = args.shared;
     cfg.quota_on_node = args.quota_on_node;
+    cfg.attach_limit_enforced = args.attach_limit_enforced;
     let suite = match csi_sanity::Suite::connect(cfg).await {
         Ok(s) => s,
         Err(e) => {

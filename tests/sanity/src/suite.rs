@@ -56,6 +56,10 @@ pub struct SuiteConfig {
     /// another mount namespace (`/proc/<pid>`): its `root` and
     /// `mountinfo`.
     pub node_view: Option<PathBuf>,
+    /// The backend refuses an attachment past the node's
+    /// `max_volumes_per_node` (Nova's per-server disk limit set to match):
+    /// publishing one more must be ResourceExhausted.
+    pub attach_limit_enforced: bool,
 }
 
 impl SuiteConfig {
@@ -73,6 +77,7 @@ impl SuiteConfig {
             shared: false,
             quota_on_node: false,
             node_view: None,
+            attach_limit_enforced: false,
         }
     }
 }
@@ -142,6 +147,7 @@ pub struct Suite {
     node_caps: Vec<NRpc>,
     has_controller: bool,
     node_id: Option<String>,
+    max_volumes_per_node: i64,
     volumes: Vec<String>,
     snapshots: Vec<String>,
     seq: u32,
@@ -230,6 +236,7 @@ impl Suite {
             node_caps: Vec::new(),
             has_controller: false,
             node_id: None,
+            max_volumes_per_node: 0,
             volumes: Vec::new(),
             snapshots: Vec::new(),
             seq: 0,
@@ -315,7 +322,9 @@ impl Suite {
                 .collect();
         }
         if let Ok(r) = self.node.node_get_info(csi::NodeGetInfoRequest {}).await {
-            self.node_id = Some(r.into_inner().node_id);
+            let info = r.into_inner();
+            self.node_id = Some(info.node_id);
+            self.max_volumes_per_node = info.max_volumes_per_node;
         }
     }
 
@@ -513,6 +522,37 @@ impl Suite {
             create_from_sources
         );
         check!(
+            "Deletion is done when it answers: gone from lists and gets, a snapshot's source deletes at once",
+            self.controller_skip(CRpc::CreateDeleteVolume),
+            deletion_complete
+        );
+        check!(
+            "GetSnapshot: arguments, unknown id, a created snapshot",
+            self.controller_skip(CRpc::GetSnapshot),
+            get_snapshot_rules
+        );
+        check!(
+            "SINGLE_NODE_SINGLE/MULTI_WRITER: created and confirmed",
+            self.controller_skip(CRpc::SingleNodeMultiWriter),
+            single_node_modes
+        );
+        check!(
+            "ControllerPublishVolume: one more than max_volumes_per_node -> ResourceExhausted, nothing attached",
+            match self.controller_skip(CRpc::PublishUnpublishVolume) {
+                Skip::No if !self.cfg.attach_limit_enforced =>
+                    Skip::Because("the backend here enforces no per-node attach limit".into(),),
+                Skip::No if self.max_volumes_per_node <= 0 || self.max_volumes_per_node > 64 => {
+                    Skip::Because(format!(
+                        "max_volumes_per_node {} is not a limit to fill",
+                        self.max_volumes_per_node
+                    ))
+                }
+                Skip::No if self.node_id.is_none() => Skip::Because("no node id".into()),
+                s => s,
+            },
+            attach_limit
+        );
+        check!(
             "ControllerExpandVolume: arguments, growth, repeat",
             self.controller_skip(CRpc::ExpandVolume),
             controller_expand_rules
@@ -528,13 +568,15 @@ impl Suite {
             node_bad_args
         );
         check!(
-            "NodeGetVolumeStats: unknown path -> NotFound",
-            if self.node_caps.contains(&NRpc::GetVolumeStats) {
+            "NodeGetVolumeStats/NodeExpandVolume: absent or relative path -> NotFound",
+            if self.node_caps.contains(&NRpc::GetVolumeStats)
+                || self.node_caps.contains(&NRpc::ExpandVolume)
+            {
                 Skip::No
             } else {
-                Skip::Because("GET_VOLUME_STATS not advertised".into())
+                Skip::Because("neither GET_VOLUME_STATS nor EXPAND_VOLUME advertised".into())
             },
-            stats_not_found
+            node_paths_not_found
         );
         check!(
             "Lifecycle (filesystem): create, publish, stage x2, publish x2, write, stats, unpublish x2, unstage x2, unpublish x2, delete x2",
@@ -1091,29 +1133,40 @@ impl Suite {
             "DeleteSnapshot again",
         )?;
         self.snapshots.retain(|x| *x != s1.snapshot_id);
-        self.wait_snapshot_gone(&s1.snapshot_id).await?;
+        self.snapshot_gone(&s1.snapshot_id).await?;
         self.delete_volume(&a.volume_id).await?;
         self.delete_volume(&b.volume_id).await
     }
 
-    async fn wait_snapshot_gone(&mut self, id: &str) -> Check {
-        for _ in 0..200 {
-            let r = ok(
+    /// Deleted means gone: right after DeleteSnapshot answers, the
+    /// snapshot is listed nowhere and GetSnapshot does not find it.
+    async fn snapshot_gone(&mut self, id: &str) -> Check {
+        let r = ok(
+            self.controller
+                .list_snapshots(self.req(csi::ListSnapshotsRequest {
+                    snapshot_id: id.into(),
+                    secrets: self.cfg.secrets.clone(),
+                    ..Default::default()
+                }))
+                .await,
+            "ListSnapshots after DeleteSnapshot",
+        )?;
+        ensure(r.entries.is_empty(), || {
+            format!("snapshot {id} still listed after DeleteSnapshot answered")
+        })?;
+        if self.controller_caps.contains(&CRpc::GetSnapshot) {
+            expect_code(
                 self.controller
-                    .list_snapshots(self.req(csi::ListSnapshotsRequest {
+                    .get_snapshot(self.req(csi::GetSnapshotRequest {
                         snapshot_id: id.into(),
                         secrets: self.cfg.secrets.clone(),
-                        ..Default::default()
                     }))
                     .await,
-                "ListSnapshots",
+                Code::NotFound,
+                "GetSnapshot after DeleteSnapshot",
             )?;
-            if r.entries.is_empty() {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Err(format!("snapshot {id} still listed 10 s after deletion"))
+        Ok(())
     }
 
     async fn create_snapshot(&mut self, source: &str) -> Result<csi::Snapshot, String> {
@@ -1246,7 +1299,7 @@ impl Suite {
                 "DeleteSnapshot",
             )?;
             self.snapshots.retain(|x| *x != id);
-            self.wait_snapshot_gone(&id).await?;
+            self.snapshot_gone(&id).await?;
         }
         self.delete_volume(&v.volume_id).await
     }
@@ -1322,7 +1375,7 @@ impl Suite {
             "DeleteSnapshot",
         )?;
         self.snapshots.retain(|x| *x != snap.snapshot_id);
-        self.wait_snapshot_gone(&snap.snapshot_id).await?;
+        self.snapshot_gone(&snap.snapshot_id).await?;
         self.delete_volume(&src.volume_id).await
     }
 
@@ -1593,24 +1646,312 @@ impl Suite {
         Ok(())
     }
 
-    async fn stats_not_found(&mut self) -> Check {
-        let path = self
+    /// A `volume_path` that does not exist, or a relative one, holds no
+    /// volume: NotFound (the spec's code), never InvalidArgument, and
+    /// nothing is touched.
+    async fn node_paths_not_found(&mut self) -> Check {
+        let absent = self
             .cfg
             .mount_dir
             .join("never-created")
             .to_string_lossy()
             .into_owned();
+        for path in [absent, "some/path".to_string()] {
+            if self.node_caps.contains(&NRpc::GetVolumeStats) {
+                expect_code(
+                    self.node
+                        .node_get_volume_stats(self.req(csi::NodeGetVolumeStatsRequest {
+                            volume_id: FAKE_VOLUME.into(),
+                            volume_path: path.clone(),
+                            staging_target_path: String::new(),
+                        }))
+                        .await,
+                    Code::NotFound,
+                    &format!("NodeGetVolumeStats of {path:?}"),
+                )?;
+            }
+            if self.node_caps.contains(&NRpc::ExpandVolume) {
+                expect_code(
+                    self.node
+                        .node_expand_volume(self.req(csi::NodeExpandVolumeRequest {
+                            volume_id: FAKE_VOLUME.into(),
+                            volume_path: path.clone(),
+                            ..Default::default()
+                        }))
+                        .await,
+                    Code::NotFound,
+                    &format!("NodeExpandVolume of {path:?}"),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every volume id ListVolumes returns, page by page.
+    async fn listed_volumes(&mut self) -> Result<Vec<String>, String> {
+        let mut seen = Vec::new();
+        let mut token = String::new();
+        for _ in 0..10_000 {
+            let r = ok(
+                self.controller
+                    .list_volumes(self.req(csi::ListVolumesRequest {
+                        max_entries: 100,
+                        starting_token: token.clone(),
+                    }))
+                    .await,
+                "ListVolumes",
+            )?;
+            seen.extend(
+                r.entries
+                    .into_iter()
+                    .filter_map(|e| e.volume.map(|v| v.volume_id)),
+            );
+            if r.next_token.is_empty() {
+                return Ok(seen);
+            }
+            token = r.next_token;
+        }
+        Err("ListVolumes never ended".into())
+    }
+
+    /// A backend deletes asynchronously; the driver answers when the
+    /// object is gone, so what a CO does next (list, get, delete the
+    /// source) sees it gone.
+    async fn deletion_complete(&mut self) -> Check {
+        let v = self
+            .new_volume("gone", mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter))
+            .await?;
+        if self.controller_caps.contains(&CRpc::CreateDeleteSnapshot) {
+            let s = self.create_snapshot(&v.volume_id).await?;
+            self.wait_snapshot_ready(&s.snapshot_id).await?;
+            ok(
+                self.controller
+                    .delete_snapshot(self.req(csi::DeleteSnapshotRequest {
+                        snapshot_id: s.snapshot_id.clone(),
+                        secrets: self.cfg.secrets.clone(),
+                    }))
+                    .await,
+                "DeleteSnapshot",
+            )?;
+            self.snapshots.retain(|x| *x != s.snapshot_id);
+            self.snapshot_gone(&s.snapshot_id).await?;
+        }
+        // at once: its last snapshot is gone
+        self.delete_volume(&v.volume_id).await?;
+        if self.controller_caps.contains(&CRpc::ListVolumes) {
+            let listed = self.listed_volumes().await?;
+            ensure(!listed.contains(&v.volume_id), || {
+                format!(
+                    "volume {} still listed after DeleteVolume answered",
+                    v.volume_id
+                )
+            })?;
+        }
+        if self.controller_caps.contains(&CRpc::GetVolume) {
+            expect_code(
+                self.controller
+                    .controller_get_volume(self.req(csi::ControllerGetVolumeRequest {
+                        volume_id: v.volume_id.clone(),
+                    }))
+                    .await,
+                Code::NotFound,
+                "ControllerGetVolume after DeleteVolume",
+            )?;
+        }
         expect_code(
-            self.node
-                .node_get_volume_stats(self.req(csi::NodeGetVolumeStatsRequest {
-                    volume_id: FAKE_VOLUME.into(),
-                    volume_path: path,
-                    staging_target_path: String::new(),
+            self.controller
+                .validate_volume_capabilities(self.req(csi::ValidateVolumeCapabilitiesRequest {
+                    volume_id: v.volume_id.clone(),
+                    volume_capabilities: vec![mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter)],
+                    secrets: self.cfg.secrets.clone(),
+                    ..Default::default()
                 }))
                 .await,
             Code::NotFound,
-            "unknown path",
+            "ValidateVolumeCapabilities after DeleteVolume",
         )
+    }
+
+    /// Polls ListSnapshots by id until the snapshot is ready to use, as
+    /// the snapshotter does.
+    async fn wait_snapshot_ready(&mut self, id: &str) -> Check {
+        for _ in 0..600 {
+            let r = ok(
+                self.controller
+                    .list_snapshots(self.req(csi::ListSnapshotsRequest {
+                        snapshot_id: id.into(),
+                        secrets: self.cfg.secrets.clone(),
+                        ..Default::default()
+                    }))
+                    .await,
+                "ListSnapshots",
+            )?;
+            if r.entries
+                .iter()
+                .any(|e| e.snapshot.as_ref().is_some_and(|s| s.ready_to_use))
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(format!("snapshot {id} not ready after 60 s"))
+    }
+
+    async fn get_snapshot_rules(&mut self) -> Check {
+        let get = |id: &str, secrets: &HashMap<String, String>| csi::GetSnapshotRequest {
+            snapshot_id: id.into(),
+            secrets: secrets.clone(),
+        };
+        expect_code(
+            self.controller
+                .get_snapshot(self.req(get("", &self.cfg.secrets)))
+                .await,
+            Code::InvalidArgument,
+            "no id",
+        )?;
+        expect_code(
+            self.controller
+                .get_snapshot(self.req(get(FAKE_VOLUME, &self.cfg.secrets)))
+                .await,
+            Code::NotFound,
+            "unknown id",
+        )?;
+        expect_code(
+            self.controller
+                .get_snapshot(self.req(get("not-a-snapshot-id", &self.cfg.secrets)))
+                .await,
+            Code::NotFound,
+            "malformed id",
+        )?;
+        let v = self
+            .new_volume(
+                "getsnap",
+                mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter),
+            )
+            .await?;
+        let s = self.create_snapshot(&v.volume_id).await?;
+        let got = ok(
+            self.controller
+                .get_snapshot(self.req(get(&s.snapshot_id, &self.cfg.secrets)))
+                .await,
+            "GetSnapshot",
+        )?
+        .snapshot
+        .ok_or("GetSnapshot returned no snapshot")?;
+        ensure(
+            got.snapshot_id == s.snapshot_id && got.source_volume_id == v.volume_id,
+            || format!("GetSnapshot({}) returned {got:?}", s.snapshot_id),
+        )?;
+        self.wait_snapshot_ready(&s.snapshot_id).await?;
+        ok(
+            self.controller
+                .delete_snapshot(self.req(csi::DeleteSnapshotRequest {
+                    snapshot_id: s.snapshot_id.clone(),
+                    secrets: self.cfg.secrets.clone(),
+                }))
+                .await,
+            "DeleteSnapshot",
+        )?;
+        self.snapshots.retain(|x| *x != s.snapshot_id);
+        self.snapshot_gone(&s.snapshot_id).await?;
+        self.delete_volume(&v.volume_id).await
+    }
+
+    /// ReadWriteOncePod asks for SINGLE_NODE_SINGLE_WRITER, and a driver
+    /// advertising SINGLE_NODE_MULTI_WRITER takes both modes.
+    async fn single_node_modes(&mut self) -> Check {
+        for mode in [Mode::SingleNodeSingleWriter, Mode::SingleNodeMultiWriter] {
+            let cap = mount_cap(&self.cfg.fs_type, mode);
+            let v = self.new_volume("rwop", cap.clone()).await?;
+            let r = ok(
+                self.controller
+                    .validate_volume_capabilities(self.req(
+                        csi::ValidateVolumeCapabilitiesRequest {
+                            volume_id: v.volume_id.clone(),
+                            volume_capabilities: vec![cap],
+                            secrets: self.cfg.secrets.clone(),
+                            ..Default::default()
+                        },
+                    ))
+                    .await,
+                "ValidateVolumeCapabilities",
+            )?;
+            ensure(r.confirmed.is_some(), || {
+                format!("{} not confirmed: {}", mode.as_str_name(), r.message)
+            })?;
+            self.delete_volume(&v.volume_id).await?;
+        }
+        Ok(())
+    }
+
+    /// Publishing one volume more than the node takes is refused with the
+    /// spec's ResourceExhausted, and leaves no attachment behind.
+    async fn attach_limit(&mut self) -> Check {
+        let node = self.node_id.clone().ok_or("no node id")?;
+        let max = self.max_volumes_per_node as usize;
+        let cap = mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter);
+        let mut ids = Vec::new();
+        for _ in 0..=max {
+            ids.push(self.new_volume("full", cap.clone()).await?.volume_id);
+        }
+        let result = async {
+            for id in &ids[..max] {
+                ok(
+                    self.controller
+                        .controller_publish_volume(self.req(self.publish_req(
+                            id,
+                            &node,
+                            cap.clone(),
+                        )))
+                        .await,
+                    "ControllerPublishVolume within the limit",
+                )?;
+            }
+            expect_code(
+                self.controller
+                    .controller_publish_volume(self.req(self.publish_req(
+                        &ids[max],
+                        &node,
+                        cap.clone(),
+                    )))
+                    .await,
+                Code::ResourceExhausted,
+                "ControllerPublishVolume past max_volumes_per_node",
+            )?;
+            if self.controller_caps.contains(&CRpc::GetVolume) {
+                let r = ok(
+                    self.controller
+                        .controller_get_volume(self.req(csi::ControllerGetVolumeRequest {
+                            volume_id: ids[max].clone(),
+                        }))
+                        .await,
+                    "ControllerGetVolume",
+                )?;
+                let nodes = r.status.map(|s| s.published_node_ids).unwrap_or_default();
+                ensure(nodes.is_empty(), || {
+                    format!("the refused volume is published to {nodes:?}")
+                })?;
+            }
+            Ok::<(), String>(())
+        }
+        .await;
+        for id in &ids {
+            let un = csi::ControllerUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                node_id: node.clone(),
+                secrets: self.cfg.secrets.clone(),
+            };
+            ok(
+                self.controller
+                    .controller_unpublish_volume(self.req(un))
+                    .await,
+                "ControllerUnpublishVolume",
+            )?;
+        }
+        for id in &ids {
+            self.delete_volume(id).await?;
+        }
+        result
     }
 
     fn lifecycle_paths(&self, id: &str) -> (PathBuf, PathBuf) {
@@ -1810,6 +2151,18 @@ impl Suite {
                     .iter()
                     .any(|u| u.unit == csi::volume_usage::Unit::Inodes as i32),
                 || "no inode usage".into(),
+            )?;
+            // a volume the node has, asked for at a path it is not at
+            expect_code(
+                self.node
+                    .node_get_volume_stats(self.req(csi::NodeGetVolumeStatsRequest {
+                        volume_id: v.volume_id.clone(),
+                        volume_path: "some/path".into(),
+                        staging_target_path: String::new(),
+                    }))
+                    .await,
+                Code::NotFound,
+                "NodeGetVolumeStats of a published volume at \"some/path\"",
             )?;
         }
         self.tear_down(&v, &staging, &target).await

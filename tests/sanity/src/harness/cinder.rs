@@ -29,6 +29,9 @@ pub struct HarnessOptions {
     /// Simulate the hypervisor (loop devices for attachments); controller
     /// benchmarks turn it off.
     pub hypervisor: bool,
+    /// Nova's `[compute] max_disk_devices_to_attach` for the node's server
+    /// (the root disk included); None: unlimited, Nova's default.
+    pub nova_max_disk_devices: Option<i64>,
 }
 
 impl HarnessOptions {
@@ -40,6 +43,7 @@ impl HarnessOptions {
             availability_zones: vec!["nova".into(), "zone-b".into()],
             log_file: None,
             hypervisor: true,
+            nova_max_disk_devices: None,
         }
     }
 }
@@ -95,6 +99,9 @@ impl CinderOnEmulator {
         emulator
             .control()
             .set_metadata_instance(Some(node_id.clone()));
+        if let Some(max) = options.nova_max_disk_devices {
+            emulator.control().set_max_disk_devices(max);
+        }
         let cloud_conf = dir.path().join("cloud.conf");
         std::fs::write(
             &cloud_conf,
@@ -206,6 +213,9 @@ impl Drop for CinderOnEmulator {
 /// guest's metadata service would.
 pub struct CinderOnRealCloud {
     pub dir: tempfile::TempDir,
+    /// Nova enforces the node's attach limit (the cloud records its disk
+    /// limit).
+    pub attach_limit_enforced: bool,
     pub socket: PathBuf,
     pub kubelet_dir: PathBuf,
     pub node_id: String,
@@ -238,10 +248,22 @@ impl CinderOnRealCloud {
         std::fs::create_dir_all(&kubelet_dir)?;
         let (metadata, url) = serve_metadata(metadata_document(&node_id, "nova")).await?;
         let conf = dir.path().join("cloud.conf");
+        // the node takes what Nova lets its server take: the disk limit
+        // less the root disk
+        let attach_limit = std::fs::read_to_string(cloud_dir.join("max-disk-devices"))
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .map(|max| {
+                format!(
+                    "[BlockStorage]\nnode-volume-attach-limit = {}\n",
+                    max.saturating_sub(1)
+                )
+            })
+            .unwrap_or_default();
         std::fs::write(
             &conf,
             format!(
-                "{}\n[Metadata]\nsearch-order = metadataService\n",
+                "{}\n[Metadata]\nsearch-order = metadataService\n\n{attach_limit}",
                 std::fs::read_to_string(cloud_dir.join("cloud-admin.conf"))?
             ),
         )?;
@@ -259,6 +281,7 @@ impl CinderOnRealCloud {
             .stderr(stderr_to(log_file.as_deref())?)
             .spawn()?;
         let h = Self {
+            attach_limit_enforced: !attach_limit.is_empty(),
             dir,
             socket,
             kubelet_dir,
