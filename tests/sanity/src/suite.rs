@@ -56,6 +56,10 @@ pub struct SuiteConfig {
     /// another mount namespace (`/proc/<pid>`): its `root` and
     /// `mountinfo`.
     pub node_view: Option<PathBuf>,
+    /// VolumeSnapshotClass parameters to take snapshots with beyond the
+    /// default class (e.g. Cinder's `type: backup`): each gets a data
+    /// lifecycle (written, snapshotted in use, restored, read, deleted).
+    pub snapshot_classes: Vec<HashMap<String, String>>,
     /// The backend refuses an attachment past the node's
     /// `max_volumes_per_node` (Nova's per-server disk limit set to match):
     /// publishing one more must be ResourceExhausted.
@@ -78,6 +82,7 @@ impl SuiteConfig {
             quota_on_node: false,
             node_view: None,
             attach_limit_enforced: false,
+            snapshot_classes: Vec::new(),
         }
     }
 }
@@ -552,6 +557,24 @@ impl Suite {
             },
             attach_limit
         );
+        for class in self.cfg.snapshot_classes.clone() {
+            let mut keys: Vec<String> = class.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            keys.sort();
+            let outcome = match (
+                self.lifecycle_skip(),
+                self.controller_skip(CRpc::CreateDeleteSnapshot),
+            ) {
+                (Skip::Because(why), _) | (_, Skip::Because(why)) => Outcome::Skip(why),
+                (Skip::No, Skip::No) => match self.snapshot_class_lifecycle(class).await {
+                    Ok(()) => Outcome::Pass,
+                    Err(p) => Outcome::Fail(format!("{}: {p}", keys.join(","))),
+                },
+            };
+            report.results.push(CheckResult {
+                name: "Snapshot class lifecycle: data written, snapshotted in use, restored and read, deleted",
+                outcome,
+            });
+        }
         check!(
             "ControllerExpandVolume: arguments, growth, repeat",
             self.controller_skip(CRpc::ExpandVolume),
@@ -1884,6 +1907,65 @@ impl Suite {
         Ok(())
     }
 
+    /// A snapshot taken with a class's parameters of a volume in use holds
+    /// what was written, restores into a new volume, and deletes cleanly.
+    async fn snapshot_class_lifecycle(&mut self, class: HashMap<String, String>) -> Check {
+        let cap = mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter);
+        let (v, staging, target, _) = self.bring_up(cap.clone(), "classsrc").await?;
+        std::fs::write(self.seen(&target).join("kept"), b"in the snapshot")
+            .map_err(|e| format!("writing to the volume: {e}"))?;
+        nix::unistd::sync();
+        let req = csi::CreateSnapshotRequest {
+            source_volume_id: v.volume_id.clone(),
+            name: self.name("classsnap"),
+            secrets: self.cfg.secrets.clone(),
+            parameters: class,
+        };
+        let s = ok(
+            self.controller.create_snapshot(self.req(req)).await,
+            "CreateSnapshot",
+        )?
+        .snapshot
+        .ok_or("no snapshot")?;
+        self.snapshots.push(s.snapshot_id.clone());
+        ensure(s.source_volume_id == v.volume_id, || {
+            format!(
+                "snapshot of {} names source {}",
+                v.volume_id, s.source_volume_id
+            )
+        })?;
+        self.wait_snapshot_ready(&s.snapshot_id).await?;
+        let restored_name = self.name("classrestored");
+        let mut restore = self.create_req(&restored_name, cap.clone(), self.cfg.volume_size);
+        restore.volume_content_source = Some(from_snapshot(&s.snapshot_id));
+        let restored = ok(
+            self.controller.create_volume(self.req(restore)).await,
+            "CreateVolume from the snapshot",
+        )?
+        .volume
+        .ok_or("no volume")?;
+        self.volumes.push(restored.volume_id.clone());
+        let (restored, r_staging, r_target, _) = self.bring_up_volume(restored, cap).await?;
+        let data = std::fs::read(self.seen(&r_target).join("kept"))
+            .map_err(|e| format!("reading the restored volume: {e}"))?;
+        ensure(data == b"in the snapshot", || {
+            "the restored volume does not hold what was written".into()
+        })?;
+        self.tear_down(&restored, &r_staging, &r_target).await?;
+        ok(
+            self.controller
+                .delete_snapshot(self.req(csi::DeleteSnapshotRequest {
+                    snapshot_id: s.snapshot_id.clone(),
+                    secrets: self.cfg.secrets.clone(),
+                }))
+                .await,
+            "DeleteSnapshot",
+        )?;
+        self.snapshots.retain(|x| *x != s.snapshot_id);
+        self.snapshot_gone(&s.snapshot_id).await?;
+        self.tear_down(&v, &staging, &target).await
+    }
+
     /// Publishing one volume more than the node takes is refused with the
     /// spec's ResourceExhausted, and leaves no attachment behind.
     async fn attach_limit(&mut self) -> Check {
@@ -1972,9 +2054,18 @@ impl Suite {
         cap: csi::VolumeCapability,
         what: &str,
     ) -> Result<(csi::Volume, PathBuf, PathBuf, HashMap<String, String>), String> {
-        let node = self.node_id.clone().ok_or("no node id")?;
         let name = self.name(what);
         let v = self.create_volume(&name, cap.clone()).await?;
+        self.bring_up_volume(v, cap).await
+    }
+
+    /// (controller publish) → stage ×2 → publish ×2 of an existing volume.
+    async fn bring_up_volume(
+        &mut self,
+        v: csi::Volume,
+        cap: csi::VolumeCapability,
+    ) -> Result<(csi::Volume, PathBuf, PathBuf, HashMap<String, String>), String> {
+        let node = self.node_id.clone().ok_or("no node id")?;
         let pc = if self.publishes() {
             ok(
                 self.controller

@@ -178,6 +178,7 @@ async fn cinder_conforms_on_the_emulator_with_real_devices() {
     wait_ready(&h.socket).await;
     let mut cfg = csi_sanity::SuiteConfig::new(&h.socket, h.kubelet_dir.join("sanity"));
     cfg.attach_limit_enforced = true;
+    cfg.snapshot_classes = vec![backup_class()];
     // this machine's root lacks CAP_SYS_RESOURCE, which ext4's online
     // resize ioctl requires; xfs grows online without it
     cfg.expansion_fs_type = "xfs".into();
@@ -197,6 +198,15 @@ async fn cinder_conforms_on_the_emulator_with_real_devices() {
         csi_sanity::harness::mounts_below(h.dir.path()).is_empty(),
         "mounts left behind"
     );
+}
+
+/// Cinder's backups as snapshots, of attached volumes (as upstream's
+/// VolumeSnapshotClass for backups is written).
+fn backup_class() -> std::collections::HashMap<String, String> {
+    [("type", "backup"), ("force-create", "true")]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 async fn wait_ready(sock: &Path) {
@@ -238,6 +248,7 @@ async fn cinder_conforms_on_the_real_cloud() {
     cfg.expansion_fs_type = "xfs".into();
     cfg.timeout = Duration::from_secs(120);
     cfg.attach_limit_enforced = h.attach_limit_enforced;
+    cfg.snapshot_classes = vec![backup_class()];
     let report = csi_sanity::Suite::connect(cfg).await.unwrap().run().await;
     println!("{report}");
     let logs = std::fs::read_to_string(&log).unwrap_or_default();
