@@ -225,6 +225,31 @@ impl SnapshotParameters {
     }
 }
 
+/// What CreateVolumeGroupSnapshot reads from a VolumeGroupSnapshotClass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupSnapshotParameters {
+    /// Cinder group type (name or id) of the group the volumes are
+    /// snapshotted through; `None`: the cloud's `default` group type.
+    pub group_type: Option<String>,
+    pub ignored: Vec<String>,
+}
+
+impl GroupSnapshotParameters {
+    pub fn parse(parameters: &HashMap<String, String>) -> DriverResult<Self> {
+        let mut p = GroupSnapshotParameters::default();
+        for (k, v) in parameters {
+            match k.as_str() {
+                "groupType" => p.group_type = non_empty(v),
+                k if k.starts_with(PROVISIONER_PREFIX) => {}
+                other => p.ignored.push(other.to_string()),
+            }
+        }
+        p.ignored.sort();
+        log_ignored("VolumeGroupSnapshotClass", &p.ignored);
+        Ok(p)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

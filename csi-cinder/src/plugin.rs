@@ -11,6 +11,7 @@ use openstack_client::{ApiMetrics, Session, SessionOptions};
 use plugin_runtime::PluginServer;
 use plugin_runtime::csi_identity::{IdentityService, expansion_capability, service_capability};
 use proto::csi::v1::controller_server::ControllerServer;
+use proto::csi::v1::group_controller_server::GroupControllerServer;
 use proto::csi::v1::identity_server::IdentityServer;
 use proto::csi::v1::node_server::NodeServer;
 use proto::csi::v1::plugin_capability::service::Type as ServiceType;
@@ -69,8 +70,11 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
                 ignore_volume_az: conf.block_storage.ignore_volume_az,
             },
         );
-        routes = routes.add_service(ControllerServer::new(controller));
+        routes = routes
+            .add_service(GroupControllerServer::new(controller.clone()))
+            .add_service(ControllerServer::new(controller));
         capabilities.push(service_capability(ServiceType::ControllerService));
+        capabilities.push(service_capability(ServiceType::GroupControllerService));
         if opts.with_topology {
             capabilities.push(service_capability(
                 ServiceType::VolumeAccessibilityConstraints,

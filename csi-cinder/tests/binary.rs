@@ -101,9 +101,9 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
         .await
         .unwrap()
         .into_inner();
-    // controller + node, topology on: the controller service, topology,
-    // online and offline expansion
-    assert_eq!(caps.capabilities.len(), 4, "{caps:?}");
+    // controller + node, topology on: the controller and group controller
+    // services, topology, online and offline expansion
+    assert_eq!(caps.capabilities.len(), 5, "{caps:?}");
 
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use openstack_client::barbican::{CreateSecret, KeyManager};
 use openstack_client::cinder::{
-    BlockStorage, CreateBackup, CreateSnapshot, CreateVolume, ListSnapshots, ListVolumes, Volume,
-    VolumeStatus,
+    BlockStorage, CreateBackup, CreateGroup, CreateSnapshot, CreateVolume, ListSnapshots,
+    ListVolumes, Volume, VolumeStatus,
 };
 use openstack_client::common::{Poll, poll_until};
 use openstack_client::config::{CloudConf, ConfigEnv};
@@ -27,8 +27,8 @@ use zeroize::Zeroizing;
 
 mod common;
 use common::{
-    deadline, wait_backup, wait_gone, wait_rule, wait_share, wait_share_size, wait_snapshot,
-    wait_volume, wait_volume_size,
+    deadline, wait_backup, wait_gone, wait_group, wait_group_snapshot, wait_rule, wait_share,
+    wait_share_size, wait_snapshot, wait_volume, wait_volume_size,
 };
 
 enum Backend {
@@ -698,6 +698,103 @@ async fn cinder_backups_and_restore() {
     let err = c.get_backup(&whole.id).await.unwrap_err();
     assert!(err.is_not_found(), "{}: {err}", b.name());
     c.delete_volume(&restored.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn cinder_groups_and_group_snapshots() {
+    let b = Backend::new().await;
+    if !b.has("cinder", "cinder_groups_and_group_snapshots") {
+        return;
+    }
+    let c = BlockStorage::new(b.session(User::Admin));
+    let types = c
+        .list_group_types()
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert!(
+        types.iter().any(|t| t.name == "default"),
+        "{}: {types:?}",
+        b.name()
+    );
+    let v1 = new_volume(&c, &unique("contract-grp-a"), 1).await;
+    let v2 = new_volume(&c, &unique("contract-grp-b"), 1).await;
+    let name = unique("contract-group");
+    let group = c
+        .create_group(&CreateGroup {
+            name: name.clone(),
+            group_type: "default".into(),
+            volume_types: vec![v1.volume_type.clone().unwrap()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let group = wait_group(&c, &group.id).await;
+    assert!(group.volumes.is_empty());
+    assert_eq!(c.groups_named(&name).await.unwrap().len(), 1);
+    c.update_group_volumes(&group.id, &[v1.id.clone(), v2.id.clone()], &[])
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let mut members = wait_group(&c, &group.id).await.volumes;
+    members.sort();
+    let mut want = vec![v1.id.clone(), v2.id.clone()];
+    want.sort();
+    assert_eq!(members, want, "{}", b.name());
+    // a grouped volume cannot be deleted
+    let err = c.delete_volume(&v1.id).await.unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+
+    let gs = c
+        .create_group_snapshot(&group.id, &unique("contract-gsnap"), Some("contract"))
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let gs = wait_group_snapshot(&c, &gs.id).await;
+    assert_eq!(gs.group_id, group.id);
+    assert!(c.group_snapshots_named(&gs.name).await.unwrap().len() == 1);
+    let snaps = c.group_snapshot_members(&gs).await.unwrap();
+    let mut of: Vec<String> = snaps.iter().map(|s| s.volume_id.clone()).collect();
+    of.sort();
+    assert_eq!(of, want, "{}: {snaps:?}", b.name());
+    for s in &snaps {
+        wait_snapshot(&c, &s.id).await;
+        assert_eq!(
+            c.get_snapshot(&s.id)
+                .await
+                .unwrap()
+                .group_snapshot_id
+                .as_deref(),
+            Some(gs.id.as_str())
+        );
+    }
+    // members go with their group snapshot, not alone
+    let err = c.delete_snapshot(&snaps[0].id).await.unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+    // each member restores on its own
+    let restored = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-from-member"),
+            size_gib: 1,
+            snapshot_id: Some(snaps[0].id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_volume(&c, &restored.id, VolumeStatus::Available).await;
+    // the volumes leave the group; the group cannot go while it has a
+    // snapshot
+    c.update_group_volumes(&group.id, &[], &want).await.unwrap();
+    assert!(wait_group(&c, &group.id).await.volumes.is_empty());
+    let err = c.delete_group(&group.id).await.unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+    c.delete_group_snapshot(&gs.id).await.unwrap();
+    wait_gone("group snapshot delete", || c.get_group_snapshot(&gs.id)).await;
+    for s in &snaps {
+        wait_gone("member delete", || c.get_snapshot(&s.id)).await;
+    }
+    c.delete_group(&group.id).await.unwrap();
+    wait_gone("group delete", || c.get_group(&group.id)).await;
+    for id in [&restored.id, &v1.id, &v2.id] {
+        c.delete_volume(id).await.unwrap();
+    }
 }
 
 #[tokio::test]

@@ -169,6 +169,8 @@ pub struct VolumeRec {
     pub metadata: BTreeMap<String, String>,
     pub snapshot_id: Option<String>,
     pub source_volid: Option<String>,
+    /// The generic volume group the volume belongs to.
+    pub group_id: Option<String>,
     pub created_at: String,
     /// Bumped on every status change, so a stale transition is ignored.
     pub generation: u64,
@@ -185,6 +187,8 @@ pub struct SnapshotRec {
     pub size: u64,
     pub volume_id: String,
     pub metadata: BTreeMap<String, String>,
+    /// The group snapshot the snapshot is a member of.
+    pub group_snapshot_id: Option<String>,
     pub created_at: String,
 }
 
@@ -202,6 +206,40 @@ pub struct BackupRec {
     pub availability_zone: Option<String>,
     pub metadata: BTreeMap<String, String>,
     pub fail_reason: Option<String>,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct GroupTypeRec {
+    pub id: String,
+    pub name: String,
+    pub group_specs: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct GroupRec {
+    pub seq: u64,
+    pub id: String,
+    pub project_id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub status: String,
+    pub group_type_id: String,
+    pub volume_type_ids: Vec<String>,
+    pub availability_zone: String,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct GroupSnapshotRec {
+    pub seq: u64,
+    pub id: String,
+    pub project_id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub status: String,
+    pub group_id: String,
+    pub group_type_id: String,
     pub created_at: String,
 }
 
@@ -328,6 +366,9 @@ pub struct World {
     pub volumes: BTreeMap<String, VolumeRec>,
     pub snapshots: BTreeMap<String, SnapshotRec>,
     pub backups: BTreeMap<String, BackupRec>,
+    pub group_types: Vec<GroupTypeRec>,
+    pub groups: BTreeMap<String, GroupRec>,
+    pub group_snapshots: BTreeMap<String, GroupSnapshotRec>,
     pub volume_types: Vec<VolumeTypeRec>,
     pub servers: BTreeMap<String, ServerRec>,
     pub shares: BTreeMap<String, ShareRec>,
@@ -455,6 +496,26 @@ impl World {
             volumes: BTreeMap::new(),
             snapshots: BTreeMap::new(),
             backups: BTreeMap::new(),
+            // a generic group type, as an operator creates one; the
+            // consistent one asks the backend for one-instant snapshots
+            group_types: vec![
+                GroupTypeRec {
+                    id: new_id(),
+                    name: "default".into(),
+                    group_specs: BTreeMap::new(),
+                },
+                GroupTypeRec {
+                    id: new_id(),
+                    name: "consistent".into(),
+                    group_specs: [(
+                        "consistent_group_snapshot_enabled".to_string(),
+                        "<is> True".to_string(),
+                    )]
+                    .into(),
+                },
+            ],
+            groups: BTreeMap::new(),
+            group_snapshots: BTreeMap::new(),
             volume_types,
             servers: BTreeMap::new(),
             shares: BTreeMap::new(),

@@ -851,7 +851,7 @@ class Api:
 
 def configure_block():
     """The fixtures block-storage tests need: a multiattach volume type, a
-    flavor, and a server (booted from a bootable volume, no network) that
+    generic group type, a flavor, and a server (booted from a bootable volume, no network) that
     volumes can be attached to."""
     api = Api()
     cinder = f"http://{HOST}:{PORTS['cinder']}/v3/{api.project_id}"
@@ -868,6 +868,13 @@ def configure_block():
     if not any(t["name"] == "multiattach" for t in types):
         api.call("POST", cinder + "/types", {"volume_type": {"name": "multiattach",
                                                              "extra_specs": {"multiattach": "<is> True"}}})
+    # a generic group type, for group snapshots (Cinder ships none usable:
+    # default_cgsnapshot_type is reserved for migrated consistency groups)
+    groups_mv = {"OpenStack-API-Version": "volume 3.11"}
+    group_types = api.call("GET", cinder + "/group_types", headers=groups_mv)["group_types"]
+    if not any(t["name"] == "default" for t in group_types):
+        api.call("POST", cinder + "/group_types", {"group_type": {"name": "default", "is_public": True}},
+                 headers=groups_mv)
     flavors = api.call("GET", nova + "/flavors")["flavors"]
     if not any(f["name"] == "m1.test" for f in flavors):
         api.call("POST", nova + "/flavors", {"flavor": {"name": "m1.test", "ram": 64, "vcpus": 1, "disk": 0,

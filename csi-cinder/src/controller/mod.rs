@@ -4,10 +4,12 @@
 //!
 //! By RPC family: [`volumes`] (create, delete, expand, modify),
 //! [`inventory`] (validate, list, get), [`attachments`] (publish,
-//! unpublish), [`snapshots`] (snapshots and backups).
+//! unpublish), [`snapshots`] (snapshots and backups), [`groups`] (the
+//! GroupController: volume group snapshots).
 
 mod attachments;
 mod backups;
+mod groups;
 mod inventory;
 mod snapshots;
 mod volumes;

@@ -341,7 +341,7 @@ pub(super) fn csi_snapshot(s: &Snapshot) -> csi::Snapshot {
         source_volume_id: s.volume_id.clone(),
         creation_time: timestamp(s.created_at.as_deref()),
         ready_to_use: s.status == SnapshotStatus::Available,
-        group_snapshot_id: String::new(),
+        group_snapshot_id: s.group_snapshot_id.clone().unwrap_or_default(),
     }
 }
 

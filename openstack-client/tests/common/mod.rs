@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use openstack_client::Error;
 use openstack_client::cinder::{
-    Backup, BackupStatus, BlockStorage, SnapshotStatus, Volume, VolumeStatus,
+    Backup, BackupStatus, BlockStorage, Group, GroupSnapshot, GroupSnapshotStatus, GroupStatus,
+    SnapshotStatus, Volume, VolumeStatus,
 };
 use openstack_client::common::{Poll, poll_until};
 use openstack_client::manila::{
@@ -98,6 +99,36 @@ pub async fn wait_backup(c: &BlockStorage, id: &str) -> Backup {
             Poll::Ready(b)
         } else {
             Poll::Pending(b.status.to_string())
+        })
+    })
+    .await
+}
+
+pub async fn wait_group(c: &BlockStorage, id: &str) -> Group {
+    until("group", || async {
+        let g = c.get_group(id).await?;
+        assert!(!g.status.is_error(), "group {id} went to {}", g.status);
+        Ok(if g.status == GroupStatus::Available {
+            Poll::Ready(g)
+        } else {
+            Poll::Pending(g.status.to_string())
+        })
+    })
+    .await
+}
+
+pub async fn wait_group_snapshot(c: &BlockStorage, id: &str) -> GroupSnapshot {
+    until("group snapshot", || async {
+        let g = c.get_group_snapshot(id).await?;
+        assert!(
+            !g.status.is_error(),
+            "group snapshot {id} went to {}",
+            g.status
+        );
+        Ok(if g.status == GroupSnapshotStatus::Available {
+            Poll::Ready(g)
+        } else {
+            Poll::Pending(g.status.to_string())
         })
     })
     .await

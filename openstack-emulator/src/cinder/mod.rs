@@ -3,6 +3,7 @@
 //! snapshots, volume types, limits, microversions 3.0–3.70.
 
 mod backups;
+mod groups;
 mod snapshots;
 mod volumes;
 
@@ -61,6 +62,29 @@ pub fn routes(_state: Arc<AppState>) -> axum::Router<Arc<AppState>> {
         .route(
             "/backups/{id}",
             get(backups::get_backup).delete(backups::delete_backup),
+        )
+        .route(
+            "/group_types",
+            get(groups::list_group_types).post(groups::create_group_type),
+        )
+        .route(
+            "/groups",
+            post(groups::create_group).get(groups::list_groups),
+        )
+        .route("/groups/detail", get(groups::list_groups))
+        .route(
+            "/groups/{id}",
+            get(groups::get_group).put(groups::update_group),
+        )
+        .route("/groups/{id}/action", post(groups::group_action))
+        .route(
+            "/group_snapshots",
+            post(groups::create_group_snapshot).get(groups::list_group_snapshots),
+        )
+        .route("/group_snapshots/detail", get(groups::list_group_snapshots))
+        .route(
+            "/group_snapshots/{id}",
+            get(groups::get_group_snapshot).delete(groups::delete_group_snapshot),
         )
         .route("/types", get(list_types).post(create_type))
         .route("/types/{id}", get(get_type))
@@ -133,7 +157,7 @@ pub fn volume_json(v: &VolumeRec) -> Value {
         "volume_type": v.volume_type, "availability_zone": v.availability_zone, "multiattach": v.multiattach,
         "bootable": if v.bootable { "true" } else { "false" }, "encrypted": false,
         "attachments": attachments, "metadata": v.metadata, "snapshot_id": v.snapshot_id,
-        "source_volid": v.source_volid, "created_at": v.created_at, "updated_at": null, "links": []
+        "source_volid": v.source_volid, "group_id": v.group_id, "created_at": v.created_at, "updated_at": null, "links": []
     })
 }
 

@@ -15,10 +15,11 @@ use crate::errors::{ApiErr, ApiResult};
 use crate::keystone::Ctx;
 use crate::state::{Delays, SnapshotRec, new_id, now_iso};
 
-fn snapshot_json(s: &SnapshotRec) -> Value {
+pub(super) fn snapshot_json(s: &SnapshotRec) -> Value {
     json!({
         "id": s.id, "name": s.name, "description": s.description, "status": s.status, "size": s.size,
-        "volume_id": s.volume_id, "metadata": s.metadata, "created_at": s.created_at, "updated_at": null
+        "volume_id": s.volume_id, "metadata": s.metadata, "created_at": s.created_at, "updated_at": null,
+        "group_snapshot_id": s.group_snapshot_id
     })
 }
 
@@ -79,6 +80,7 @@ pub(super) async fn create_snapshot(
         size: v.size,
         volume_id,
         metadata,
+        group_snapshot_id: None,
         created_at: now_iso(),
     };
     let id = snap.id.clone();
@@ -159,6 +161,12 @@ pub(super) async fn delete_snapshot(
         .get_mut(&id)
         .filter(|s| s.project_id == ctx.project_id || ctx.admin)
         .ok_or_else(|| ApiErr::not_found(S, format!("Snapshot {id} could not be found.")))?;
+    if s.group_snapshot_id.is_some() {
+        return Err(ApiErr::bad(
+            S,
+            "Invalid snapshot: Snapshot status must be available or error and must not be part of a group.",
+        ));
+    }
     if !matches!(s.status.as_str(), "available" | "error" | "error_deleting") {
         return Err(ApiErr::bad(
             S,

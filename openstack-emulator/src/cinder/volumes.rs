@@ -172,6 +172,7 @@ pub(super) async fn create_volume(
         metadata,
         snapshot_id,
         source_volid,
+        group_id: None,
         created_at: now_iso(),
         generation: 0,
     };
@@ -267,7 +268,11 @@ pub(super) async fn delete_volume(
     let mut w = state.world();
     let v = visible_volume(&w, &ctx, &id)?;
     let has_snapshots = w.snapshots.values().any(|s| s.volume_id == id);
-    if !DELETABLE.contains(&v.status.as_str()) || !v.attachments.is_empty() || has_snapshots {
+    if !DELETABLE.contains(&v.status.as_str())
+        || !v.attachments.is_empty()
+        || has_snapshots
+        || v.group_id.is_some()
+    {
         return Err(ApiErr::bad(
             S,
             "Invalid volume: Volume status must be available or error or error_restoring or error_extending or error_managing and must not be migrating, attached, belong to a group, have snapshots, awaiting a transfer, or be disassociated from snapshots after volume transfer.",

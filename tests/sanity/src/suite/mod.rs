@@ -15,12 +15,17 @@ use std::time::Duration;
 use proto::csi::v1 as csi;
 use proto::csi::v1::controller_client::ControllerClient;
 use proto::csi::v1::controller_service_capability::rpc::Type as CRpc;
+use proto::csi::v1::group_controller_client::GroupControllerClient;
 use proto::csi::v1::identity_client::IdentityClient;
 use proto::csi::v1::node_client::NodeClient;
 use proto::csi::v1::node_service_capability::rpc::Type as NRpc;
 use proto::csi::v1::volume_capability::access_mode::Mode;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
+
+mod groups;
+
+use proto::csi::v1::group_controller_service_capability::rpc::Type as GRpc;
 
 const GIB: i64 = 1 << 30;
 const FAKE_VOLUME: &str = "00000000-0000-4000-8000-0000000000ff";
@@ -64,6 +69,8 @@ pub struct SuiteConfig {
     /// `max_volumes_per_node` (Nova's per-server disk limit set to match):
     /// publishing one more must be ResourceExhausted.
     pub attach_limit_enforced: bool,
+    /// VolumeGroupSnapshotClass parameters for CreateVolumeGroupSnapshot.
+    pub group_snapshot_parameters: HashMap<String, String>,
 }
 
 impl SuiteConfig {
@@ -83,6 +90,7 @@ impl SuiteConfig {
             node_view: None,
             attach_limit_enforced: false,
             snapshot_classes: Vec::new(),
+            group_snapshot_parameters: HashMap::new(),
         }
     }
 }
@@ -147,8 +155,11 @@ pub struct Suite {
     cfg: SuiteConfig,
     identity: IdentityClient<Channel>,
     controller: ControllerClient<Channel>,
+    group_controller: GroupControllerClient<Channel>,
     node: NodeClient<Channel>,
     controller_caps: Vec<CRpc>,
+    has_group_controller: bool,
+    group_caps: Vec<GRpc>,
     node_caps: Vec<NRpc>,
     has_controller: bool,
     node_id: Option<String>,
@@ -235,9 +246,12 @@ impl Suite {
         let mut s = Self {
             identity: IdentityClient::new(ch.clone()),
             controller: ControllerClient::new(ch.clone()),
+            group_controller: GroupControllerClient::new(ch.clone()),
             node: NodeClient::new(ch),
             cfg,
             controller_caps: Vec::new(),
+            has_group_controller: false,
+            group_caps: Vec::new(),
             node_caps: Vec::new(),
             has_controller: false,
             node_id: None,
@@ -287,9 +301,32 @@ impl Suite {
             .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
             .await
         {
-            self.has_controller = r.into_inner().capabilities.iter().any(|c| {
-                matches!(&c.r#type, Some(Type::Service(s)) if s.r#type == csi::plugin_capability::service::Type::ControllerService as i32)
-            });
+            let caps = r.into_inner().capabilities;
+            let has = |t: csi::plugin_capability::service::Type| {
+                caps.iter()
+                    .any(|c| matches!(&c.r#type, Some(Type::Service(s)) if s.r#type == t as i32))
+            };
+            self.has_controller = has(csi::plugin_capability::service::Type::ControllerService);
+            self.has_group_controller =
+                has(csi::plugin_capability::service::Type::GroupControllerService);
+        }
+        if self.has_group_controller
+            && let Ok(r) = self
+                .group_controller
+                .group_controller_get_capabilities(csi::GroupControllerGetCapabilitiesRequest {})
+                .await
+        {
+            self.group_caps = r
+                .into_inner()
+                .capabilities
+                .iter()
+                .filter_map(|c| match &c.r#type {
+                    Some(csi::group_controller_service_capability::Type::Rpc(r)) => {
+                        GRpc::try_from(r.r#type).ok()
+                    }
+                    None => None,
+                })
+                .collect();
         }
         if self.has_controller
             && let Ok(r) = self
@@ -575,6 +612,19 @@ impl Suite {
                 outcome,
             });
         }
+        check!(
+            "GroupController: capabilities; Create/Get/Delete arguments and unknown ids",
+            self.group_skip(),
+            group_rules
+        );
+        check!(
+            "Volume group snapshot lifecycle: idempotent, consistent data, members restored one by one, deleted with the group",
+            match self.group_skip() {
+                Skip::No => self.lifecycle_skip(),
+                s => s,
+            },
+            group_lifecycle
+        );
         check!(
             "ControllerExpandVolume: arguments, growth, repeat",
             self.controller_skip(CRpc::ExpandVolume),
