@@ -59,6 +59,11 @@ def cinder_rules(doc):
         spec = doc.get("spec", {})
         if spec.get("attachRequired") is not True or spec.get("fsGroupPolicy") != "File":
             yield "the Cinder CSIDriver needs attachRequired: true and fsGroupPolicy: File"
+    if kind == "ClusterRole" and name == "csi-cinder-provisioner":
+        verbs = {v for r in doc.get("rules", []) if "volumesnapshots" in r.get("resources", [])
+                 for v in r.get("verbs", [])}
+        if not {"watch", "update"} <= verbs:
+            yield "csi-provisioner v6 needs watch and update on volumesnapshots (snapshot protection)"
     if kind == "DaemonSet" and name == "csi-cinder-nodeplugin":
         pod = doc["spec"]["template"]["spec"]
         plugin = next((c for c in pod["containers"] if c["name"] == "cinder-csi-plugin"), None)
@@ -131,6 +136,12 @@ BROKEN = [
                             "volumeMounts": [{"name": "k", "mountPath": "/var/lib/kubelet",
                                               "mountPropagation": "Bidirectional"}]}],
             "volumes": [{"name": "k", "hostPath": {"path": "/var/lib/kubelet"}}]}}}}),
+    ("provisioner role without snapshot protection", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "csi-cinder-provisioner"},
+        "rules": [{"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshots"], "verbs": ["get", "list"]}]}),
+    ("group snapshot class of another API version", {
+        "apiVersion": "groupsnapshot.storage.k8s.io/v1alpha1", "kind": "VolumeGroupSnapshotClass",
+        "metadata": {"name": "g"}, "driver": "d", "deletionPolicy": "Delete"}),
     ("snapshot class with an unknown policy", {"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
                                                 "metadata": {"name": "s"}, "driver": "d", "deletionPolicy": "Keep"}),
     ("secret cloud.conf without key-id", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
@@ -146,6 +157,7 @@ def validate(docs):
     checked = 0
     enc_schema = json.loads((HERE / "schemas" / "encryption-configuration.json").read_text())
     vsc_schema = json.loads((HERE / "schemas" / "volumesnapshotclass.json").read_text())
+    vgsc_schema = json.loads((HERE / "schemas" / "volumegroupsnapshotclass.json").read_text())
     for where, doc in docs:
         checked += 1
         if doc.get("kind") == "KustomizeError":
@@ -153,8 +165,9 @@ def validate(docs):
             continue
         for p in [*cinder_rules(doc), *manila_rules(doc)]:
             problems.append(f"{where}: {p}")
-        if doc.get("kind") == "VolumeSnapshotClass":
-            for e in jsonschema.Draft202012Validator(vsc_schema).iter_errors(doc):
+        class_schemas = {"VolumeSnapshotClass": vsc_schema, "VolumeGroupSnapshotClass": vgsc_schema}
+        if doc.get("kind") in class_schemas:
+            for e in jsonschema.Draft202012Validator(class_schemas[doc["kind"]]).iter_errors(doc):
                 problems.append(f"{where}: {'/'.join(map(str, e.path))}: {e.message}")
             continue
         if doc.get("kind") == "EncryptionConfiguration":
