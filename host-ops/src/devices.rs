@@ -76,24 +76,70 @@ pub trait BlockDevices: Send + Sync + fmt::Debug {
     fn device_number(&self, device: &Path) -> Result<(u64, u64)>;
 }
 
-const EDGE: u64 = 1 << 20;
+/// How much of each end of a device is read: every signature blkid
+/// probes lies within 512 KiB of the start or the end (ZFS's four 256 KiB
+/// labels are the widest; GPT's backup, md's 0.90 superblock, LVM and
+/// filesystem superblocks lie well inside).
+const EDGE: u64 = 512 << 10;
 
-/// Whether the first and the last MiB of `device` are all zero bytes.
+/// Whether the first and the last [`EDGE`] bytes of `device` are all zero.
 fn edges_are_zero(device: &Path) -> Result<bool> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(device).map_err(io_err("opening", device))?;
+    use std::os::unix::fs::OpenOptionsExt;
+    // O_DIRECT: the 2 MiB come straight from the device, without filling
+    // the page cache (and its readahead) with blocks mkfs is about to
+    // rewrite; a file system without O_DIRECT (a test's image file) is
+    // read through the cache
+    let direct = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
+        .open(device);
+    let mut f = match direct {
+        Ok(f) => f,
+        Err(_) => std::fs::File::open(device).map_err(io_err("opening", device))?,
+    };
     let size = f.seek(SeekFrom::End(0)).map_err(io_err("sizing", device))?;
-    let mut buf = vec![0u8; EDGE.min(size) as usize];
-    for start in [0, size.saturating_sub(EDGE)] {
-        f.seek(SeekFrom::Start(start))
-            .map_err(io_err("seeking", device))?;
-        f.read_exact(&mut buf).map_err(io_err("reading", device))?;
-        if buf.iter().any(|b| *b != 0) {
+    // whole, aligned blocks: what O_DIRECT asks of buffers and offsets
+    let len = EDGE.min(size - size % BLOCK as u64);
+    if len == 0 {
+        // too small to hold whole blocks: blkid decides
+        return Ok(false);
+    }
+    let mut blocks = vec![AlignedBlock([0; BLOCK]); (len as usize) / BLOCK];
+    for start in [0, size.saturating_sub(len) / BLOCK as u64 * BLOCK as u64] {
+        let mut iov: Vec<std::io::IoSliceMut<'_>> = blocks
+            .iter_mut()
+            .map(|b| std::io::IoSliceMut::new(&mut b.0))
+            .collect();
+        let mut left: &mut [std::io::IoSliceMut<'_>] = &mut iov;
+        let mut done = 0usize;
+        while done < len as usize {
+            let n = match nix::sys::uio::preadv(&f, left, (start + done as u64) as i64) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(nix::errno::Errno::EINVAL) if done == 0 => {
+                    // O_DIRECT refused these buffers here: read through the
+                    // cache instead
+                    f = std::fs::File::open(device).map_err(io_err("opening", device))?;
+                    continue;
+                }
+                Err(e) => return Err(io_err("reading", device)(std::io::Error::from(e))),
+            };
+            done += n;
+            std::io::IoSliceMut::advance_slices(&mut left, n);
+        }
+        if blocks.iter().any(|b| b.0.iter().any(|x| *x != 0)) {
             return Ok(false);
         }
     }
     Ok(true)
 }
+
+/// One block of device data, aligned as O_DIRECT requires.
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+struct AlignedBlock([u8; BLOCK]);
+
+const BLOCK: usize = 4096;
 
 /// The by-id names a Cinder volume gets, in the order upstream tries them:
 /// virtio (serial truncated to 20 characters, then whole), QEMU SCSI, and
@@ -151,8 +197,8 @@ impl BlockDevices for LinuxBlockDevices {
     }
 
     fn probe(&self, device: &Path) -> Result<DeviceContent> {
-        // A fresh volume reads as zeros. Every signature blkid knows lies in
-        // the first or the last MiB of a device (superblocks, labels,
+        // A fresh volume reads as zeros. Every signature blkid knows lies
+        // near the start or the end of a device (superblocks, labels,
         // partition tables and their backups, RAID and ZFS labels), so zeros
         // there mean nothing to find; anything else is left to blkid.
         if edges_are_zero(device)? {
@@ -270,6 +316,15 @@ mod tests {
         f.seek(SeekFrom::Start((8 << 20) - 1)).unwrap();
         f.write_all(&[1]).unwrap();
         assert!(!edges_are_zero(&img).unwrap());
+        // ZFS's third label starts 512 KiB before the end
+        let zfs = dir.path().join("zfs");
+        let g = std::fs::File::create(&zfs).unwrap();
+        g.set_len(8 << 20).unwrap();
+        let mut g = std::fs::OpenOptions::new().write(true).open(&zfs).unwrap();
+        g.seek(SeekFrom::Start((8 << 20) - (512 << 10) + (16 << 10)))
+            .unwrap();
+        g.write_all(&[1]).unwrap();
+        assert!(!edges_are_zero(&zfs).unwrap());
         // a tiny device is read whole
         let small = dir.path().join("small");
         std::fs::write(&small, [0u8, 0, 7]).unwrap();
