@@ -190,6 +190,83 @@ fn run(cmd: &str, args: &[&str]) {
     );
 }
 
+/// Walks ListVolumes as the external-attacher does on every resync (its
+/// page: `max_entries` 0, the driver's; following `next_token`), over
+/// `n` volumes all published to one node. Returns the time per page and
+/// for the walk.
+async fn walk_volumes(ch: &Channel, n: usize) -> (Vec<Duration>, Duration) {
+    let mut c = ControllerClient::new(ch.clone());
+    let mut token = String::new();
+    let mut pages = Vec::new();
+    let mut seen = 0;
+    let started = Instant::now();
+    loop {
+        let t = Instant::now();
+        let r = c
+            .list_volumes(csi::ListVolumesRequest {
+                max_entries: 0,
+                starting_token: token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        pages.push(t.elapsed());
+        seen += r.entries.len();
+        assert!(
+            r.entries.iter().all(|e| e
+                .status
+                .as_ref()
+                .is_some_and(|s| !s.published_node_ids.is_empty())),
+            "published nodes missing"
+        );
+        if r.next_token.is_empty() {
+            break;
+        }
+        token = r.next_token;
+    }
+    assert_eq!(seen, n, "the walk saw every volume once");
+    (pages, started.elapsed())
+}
+
+async fn list_scale() {
+    let (h, ch) = start(&["--provide-node-service=false"], false).await;
+    let pid = h.plugin_pid().unwrap();
+    let ctl = h.emulator.control();
+    ctl.add_fault(FaultRule::new(
+        Some("GET"),
+        "/volumes",
+        FaultAction::Delay { millis: LATENCY_MS },
+    ));
+    let mut figures = Vec::new();
+    let mut total = 0;
+    for n in [1_000usize, 10_000, 20_000] {
+        ctl.seed_volumes("admin", n - total, Some(&h.node_id))
+            .unwrap();
+        total = n;
+        let (mut pages, walk) = walk_volumes(&ch, n).await;
+        let count = pages.len();
+        pages.sort();
+        figures.push((
+            n,
+            count,
+            pct(&pages, 0.5),
+            pages[count - 1],
+            walk,
+            vm_hwm_kib(pid),
+        ));
+    }
+    ctl.clear_faults();
+    for (n, count, p50, max, walk, kib) in figures {
+        println!(
+            "5. ListVolumes walk over {n} volumes published to a node, {LATENCY_MS} ms per Cinder call: {count} pages of <= 500, page p50 {:.0} ms max {:.0} ms, whole walk {:.2} s; controller peak RSS after it {:.1} MiB",
+            p50.as_secs_f64() * 1000.0,
+            max.as_secs_f64() * 1000.0,
+            walk.as_secs_f64(),
+            kib as f64 / 1024.0
+        );
+    }
+}
+
 /// Stagings measured (and as many baselines, interleaved).
 const RUNS: usize = 15;
 
@@ -295,10 +372,11 @@ async fn main() {
         println!("needs root (the emulator's hypervisor uses loop devices)");
         return;
     }
-    // BENCH_ONLY=3: just the staging figure (e.g. under strace)
-    if std::env::var("BENCH_ONLY").as_deref() == Ok("3") {
-        stage_vs_mkfs().await;
-        return;
+    // BENCH_ONLY=3 or 5: just that figure (e.g. under strace)
+    match std::env::var("BENCH_ONLY").as_deref() {
+        Ok("3") => return stage_vs_mkfs().await,
+        Ok("5") => return list_scale().await,
+        _ => {}
     }
     let (controller, ch) = start(&["--provide-node-service=false"], false).await;
     provision_and_publish(&controller, &ch).await;
@@ -317,5 +395,6 @@ async fn main() {
         node_kib as f64 / 1024.0,
         controller_kib as f64 / 1024.0
     );
+    list_scale().await;
     let _ = HashMap::<String, String>::new();
 }

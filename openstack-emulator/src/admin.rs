@@ -169,6 +169,71 @@ impl Control {
     pub fn fail_next_share_creates(&self, n: u32) {
         self.state.world().failing_share_creates = n;
     }
+    /// Puts `count` 1 GiB volumes of the default type straight into
+    /// `project` (no API calls: for scale figures), `available`, or `in-use`
+    /// by `attached_to` when given (Nova's record of the attachments is not
+    /// made). Returns their ids.
+    pub fn seed_volumes(
+        &self,
+        project: &str,
+        count: usize,
+        attached_to: Option<&str>,
+    ) -> Option<Vec<String>> {
+        let mut w = self.state.world();
+        let pid = w
+            .projects
+            .iter()
+            .find(|p| p.name == project || p.id == project)?
+            .id
+            .clone();
+        let zone = self
+            .state
+            .availability_zones
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "nova".into());
+        let mut ids = Vec::with_capacity(count);
+        for i in 0..count {
+            let seq = w.next_seq();
+            let id = crate::state::new_id();
+            let attachments = attached_to
+                .map(|server| {
+                    vec![crate::state::AttachmentRec {
+                        attachment_id: crate::state::new_id(),
+                        server_id: server.to_string(),
+                        device: "/dev/vdb".into(),
+                    }]
+                })
+                .unwrap_or_default();
+            let v = crate::state::VolumeRec {
+                seq,
+                id: id.clone(),
+                project_id: pid.clone(),
+                name: format!("seeded-{i}"),
+                description: None,
+                status: if attachments.is_empty() {
+                    "available".into()
+                } else {
+                    "in-use".into()
+                },
+                size: 1,
+                volume_type: "__DEFAULT__".into(),
+                availability_zone: zone.clone(),
+                multiattach: false,
+                bootable: false,
+                attachments,
+                metadata: Default::default(),
+                snapshot_id: None,
+                source_volid: None,
+                group_id: None,
+                created_at: crate::state::now_iso(),
+                generation: 0,
+            };
+            w.volumes.insert(id.clone(), v);
+            ids.push(id);
+        }
+        Some(ids)
+    }
     /// Nova's `[compute] max_disk_devices_to_attach` (root disk included;
     /// -1: unlimited).
     pub fn set_max_disk_devices(&self, max: i64) {

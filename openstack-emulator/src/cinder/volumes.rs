@@ -227,10 +227,13 @@ pub(super) async fn list_volumes(
         .filter(|v| v.project_id == ctx.project_id)
         .filter(|v| q.get("name").is_none_or(|n| &v.name == n))
         .filter(|v| q.get("status").is_none_or(|s| &v.status == s))
-        .map(|v| (v.seq, v.id.clone(), volume_json(v)))
+        .map(|v| (v.seq, v.id.clone(), v))
         .collect();
     let limit = parse_limit(&q)?;
+    // a page is rendered, not the whole project (as a database query with
+    // a limit)
     let (page, next) = paginate(items, limit, q.get("marker").map(String::as_str))?;
+    let page: Vec<Value> = page.into_iter().map(volume_json).collect();
     let mut body = json!({ "volumes": page });
     if let Some(m) = next {
         body["volumes_links"] =
