@@ -40,6 +40,8 @@ phase "KMS plugin against real Keystone + Barbican" bash -o pipefail -c \
   'OPENSTACK_TEST_BACKEND=real cargo test --locked -p kms-barbican --test plugin 2>&1 | tee -a "$0"' "$log"
 phase "Cinder CSI conformance (real OpenStack)" bash -o pipefail -c \
   'OPENSTACK_TEST_BACKEND=real cargo test --locked -p csi-sanity --test drivers cinder_conforms_on_the_real_cloud -- --nocapture 2>&1 | tee -a "$0"' "$log"
+phase "Cinder credentials rotated under a running controller (real Keystone)" bash -o pipefail -c \
+  'OPENSTACK_TEST_BACKEND=real cargo test --locked -p csi-sanity --test drivers cinder_credentials_rotate_on_the_real_cloud -- --ignored --nocapture 2>&1 | tee -a "$0"' "$log"
 phase "Manila CSI on real Manila + Ceph (ceph-fuse)" bash -o pipefail -c \
   'OPENSTACK_TEST_BACKEND=real cargo test --locked -p csi-manila --test real_cloud -- --ignored 2>&1 | tee -a "$0"' "$log"
 phase "Manila CSI conformance (real Manila + Ceph)" bash -o pipefail -c \

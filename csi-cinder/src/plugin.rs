@@ -59,6 +59,12 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
             });
             sessions.push((name.clone(), session));
         }
+        csi_common::plugin::reload_credentials_on_change(
+            &conf,
+            &opts.cloud_config,
+            sessions.clone(),
+            &server.registry(),
+        );
         let r = Readiness::default();
         r.watch_clouds(sessions);
         parts.push(r);

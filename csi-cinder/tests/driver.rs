@@ -1238,6 +1238,87 @@ async fn json_logs_have_unique_keys_and_name_what_each_call_works_on() {
     );
 }
 
+#[tokio::test]
+async fn rotated_credentials_apply_without_a_restart() {
+    if !root() {
+        return;
+    }
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("plugin.log");
+    let mut o = HarnessOptions::new(BIN);
+    o.log_file = Some(log.clone());
+    let h = CinderOnEmulator::start(o).await.unwrap();
+    csi_sanity::harness::wait_until_ready(&h.socket)
+        .await
+        .unwrap();
+    let pid = h.plugin_pid().unwrap();
+    let mut c = ControllerClient::new(plugin_runtime::connect_unix(&h.socket).await.unwrap());
+    let create = |name: &str| create_req(name, mount_cap("ext4", Mode::SingleNodeWriter), 1);
+    c.create_volume(create("before")).await.unwrap();
+
+    // the password changes in Keystone (its tokens are revoked): the old
+    // credentials stop working
+    let ctl = h.emulator.control();
+    assert!(ctl.set_password("admin", "rotated-secret"));
+    let err = c.create_volume(create("stale")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{}", err.message());
+    // kubelet updates the mounted Secret: the next calls use it
+    let conf = std::fs::read_to_string(&h.cloud_conf).unwrap();
+    h.update_cloud_conf(&conf.replace("admin-secret", "rotated-secret"))
+        .unwrap();
+    let mut ok = None;
+    for _ in 0..100 {
+        match c.create_volume(create("after")).await {
+            Ok(r) => {
+                ok = Some(r);
+                break;
+            }
+            Err(e) => assert_eq!(e.code(), Code::Unauthenticated, "{}", e.message()),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ok.is_some(), "the new credentials were never used");
+
+    // a broken update keeps the running credentials
+    h.update_cloud_conf("[Global]\nauth-url = \"not a url")
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    c.create_volume(create("still")).await.unwrap();
+    // SIGHUP with the same broken file: nothing new to say
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.create_volume(create("still-2")).await.unwrap();
+    drop(c);
+    drop(h);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains('\u{1b}'),
+        "colour codes in a log file: {text}"
+    );
+    assert_eq!(
+        text.matches("configuration reloaded").count(),
+        1,
+        "one reload applied: {text}"
+    );
+    assert_eq!(
+        text.matches("configuration not reloaded").count(),
+        1,
+        "one failure, said once: {text}"
+    );
+    assert!(
+        text.contains("Keystone accepts the new credentials"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("rotated-secret"),
+        "a password reached the log"
+    );
+}
+
 // ----------------------------------------------------------------- faults
 
 /// Retries like the external-provisioner/attacher: until success or a

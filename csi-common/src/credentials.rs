@@ -232,10 +232,7 @@ mod tests {
         let (a, sa) = c.client_for(&secrets("one")).unwrap();
         let (b, sb) = c.client_for(&secrets("one")).unwrap();
         assert_eq!(sa, sb);
-        assert!(
-            std::ptr::eq(a.config(), b.config()),
-            "the same session is reused"
-        );
+        assert!(a.same(&b), "the same session is reused");
         let (_, sc) = c.client_for(&secrets("two")).unwrap();
         assert_ne!(sa, sc, "a changed password is a new session");
         c.client_for(&secrets("three")).unwrap();

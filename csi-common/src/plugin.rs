@@ -79,3 +79,58 @@ pub fn load_cloud_conf(
     }
     Ok(conf)
 }
+
+/// Credentials rotated without a restart: when the cloud.conf files (or
+/// the clouds.yaml they name) change, or on SIGHUP, the controller's
+/// sessions get the new credentials; calls under way finish on the old
+/// ones. A file that cannot be read or parsed keeps the running sessions
+/// and says why (log, `config_reload_failing`). Keystone is asked at once
+/// whether it takes the new credentials, and the answer is logged.
+pub fn reload_credentials_on_change(
+    conf: &openstack_client::config::CloudConf,
+    paths: &[std::path::PathBuf],
+    sessions: Vec<(String, openstack_client::Session)>,
+    registry: &std::sync::Mutex<prometheus_client::registry::Registry>,
+) {
+    use plugin_runtime::config_watch::ConfigWatch;
+    use plugin_runtime::reload::{ReloadMetrics, spawn_reloader};
+    let metrics = ReloadMetrics::default();
+    metrics.register(&mut registry.lock().unwrap_or_else(|p| p.into_inner()));
+    let reload = openstack_client::reload::SessionReload::new(paths.to_vec(), sessions.clone());
+    spawn_reloader(ConfigWatch::new(conf.watched_files()), metrics, move |_| {
+        let done = reload.reload().map_err(|e| e.to_string())?;
+        for w in &done.conf.warnings {
+            tracing::warn!(warning = %w, "cloud.conf");
+        }
+        if done.changed.is_empty() {
+            return Ok(None);
+        }
+        for (name, session) in &sessions {
+            if done.changed.contains(name) {
+                let (name, session) = (name.clone(), session.clone());
+                tokio::spawn(async move {
+                    match session.authenticate().await {
+                        Ok(()) => {
+                            tracing::info!(cloud = %name, "Keystone accepts the new credentials")
+                        }
+                        Err(e) => {
+                            tracing::error!(cloud = %name, error = %e, "Keystone refuses the new credentials; calls will fail until the configuration is fixed")
+                        }
+                    }
+                });
+            }
+        }
+        let names: Vec<String> = done
+            .changed
+            .iter()
+            .map(|n| {
+                if n.is_empty() {
+                    "[Global]".to_string()
+                } else {
+                    format!("[Global {n:?}]")
+                }
+            })
+            .collect();
+        Ok(Some(format!("new credentials for {}", names.join(", "))))
+    });
+}

@@ -147,7 +147,7 @@ impl Readiness {
             let s = Readiness::all(&parts);
             Box::pin(async move {
                 match s {
-                    State::Ready | State::Starting => Ok(()),
+                    State::Ready | State::Starting => Ok(None),
                     State::Failing(reason) => Err(reason),
                 }
             })

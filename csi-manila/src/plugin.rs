@@ -58,6 +58,14 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     }
     let sessions: Vec<(String, Session)> =
         own.iter().map(|(n, s)| (n.clone(), s.clone())).collect();
+    if !sessions.is_empty() {
+        csi_common::plugin::reload_credentials_on_change(
+            &conf,
+            &opts.cloud_config,
+            sessions.clone(),
+            &server.registry(),
+        );
+    }
     let credentials = Arc::new(Credentials::new(
         own,
         session_options,

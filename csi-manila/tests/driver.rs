@@ -1288,3 +1288,37 @@ async fn topology_follows_the_node_and_auto_topology() {
         Some("zone-b")
     );
 }
+
+#[tokio::test]
+async fn rotated_credentials_apply_without_a_restart() {
+    if !root() {
+        return;
+    }
+    let mut e = env("NFS").await;
+    let list = || csi::ListVolumesRequest::default();
+    // calls without secrets use the plugin's own credentials
+    e.c.list_volumes(list()).await.unwrap();
+    let ctl = e.h.emulator.control();
+    assert!(ctl.set_password("demo", "rotated-secret"));
+    let err = e.c.list_volumes(list()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{}", err.message());
+    // the file edited in place (no symlink): picked up without a restart
+    let text = std::fs::read_to_string(&e.h.cloud_conf).unwrap();
+    std::fs::write(
+        &e.h.cloud_conf,
+        text.replace("demo-secret", "rotated-secret"),
+    )
+    .unwrap();
+    let mut done = false;
+    for _ in 0..100 {
+        match e.c.list_volumes(list()).await {
+            Ok(_) => {
+                done = true;
+                break;
+            }
+            Err(s) => assert_eq!(s.code(), Code::Unauthenticated, "{}", s.message()),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(done, "the new password was never used");
+}

@@ -50,6 +50,19 @@ struct State {
     last_refresh: Option<Instant>,
     last_error: Option<String>,
     refresh_failures: u64,
+    /// A rotation the operator asked for that has not applied yet.
+    pending: Option<PendingRotation>,
+}
+
+/// A key id the configuration names that is not the current key yet
+/// (Barbican was unreachable, or refused it): remembered and retried until
+/// it applies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingRotation {
+    pub secret: String,
+    pub since: Instant,
+    pub attempts: u32,
+    pub last_error: Option<String>,
 }
 
 /// What Status reports.
@@ -59,6 +72,8 @@ pub struct Health {
     pub key_id: String,
     /// `None` when healthy, else why not.
     pub problem: Option<String>,
+    /// Healthy, but an operator should know (a rotation not applied yet).
+    pub note: Option<String>,
 }
 
 pub struct KeyRing<S> {
@@ -87,6 +102,7 @@ impl<S: KeyStore> KeyRing<S> {
                 last_refresh: None,
                 last_error: None,
                 refresh_failures: 0,
+                pending: None,
             }),
             max_staleness,
             fetch_lock: Mutex::new(()),
@@ -154,7 +170,57 @@ impl<S: KeyStore> KeyRing<S> {
         st.current = Some(kek);
         st.last_refresh = Some(Instant::now());
         st.last_error = None;
+        if st.pending.as_ref().is_some_and(|p| p.secret == secret) {
+            st.pending = None;
+        }
         Ok(())
+    }
+
+    /// The configuration names `secret` as the key: a rotation to it is
+    /// pending until [`KeyRing::rotate_pending`] applies it (asking for the
+    /// current key cancels a pending rotation). Returns whether this is a
+    /// new request.
+    pub fn want(&self, secret: &str) -> bool {
+        let mut st = self.write();
+        if st.current_secret == secret {
+            return st.pending.take().is_some();
+        }
+        if st.pending.as_ref().is_some_and(|p| p.secret == secret) {
+            return false;
+        }
+        st.pending = Some(PendingRotation {
+            secret: secret.to_string(),
+            since: Instant::now(),
+            attempts: 0,
+            last_error: None,
+        });
+        true
+    }
+
+    /// The Barbican secret of the current key.
+    pub fn current_secret(&self) -> String {
+        self.read().current_secret.clone()
+    }
+
+    pub fn pending(&self) -> Option<PendingRotation> {
+        self.read().pending.clone()
+    }
+
+    /// One attempt at the pending rotation, if any: `None` when nothing is
+    /// pending.
+    pub async fn rotate_pending(&self) -> Option<Result<String, KeyRingError>> {
+        let secret = self.read().pending.as_ref()?.secret.clone();
+        Some(match self.rotate_to(&secret).await {
+            Ok(()) => Ok(secret),
+            Err(e) => {
+                let mut st = self.write();
+                if let Some(p) = st.pending.as_mut().filter(|p| p.secret == secret) {
+                    p.attempts += 1;
+                    p.last_error = Some(e.to_string());
+                }
+                Err(e)
+            }
+        })
     }
 
     /// Loads an older key so that Decrypt finds it without a round trip.
@@ -187,6 +253,7 @@ impl<S: KeyStore> KeyRing<S> {
             return Health {
                 key_id: st.current_secret.clone(),
                 problem: Some(format!("no key-encryption key: {why}")),
+                note: None,
             };
         };
         let key_id = kek.key_id().to_string();
@@ -199,6 +266,7 @@ impl<S: KeyStore> KeyRing<S> {
             return Health {
                 key_id,
                 problem: Some("the encrypt/decrypt self-test failed".into()),
+                note: None,
             };
         }
         let age = st
@@ -214,11 +282,40 @@ impl<S: KeyStore> KeyRing<S> {
                     age.as_secs(),
                     self.max_staleness.as_secs()
                 )),
+                note: None,
+            };
+        }
+        // a rotation that has not applied: the current key still works, so
+        // healthy, until it has waited as long as an outage may last
+        if let Some(p) = &st.pending {
+            let waited = p.since.elapsed();
+            let what = format!(
+                "rotation to Barbican secret {} requested {}s ago has not applied ({} attempts{})",
+                p.secret,
+                waited.as_secs(),
+                p.attempts,
+                p.last_error
+                    .as_deref()
+                    .map(|e| format!(", last: {e}"))
+                    .unwrap_or_default()
+            );
+            if waited > self.max_staleness {
+                return Health {
+                    key_id,
+                    problem: Some(format!("{what}; allowed {}s", self.max_staleness.as_secs())),
+                    note: None,
+                };
+            }
+            return Health {
+                key_id,
+                problem: None,
+                note: Some(format!("{what}; encrypting with the current key meanwhile")),
             };
         }
         Health {
             key_id,
             problem: None,
+            note: None,
         }
     }
 

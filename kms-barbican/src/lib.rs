@@ -6,4 +6,5 @@ pub mod envelope;
 pub mod keyring;
 pub mod keystore;
 pub mod options;
+pub mod plugin;
 pub mod service;

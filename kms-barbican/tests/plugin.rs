@@ -672,3 +672,267 @@ async fn encrypt(
     .unwrap()
     .into_inner()
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The value of a metric line starting with `prefix`.
+fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Fault injection: the emulator's Barbican, whatever the backend chosen.
+async fn emulated() -> (Emulator, Cloud) {
+    let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    let conf_text = emu.cloud_conf();
+    let conf = CloudConf::from_texts(
+        &[(PathBuf::from("c"), conf_text.clone())],
+        ConfigEnv::default(),
+    )
+    .unwrap();
+    let barbican =
+        KeyManager::new(Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap());
+    (
+        emu,
+        Cloud {
+            emu: None,
+            conf_text,
+            barbican,
+        },
+    )
+}
+
+#[tokio::test]
+async fn a_rotation_asked_for_during_a_barbican_outage_applies_when_it_ends() {
+    let (emu, cloud) = emulated().await;
+    let (first, dir, conf) = cloud.configured(&[1u8; 32]).await;
+    let second = cloud.secret(&[2u8; 32]).await;
+    let port = free_port();
+    let http = format!("127.0.0.1:{port}");
+    let plugin = Plugin::start(
+        dir.path(),
+        &conf,
+        &["--max-staleness", "6s", "--http-endpoint", &http],
+    );
+    let mut c = plugin.client().await;
+    let old_id = wait_healthy(&mut c).await;
+
+    // Barbican answers 503 for a while; meanwhile the operator rotates:
+    // the file changes, then SIGHUP
+    emu.control().add_fault(FaultRule::new(
+        None,
+        "/key-manager",
+        FaultAction::Status {
+            status: 503,
+            message: None,
+            retry_after: None,
+        },
+    ));
+    cloud.write_conf(&conf, &second);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    plugin.sighup();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // the current key still works: healthy, old key; but the rotation is
+    // pending, and says so
+    let s = c.status(StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(
+        (s.healthz.as_str(), s.key_id.as_str()),
+        ("ok", old_id.as_str())
+    );
+    let (code, body) = http_get(port, "/healthz").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.starts_with("ok: rotation to Barbican secret") && body.contains(&second),
+        "{body}"
+    );
+    let (_, m) = http_get(port, "/metrics").await;
+    assert!(
+        metric(&m, "kms_key_rotation_pending_seconds").is_some_and(|v| v > 1.0),
+        "{m}\n{}",
+        std::fs::read_to_string(&plugin.log).unwrap_or_default()
+    );
+    assert!(
+        m.contains(&format!(
+            "kms_key_info{{current_secret=\"{first}\",wanted_secret=\"{second}\"}} 1"
+        )),
+        "{m}"
+    );
+    assert!(encrypt(&mut c, seed(4), "during").await.key_id == old_id);
+
+    // Barbican is back: the rotation applies within a refresh interval
+    emu.control().clear_faults();
+    wait_status(&mut c, "the pending rotation", |h, k| {
+        h == "ok" && k.starts_with(&second)
+    })
+    .await;
+    assert!(
+        encrypt(&mut c, seed(5), "after")
+            .await
+            .key_id
+            .starts_with(&second)
+    );
+    // the gauges follow within their update tick
+    let mut m = String::new();
+    for _ in 0..40 {
+        m = http_get(port, "/metrics").await.1;
+        if metric(&m, "kms_key_rotation_pending_seconds") == Some(0.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        metric(&m, "kms_key_rotation_pending_seconds"),
+        Some(0.0),
+        "{m}"
+    );
+    let failures = metric(&m, "kms_key_rotation_failures_total").unwrap();
+    assert!(failures >= 1.0, "{m}");
+    let (_, body) = http_get(port, "/healthz").await;
+    assert_eq!(body.trim(), "ok");
+    // one line per failed attempt, and the change (file, then SIGHUP)
+    // applied once
+    let log = std::fs::read_to_string(&plugin.log).unwrap();
+    assert_eq!(
+        log.matches("cannot rotate to the new key yet").count() as f64,
+        failures,
+        "{log}"
+    );
+    assert_eq!(log.matches("configuration reloaded").count(), 1, "{log}");
+    assert!(!log.contains('\u{1b}'), "colour codes in a log file");
+}
+
+#[tokio::test]
+async fn a_rotation_that_never_applies_degrades_after_the_allowed_staleness() {
+    let (emu, cloud) = emulated().await;
+    let (_first, dir, conf) = cloud.configured(&[1u8; 32]).await;
+    let plugin = Plugin::start(dir.path(), &conf, &["--max-staleness", "2s"]);
+    let mut c = plugin.client().await;
+    wait_healthy(&mut c).await;
+    // a key id Barbican does not have
+    cloud.write_conf(&conf, "00000000-0000-4000-8000-00000000dead");
+    plugin.sighup();
+    wait_status(&mut c, "unhealthy after the allowed staleness", |h, _| {
+        h.contains("has not applied")
+    })
+    .await;
+    // naming the current key again cancels it
+    let back = cloud.secret(&[9u8; 32]).await;
+    cloud.write_conf(&conf, &back);
+    plugin.sighup();
+    wait_status(&mut c, "the new key", |h, k| {
+        h == "ok" && k.starts_with(&back)
+    })
+    .await;
+    drop(emu);
+}
+
+#[tokio::test]
+async fn rotated_barbican_credentials_apply_without_a_restart() {
+    let (emu, cloud) = emulated().await;
+    let (_first, dir, conf) = cloud.configured(&[1u8; 32]).await;
+    let plugin = Plugin::start(dir.path(), &conf, &[]);
+    let mut c = plugin.client().await;
+    wait_healthy(&mut c).await;
+    let third = cloud.secret(&[3u8; 32]).await;
+    // the password changes in Keystone; the plugin's file follows
+    assert!(emu.control().set_password("admin", "rotated-secret"));
+    let rotated = cloud.conf_text.replace("admin-secret", "rotated-secret");
+    std::fs::write(
+        &conf,
+        format!("{rotated}\n[KeyManager]\nkey-id = {third}\n"),
+    )
+    .unwrap();
+    // the new key is fetched with the new credentials, no restart
+    wait_status(&mut c, "rotation with the new credentials", |h, k| {
+        h == "ok" && k.starts_with(&third)
+    })
+    .await;
+    let log = std::fs::read_to_string(&plugin.log).unwrap();
+    assert!(log.contains("new Barbican credentials"), "{log}");
+    assert!(
+        !log.contains("rotated-secret"),
+        "a password reached the log"
+    );
+}
+
+/// A cloud.conf authenticating with an application credential.
+fn app_cred_conf(
+    admin: &Session,
+    cred: &openstack_client::identity::ApplicationCredential,
+    key_id: &str,
+) -> String {
+    let cfg = admin.config();
+    format!(
+        "[Global]\nauth-url = \"{}\"\napplication-credential-id = \"{}\"\napplication-credential-secret = \"{}\"\n{}\n[KeyManager]\nkey-id = {key_id}\n",
+        cfg.auth_url,
+        cred.id,
+        cred.secret.expose(),
+        cfg.region
+            .as_deref()
+            .map(|r| format!("region = \"{r}\""))
+            .unwrap_or_default()
+    )
+}
+
+/// On the emulator and on the real test cloud: an operator rotates the
+/// plugin's application credential (a new one in the Secret, the old one
+/// deleted); the plugin keeps working without a restart.
+#[tokio::test]
+async fn a_rotated_application_credential_applies_without_a_restart() {
+    let cloud = Cloud::start().await;
+    let conf = CloudConf::from_texts(
+        &[(PathBuf::from("c"), cloud.conf_text.clone())],
+        ConfigEnv::default(),
+    )
+    .unwrap();
+    let admin = Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap();
+    let identity = openstack_client::identity::Identity::new(admin.clone());
+    let first_cred = identity
+        .create_application_credential(&format!("kms-test-{}", std::process::id()))
+        .await
+        .unwrap();
+    let first = cloud.secret(&[5u8; 32]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cloud.conf");
+    std::fs::write(&path, app_cred_conf(&admin, &first_cred, &first)).unwrap();
+    let plugin = Plugin::start(dir.path(), &path, &[]);
+    let mut c = plugin.client().await;
+    assert!(wait_healthy(&mut c).await.starts_with(&first));
+
+    // the new credential and a new key in the Secret; the old credential
+    // deleted (its tokens revoked)
+    let second_cred = identity
+        .create_application_credential(&format!("kms-test-{}-2", std::process::id()))
+        .await
+        .unwrap();
+    let second = cloud.secret(&[6u8; 32]).await;
+    std::fs::write(&path, app_cred_conf(&admin, &second_cred, &second)).unwrap();
+    identity
+        .delete_application_credential(&first_cred.id)
+        .await
+        .unwrap();
+    // the new key can only have been fetched with the new credential
+    wait_status(&mut c, "rotation with the new credential", |h, k| {
+        h == "ok" && k.starts_with(&second)
+    })
+    .await;
+    let log = std::fs::read_to_string(&plugin.log).unwrap();
+    assert!(log.contains("new Barbican credentials"), "{log}");
+    assert!(
+        !log.contains(second_cred.secret.expose()),
+        "a credential secret reached the log"
+    );
+    drop(plugin);
+    identity
+        .delete_application_credential(&second_cred.id)
+        .await
+        .unwrap();
+}

@@ -115,10 +115,19 @@ struct Inner {
     auths: std::sync::atomic::AtomicU64,
 }
 
-/// Cheap to clone; clones share the token.
+/// One set of credentials and its HTTP client and token.
+#[derive(Debug, Clone)]
+struct Connection {
+    inner: Arc<Inner>,
+}
+
+/// Cheap to clone; clones share the connection (HTTP client, token) and
+/// see [`Session::reconfigure`] together: a request runs on the connection
+/// current when it starts, so in-flight calls finish on the old
+/// credentials while new calls use the new ones.
 #[derive(Debug, Clone)]
 pub struct Session {
-    inner: Arc<Inner>,
+    current: Arc<std::sync::RwLock<Connection>>,
 }
 
 /// What a service client sends.
@@ -233,6 +242,82 @@ impl Session {
     /// until the first call; [`Session::authenticate`] checks credentials
     /// eagerly.
     pub fn new(config: CloudConfig, options: SessionOptions) -> Result<Self> {
+        Ok(Self {
+            current: Arc::new(std::sync::RwLock::new(Connection::new(config, options)?)),
+        })
+    }
+
+    fn connection(&self) -> Connection {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces the credentials (and endpoints, TLS) of this session and
+    /// every clone of it; the options (metrics, retries) stay. Calls under
+    /// way finish on the old connection. A config that cannot make a
+    /// client (TLS) is refused and the session keeps the old one. Returns
+    /// whether anything changed.
+    pub fn reconfigure(&self, config: CloudConfig) -> Result<bool> {
+        let old = self.connection();
+        if old.inner.config == config {
+            return Ok(false);
+        }
+        let new = Connection::new(config, old.inner.options.clone())?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = new;
+        Ok(true)
+    }
+
+    /// Whether `other` is this session or a clone of it.
+    pub fn same(&self, other: &Session) -> bool {
+        Arc::ptr_eq(&self.current, &other.current)
+    }
+
+    pub fn config(&self) -> CloudConfig {
+        self.connection().inner.config.clone()
+    }
+
+    pub fn options(&self) -> SessionOptions {
+        self.connection().inner.options.clone()
+    }
+
+    /// How many times the current connection has authenticated (tests and
+    /// metrics).
+    pub fn authentications(&self) -> u64 {
+        self.connection().authentications()
+    }
+
+    /// Obtains a token now, so that bad credentials or an unreachable
+    /// Keystone surface at start-up.
+    pub async fn authenticate(&self) -> Result<()> {
+        self.connection().token(None).await.map(|_| ())
+    }
+
+    pub async fn project_id(&self) -> Result<Option<String>> {
+        Ok(self.connection().token(None).await?.project_id.clone())
+    }
+
+    pub async fn user_id(&self) -> Result<Option<String>> {
+        Ok(self.connection().token(None).await?.user_id.clone())
+    }
+
+    /// The versioned endpoint of a service, from the override or the
+    /// catalog.
+    pub async fn endpoint(&self, service: ServiceType) -> Result<Url> {
+        let c = self.connection();
+        let token = c.token(None).await?;
+        c.endpoint_from(&token, service)
+    }
+
+    /// Sends `req` on the current connection.
+    pub(crate) async fn send(&self, req: ApiRequest) -> Result<ApiResponse> {
+        self.connection().send(req).await
+    }
+}
+
+impl Connection {
+    fn new(config: CloudConfig, options: SessionOptions) -> Result<Self> {
         let tls = build_tls(&config.tls)?;
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
@@ -252,38 +337,8 @@ impl Session {
         })
     }
 
-    pub fn config(&self) -> &CloudConfig {
-        &self.inner.config
-    }
-
-    pub fn options(&self) -> &SessionOptions {
-        &self.inner.options
-    }
-
-    /// How many times this session has authenticated (tests and metrics).
-    pub fn authentications(&self) -> u64 {
+    fn authentications(&self) -> u64 {
         self.inner.auths.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Obtains a token now, so that bad credentials or an unreachable
-    /// Keystone surface at start-up.
-    pub async fn authenticate(&self) -> Result<()> {
-        self.token(None).await.map(|_| ())
-    }
-
-    pub async fn project_id(&self) -> Result<Option<String>> {
-        Ok(self.token(None).await?.project_id.clone())
-    }
-
-    pub async fn user_id(&self) -> Result<Option<String>> {
-        Ok(self.token(None).await?.user_id.clone())
-    }
-
-    /// The versioned endpoint of a service, from the override or the
-    /// catalog.
-    pub async fn endpoint(&self, service: ServiceType) -> Result<Url> {
-        let token = self.token(None).await?;
-        self.endpoint_from(&token, service)
     }
 
     fn endpoint_from(&self, token: &Token, service: ServiceType) -> Result<Url> {
@@ -473,7 +528,7 @@ impl Session {
     /// requests retry transient failures with jittered exponential backoff
     /// until the deadline; a POST is never retried after it may have
     /// reached the service.
-    pub(crate) async fn send(&self, req: ApiRequest) -> Result<ApiResponse> {
+    async fn send(&self, req: ApiRequest) -> Result<ApiResponse> {
         let started = Instant::now();
         let deadline = req
             .deadline
@@ -553,12 +608,14 @@ impl Session {
                 Ok((status, headers, body)) => {
                     self.observe(req.service, req.operation, Some(status), elapsed);
                     let rid = request_id(&headers);
-                    let span = tracing::Span::current();
-                    span.record("status", status);
-                    if let Some(r) = &rid {
-                        span.record("request_id", r.as_str());
-                    }
                     if status < 400 {
+                        // recorded once, for the answer that counts (a
+                        // field recorded again would repeat in JSON logs)
+                        let span = tracing::Span::current();
+                        span.record("status", status);
+                        if let Some(r) = &rid {
+                            span.record("request_id", r.as_str());
+                        }
                         return Ok(ApiResponse {
                             body,
                             operation: req.operation,

@@ -160,6 +160,44 @@ impl Control {
             t.expires = now;
         }
     }
+    /// A user's new password; the user's tokens are revoked, as Keystone
+    /// does on a password change. Returns whether the user exists.
+    pub fn set_password(&self, user: &str, password: &str) -> bool {
+        let mut w = self.state.world();
+        let Some(u) = w.users.iter_mut().find(|u| u.name == user || u.id == user) else {
+            return false;
+        };
+        u.password = password.to_string();
+        let id = u.id.clone();
+        w.tokens.retain(|_, t| t.user_id != id);
+        true
+    }
+    /// A new application credential of `user`: `(id, secret)`.
+    pub fn create_app_credential(&self, user: &str, name: &str) -> Option<(String, String)> {
+        let mut w = self.state.world();
+        let user_id = w
+            .users
+            .iter()
+            .find(|u| u.name == user || u.id == user)?
+            .id
+            .clone();
+        let cred = crate::state::AppCred {
+            id: crate::state::new_id().replace('-', ""),
+            name: name.to_string(),
+            secret: crate::state::new_id(),
+            user_id,
+        };
+        let out = (cred.id.clone(), cred.secret.clone());
+        w.app_creds.push(cred);
+        Some(out)
+    }
+    /// Deletes an application credential and revokes the tokens issued
+    /// for it.
+    pub fn delete_app_credential(&self, id: &str) {
+        let mut w = self.state.world();
+        w.app_creds.retain(|c| c.id != id);
+        w.tokens.retain(|_, t| t.app_cred_id.as_deref() != Some(id));
+    }
     pub fn issued_tokens(&self) -> usize {
         self.state.world().tokens.len()
     }

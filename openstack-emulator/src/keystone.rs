@@ -22,6 +22,90 @@ pub fn routes() -> axum::Router<Arc<AppState>> {
         .route("/v3", get(version))
         .route("/v3/", get(version))
         .route("/v3/auth/tokens", post(issue_token).get(validate_token))
+        .route(
+            "/v3/users/{user_id}/application_credentials",
+            post(create_app_credential),
+        )
+        .route(
+            "/v3/users/{user_id}/application_credentials/{id}",
+            axum::routing::delete(delete_app_credential),
+        )
+}
+
+fn own_credentials(ctx: &Ctx, user_id: &str) -> ApiResult<()> {
+    if ctx.user_id != user_id {
+        return Err(ApiErr::forbidden(
+            Style::Keystone,
+            "You are not authorized to perform the requested action: identity:create_application_credential.",
+        ));
+    }
+    if ctx.app_cred_id.is_some() {
+        return Err(ApiErr::forbidden(
+            Style::Keystone,
+            "Using method 'application_credential' is not allowed for managing additional application credentials.",
+        ));
+    }
+    Ok(())
+}
+
+/// An application credential of the caller, for the caller's project; its
+/// secret is shown once.
+async fn create_app_credential(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    axum::extract::Path(user_id): axum::extract::Path<String>,
+    Json(body): Json<Value>,
+) -> ApiResult<(http::StatusCode, Json<Value>)> {
+    own_credentials(&ctx, &user_id)?;
+    let name = field(&body, &["application_credential", "name"])
+        .ok_or_else(|| ApiErr::bad(Style::Keystone, "'name' is a required property"))?
+        .to_string();
+    let mut w = state.world();
+    if w.app_creds
+        .iter()
+        .any(|c| c.user_id == user_id && c.name == name)
+    {
+        return Err(ApiErr::conflict(
+            Style::Keystone,
+            format!(
+                "Conflict occurred attempting to store application_credential - Duplicate entry found with name {name}."
+            ),
+        ));
+    }
+    let cred = crate::state::AppCred {
+        id: new_id().replace('-', ""),
+        name: name.clone(),
+        secret: new_id(),
+        user_id: user_id.clone(),
+    };
+    let out = json!({ "application_credential": {
+        "id": cred.id, "name": name, "secret": cred.secret, "user_id": user_id,
+        "project_id": ctx.project_id, "unrestricted": false, "expires_at": null
+    }});
+    w.app_creds.push(cred);
+    Ok((http::StatusCode::CREATED, Json(out)))
+}
+
+/// Deletes one; the tokens issued for it stop working.
+async fn delete_app_credential(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    axum::extract::Path((user_id, id)): axum::extract::Path<(String, String)>,
+) -> ApiResult<http::StatusCode> {
+    own_credentials(&ctx, &user_id)?;
+    let mut w = state.world();
+    let before = w.app_creds.len();
+    w.app_creds
+        .retain(|c| !(c.id == id && c.user_id == user_id));
+    if w.app_creds.len() == before {
+        return Err(ApiErr::not_found(
+            Style::Keystone,
+            format!("Could not find application credential: {id}."),
+        ));
+    }
+    w.tokens
+        .retain(|_, t| t.app_cred_id.as_deref() != Some(id.as_str()));
+    Ok(http::StatusCode::NO_CONTENT)
 }
 
 /// Who is calling: the validated token's user and project.
@@ -29,6 +113,10 @@ pub fn routes() -> axum::Router<Arc<AppState>> {
 pub struct Ctx {
     pub project_id: String,
     pub admin: bool,
+    pub user_id: String,
+    /// The application credential the token was issued for: such a token
+    /// may not manage application credentials (Keystone's "restricted").
+    pub app_cred_id: Option<String>,
 }
 
 impl FromRequestParts<Arc<AppState>> for Ctx {
@@ -50,6 +138,8 @@ impl FromRequestParts<Arc<AppState>> for Ctx {
         Ok(Ctx {
             project_id: info.project_id,
             admin: info.admin,
+            user_id: info.user_id,
+            app_cred_id: info.app_cred_id,
         })
     }
 }
@@ -86,6 +176,7 @@ async fn issue_token(
         .map(|a| a.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
     let mut w = state.world();
+    let mut app_cred = None;
     let user = if methods.contains(&"password") {
         let u = identity
             .pointer("/password/user")
@@ -115,6 +206,8 @@ async fn issue_token(
             }
         }
     } else if methods.contains(&"application_credential") {
+        // (the credential's id is kept with the token: deleting the
+        // credential revokes its tokens, as Keystone does)
         let ac = identity
             .get("application_credential")
             .cloned()
@@ -126,7 +219,10 @@ async fn issue_token(
             _ => None,
         };
         let cred = match found {
-            Some(c) if c.secret == secret => c.clone(),
+            Some(c) if c.secret == secret => {
+                app_cred = Some(c.id.clone());
+                c.clone()
+            }
             _ => {
                 return Err(bad_auth(
                     "The request you have made requires authentication.",
@@ -187,6 +283,7 @@ async fn issue_token(
             project_id: project.id.clone(),
             admin: user.admin,
             expires,
+            app_cred_id: app_cred,
         },
     );
     let catalog = catalog(&state, &w.catalog_types, &project.id);

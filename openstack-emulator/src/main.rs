@@ -53,9 +53,10 @@ async fn main() -> anyhow::Result<()> {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     match args.log_format.as_str() {
-        "json" => builder.json().init(),
-        "text" => builder.init(),
+        "json" => builder.with_ansi(false).json().init(),
+        "text" => builder.with_ansi(terminal).init(),
         other => anyhow::bail!("--log-format must be text or json, not {other:?}"),
     }
     let mut delays = Delays::default();

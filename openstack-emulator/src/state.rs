@@ -143,6 +143,8 @@ pub struct TokenInfo {
     pub project_id: String,
     pub admin: bool,
     pub expires: SystemTime,
+    /// The application credential the token was issued for.
+    pub app_cred_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]

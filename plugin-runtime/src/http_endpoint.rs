@@ -12,9 +12,12 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::registry::Registry;
 
-/// Says whether the plugin is healthy; `Err` carries the reason.
-pub type HealthCheck =
-    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+/// Says whether the plugin is healthy: `Ok(None)` yes; `Ok(Some(note))`
+/// yes, with something an operator should know (served as `ok: note`);
+/// `Err(reason)` no.
+pub type HealthCheck = Arc<
+    dyn Fn() -> Pin<Box<dyn Future<Output = Result<Option<String>, String>> + Send>> + Send + Sync,
+>;
 
 #[derive(Clone)]
 struct HttpState {
@@ -47,7 +50,8 @@ async fn metrics(State(s): State<HttpState>) -> impl IntoResponse {
 
 async fn healthz(State(s): State<HttpState>) -> impl IntoResponse {
     match (s.health)().await {
-        Ok(()) => (StatusCode::OK, "ok".to_string()),
+        Ok(None) => (StatusCode::OK, "ok".to_string()),
+        Ok(Some(note)) => (StatusCode::OK, format!("ok: {note}")),
         Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason),
     }
 }

@@ -1,12 +1,14 @@
 //! What every plugin binary shares: the Unix-socket endpoint, graceful
-//! shutdown, logging, a span and metrics per RPC, and the optional
-//! `/metrics` + `/healthz` HTTP endpoint.
+//! shutdown, logging, a span and metrics per RPC, the optional
+//! `/metrics` + `/healthz` HTTP endpoint, and configuration reloads.
 
+pub mod config_watch;
 pub mod csi_identity;
 pub mod endpoint;
 pub mod grpc;
 pub mod http_endpoint;
 pub mod logging;
+pub mod reload;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -73,7 +75,7 @@ impl PluginServer {
             http_endpoint: None,
             registry: Arc::new(Mutex::new(registry)),
             grpc_metrics,
-            health: Arc::new(|| Box::pin(async { Ok(()) })),
+            health: Arc::new(|| Box::pin(async { Ok(None) })),
             grace: Duration::from_secs(30),
             bound_http: None,
         }

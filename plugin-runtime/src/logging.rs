@@ -51,16 +51,20 @@ pub fn init(args: &LogArgs) -> Result<(), LogError> {
         filter: filter_text.clone(),
         message: e.to_string(),
     })?;
+    // colour only for a person at a terminal: a file, a journal or
+    // `kubectl logs` gets plain text, and JSON never carries escapes
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     let result = match args.log_format {
         LogFormat::Json => builder
+            .with_ansi(false)
             .json()
             .flatten_event(true)
             .with_current_span(true)
             .try_init(),
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder.with_ansi(terminal).try_init(),
     };
     // a second init (tests) keeps the first subscriber
     let _ = result;

@@ -72,7 +72,7 @@ async fn serves_with_mode_drains_in_flight_calls_and_removes_the_socket() {
             let ok = h.load(Ordering::SeqCst);
             Box::pin(async move {
                 if ok {
-                    Ok(())
+                    Ok(None)
                 } else {
                     Err("cloud unreachable".into())
                 }

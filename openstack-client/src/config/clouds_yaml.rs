@@ -35,6 +35,13 @@ impl CloudsYamlSearch {
         }
     }
 
+    /// Every place clouds.yaml or secure.yaml is looked for.
+    pub fn candidates_all(&self) -> Vec<PathBuf> {
+        let mut c = self.candidates("clouds.yaml", self.explicit_file.as_ref());
+        c.extend(self.candidates("secure.yaml", self.explicit_secure_file.as_ref()));
+        c
+    }
+
     fn candidates(&self, file: &str, explicit: Option<&PathBuf>) -> Vec<PathBuf> {
         let mut c: Vec<PathBuf> = explicit.into_iter().cloned().collect();
         c.extend(self.dirs.iter().map(|d| d.join(file)));

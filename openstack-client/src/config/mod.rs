@@ -231,6 +231,8 @@ impl ConfigEnv {
 pub struct CloudConf {
     document: gcfg::Document,
     env: ConfigEnv,
+    /// The INI files read, in order.
+    files: Vec<PathBuf>,
     pub block_storage: BlockStorageOptions,
     pub metadata: MetadataOptions,
     pub key_manager: KeyManagerOptions,
@@ -312,10 +314,39 @@ impl CloudConf {
         let mut conf = CloudConf {
             document,
             env,
+            files: files.iter().map(|(p, _)| p.clone()).collect(),
             ..Default::default()
         };
         conf.check_known()?;
         Ok(conf)
+    }
+
+    /// Every file the configuration comes from or may come from, for a
+    /// watcher: the INI files, and for sections with `use-clouds` the
+    /// clouds.yaml and secure.yaml candidates (one that appears later
+    /// counts as a change too).
+    pub fn watched_files(&self) -> Vec<PathBuf> {
+        let mut out = self.files.clone();
+        let uses_clouds = self.document.sections.iter().any(|s| {
+            s.name == "global"
+                && s.get("use-clouds")
+                    .is_some_and(|e| e.value.trim().eq_ignore_ascii_case("true"))
+        });
+        if uses_clouds {
+            for s in &self.document.sections {
+                if let Some(e) = s.get("clouds-file") {
+                    let p = PathBuf::from(e.value.trim());
+                    if let Some(dir) = p.parent() {
+                        out.push(dir.join("secure.yaml"));
+                    }
+                    out.push(p);
+                }
+            }
+            out.extend(self.env.clouds_yaml.candidates_all());
+        }
+        out.sort();
+        out.dedup();
+        out
     }
 
     fn check_known(&mut self) -> Result<(), ConfigError> {

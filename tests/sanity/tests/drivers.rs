@@ -17,9 +17,15 @@ impl Drop for Plugin {
 }
 
 /// The workspace's driver binaries, built if missing or stale.
+/// The plugins under test: this workspace's, built here, or those in
+/// `CSI_SANITY_PLUGIN_DIR` (e.g. an older release, to show what the suite
+/// finds in it).
 fn binaries() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("CSI_SANITY_PLUGIN_DIR") {
+            return PathBuf::from(dir);
+        }
         let status = Command::new(env!("CARGO"))
             .args([
                 "build",
@@ -369,4 +375,139 @@ async fn manila_cephfs_conforms_on_the_real_cloud() {
         csi_sanity::harness::mounts_below(h.dir.path()).is_empty(),
         "mounts left behind"
     );
+}
+
+/// A `[Global]` section authenticating with an application credential of
+/// the real cloud's admin.
+fn app_cred_global(
+    admin: &openstack_client::Session,
+    cred: &openstack_client::identity::ApplicationCredential,
+) -> String {
+    let cfg = admin.config();
+    format!(
+        "[Global]\nauth-url = \"{}\"\napplication-credential-id = \"{}\"\napplication-credential-secret = \"{}\"\n{}\n",
+        cfg.auth_url,
+        cred.id,
+        cred.secret.expose(),
+        cfg.region
+            .as_deref()
+            .map(|r| format!("region = \"{r}\""))
+            .unwrap_or_default()
+    )
+}
+
+/// On real Keystone and Cinder: the controller's application credential
+/// is rotated (a new one in its Secret, kubelet-style; the old one
+/// deleted, its tokens revoked) and it keeps provisioning without a
+/// restart.
+#[tokio::test]
+#[ignore = "needs root and the real test cloud with Nova (tests/openstack/cloud.py up block)"]
+async fn cinder_credentials_rotate_on_the_real_cloud() {
+    use proto::csi::v1 as csi;
+    assert_eq!(
+        std::env::var("OPENSTACK_TEST_BACKEND").as_deref(),
+        Ok("real"),
+        "set OPENSTACK_TEST_BACKEND=real"
+    );
+    let cloud_dir = std::env::var("OPENSTACK_TEST_CLOUD_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../.openstack-cloud"
+            ))
+        });
+    let admin_text = std::fs::read_to_string(cloud_dir.join("cloud-admin.conf")).unwrap();
+    let conf = openstack_client::config::CloudConf::from_texts(
+        &[(PathBuf::from("admin.conf"), admin_text)],
+        openstack_client::config::ConfigEnv::default(),
+    )
+    .unwrap();
+    let admin = openstack_client::Session::new(
+        conf.cloud("").unwrap(),
+        openstack_client::SessionOptions::default(),
+    )
+    .unwrap();
+    let identity = openstack_client::identity::Identity::new(admin.clone());
+    let tag = std::process::id();
+    let first = identity
+        .create_application_credential(&format!("csi-rotation-{tag}"))
+        .await
+        .unwrap();
+    let log = std::env::temp_dir().join(format!("cinder-rotation-{tag}.log"));
+    let h = csi_sanity::harness::CinderOnRealCloud::start_with_credentials(
+        &binaries().join("cinder-csi-plugin"),
+        &cloud_dir,
+        &app_cred_global(&admin, &first),
+        Some(log.clone()),
+    )
+    .await
+    .unwrap();
+    wait_ready(&h.socket).await;
+    let mut c = proto::csi::v1::controller_client::ControllerClient::new(
+        plugin_runtime::connect_unix(&h.socket).await.unwrap(),
+    );
+    let req = |name: &str| csi::CreateVolumeRequest {
+        name: format!("{name}-{tag}"),
+        volume_capabilities: vec![csi::VolumeCapability {
+            access_type: Some(csi::volume_capability::AccessType::Mount(
+                csi::volume_capability::MountVolume::default(),
+            )),
+            access_mode: Some(csi::volume_capability::AccessMode {
+                mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+            }),
+        }],
+        ..Default::default()
+    };
+    let before = c
+        .create_volume(req("rotation-before"))
+        .await
+        .unwrap()
+        .into_inner();
+
+    let second = identity
+        .create_application_credential(&format!("csi-rotation-{tag}-2"))
+        .await
+        .unwrap();
+    h.update_credentials(&app_cred_global(&admin, &second))
+        .unwrap();
+    identity
+        .delete_application_credential(&first.id)
+        .await
+        .unwrap();
+    let mut after = None;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while after.is_none() {
+        match c.create_volume(req("rotation-after")).await {
+            Ok(r) => after = Some(r.into_inner()),
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::Unauthenticated, "{}", s.message());
+                assert!(Instant::now() < deadline, "never used the new credential");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    for v in [before, after.unwrap()] {
+        c.delete_volume(csi::DeleteVolumeRequest {
+            volume_id: v.volume.unwrap().volume_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    assert!(
+        text.contains("Keystone accepts the new credentials"),
+        "{text}"
+    );
+    assert!(
+        !text.contains(second.secret.expose()),
+        "a secret reached the log"
+    );
+    drop(h);
+    identity
+        .delete_application_credential(&second.id)
+        .await
+        .unwrap();
 }

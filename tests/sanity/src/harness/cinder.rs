@@ -102,10 +102,16 @@ impl CinderOnEmulator {
         if let Some(max) = options.nova_max_disk_devices {
             emulator.control().set_max_disk_devices(max);
         }
-        let cloud_conf = dir.path().join("cloud.conf");
-        std::fs::write(
-            &cloud_conf,
-            format!(
+        // mounted as kubelet mounts a Secret: a symlink into a directory
+        // that an update replaces (see `update_cloud_conf`)
+        let secret_dir = dir.path().join("cloud-config");
+        std::fs::create_dir_all(&secret_dir)?;
+        let cloud_conf = secret_dir.join("cloud.conf");
+        std::os::unix::fs::symlink("..data/cloud.conf", &cloud_conf)?;
+        super::swap_secret_file(
+            &secret_dir,
+            "cloud.conf",
+            &format!(
                 "{}\n[Metadata]\nsearch-order = metadataService\n\n{}",
                 emulator.cloud_conf(),
                 options.extra_cloud_conf
@@ -151,6 +157,16 @@ impl CinderOnEmulator {
             .spawn()?;
         self.plugin = Some(child);
         wait_for_socket(&self.socket).await
+    }
+
+    /// Rewrites the plugin's cloud.conf as kubelet updates a mounted
+    /// Secret: a new directory, and the `..data` symlink swapped to it.
+    pub fn update_cloud_conf(&self, text: &str) -> Result<(), HarnessError> {
+        let dir = self
+            .cloud_conf
+            .parent()
+            .ok_or_else(|| HarnessError::Emulator("cloud.conf has no directory".into()))?;
+        super::swap_secret_file(dir, "cloud.conf", text)
     }
 
     /// The plugin's process id (for memory figures).
@@ -213,6 +229,8 @@ impl Drop for CinderOnEmulator {
 /// guest's metadata service would.
 pub struct CinderOnRealCloud {
     pub dir: tempfile::TempDir,
+    secret_dir: PathBuf,
+    conf_tail: String,
     /// Nova enforces the node's attach limit (the cloud records its disk
     /// limit).
     pub attach_limit_enforced: bool,
@@ -238,6 +256,17 @@ impl CinderOnRealCloud {
         cloud_dir: &Path,
         log_file: Option<PathBuf>,
     ) -> Result<Self, HarnessError> {
+        let global = std::fs::read_to_string(cloud_dir.join("cloud-admin.conf"))?;
+        Self::start_with_credentials(plugin_binary, cloud_dir, &global, log_file).await
+    }
+
+    /// With `global` (a `[Global]` section) as the plugin's credentials.
+    pub async fn start_with_credentials(
+        plugin_binary: &Path,
+        cloud_dir: &Path,
+        global: &str,
+        log_file: Option<PathBuf>,
+    ) -> Result<Self, HarnessError> {
         let node_id = std::fs::read_to_string(cloud_dir.join("test-server-id"))?
             .trim()
             .to_string();
@@ -247,7 +276,6 @@ impl CinderOnRealCloud {
         let kubelet_dir = dir.path().join("kubelet");
         std::fs::create_dir_all(&kubelet_dir)?;
         let (metadata, url) = serve_metadata(metadata_document(&node_id, "nova")).await?;
-        let conf = dir.path().join("cloud.conf");
         // the node takes what Nova lets its server take: the disk limit
         // less the root disk
         let attach_limit = std::fs::read_to_string(cloud_dir.join("max-disk-devices"))
@@ -260,13 +288,13 @@ impl CinderOnRealCloud {
                 )
             })
             .unwrap_or_default();
-        std::fs::write(
-            &conf,
-            format!(
-                "{}\n[Metadata]\nsearch-order = metadataService\n\n{attach_limit}",
-                std::fs::read_to_string(cloud_dir.join("cloud-admin.conf"))?
-            ),
-        )?;
+        let conf_tail = format!("\n[Metadata]\nsearch-order = metadataService\n\n{attach_limit}");
+        // mounted as kubelet mounts a Secret (see `update_credentials`)
+        let secret_dir = dir.path().join("cloud-config");
+        std::fs::create_dir_all(&secret_dir)?;
+        let conf = secret_dir.join("cloud.conf");
+        std::os::unix::fs::symlink("..data/cloud.conf", &conf)?;
+        super::swap_secret_file(&secret_dir, "cloud.conf", &format!("{global}{conf_tail}"))?;
         let socket = dir.path().join("csi.sock");
         let child = Command::new(plugin_binary)
             .args([
@@ -282,6 +310,8 @@ impl CinderOnRealCloud {
             .spawn()?;
         let h = Self {
             attach_limit_enforced: !attach_limit.is_empty(),
+            secret_dir,
+            conf_tail,
             dir,
             socket,
             kubelet_dir,
@@ -291,6 +321,17 @@ impl CinderOnRealCloud {
         };
         wait_for_socket(&h.socket).await?;
         Ok(h)
+    }
+}
+
+impl CinderOnRealCloud {
+    /// New `[Global]` credentials, written as kubelet updates a Secret.
+    pub fn update_credentials(&self, global: &str) -> Result<(), HarnessError> {
+        super::swap_secret_file(
+            &self.secret_dir,
+            "cloud.conf",
+            &format!("{global}{}", self.conf_tail),
+        )
     }
 }
 

@@ -116,3 +116,25 @@ pub fn metadata_document(instance: &str, zone: &str) -> String {
         r#"{{"uuid": "{instance}", "name": "test-node", "availability_zone": "{zone}", "devices": []}}"#
     )
 }
+
+/// Writes `name` into `dir` the way kubelet's atomic writer updates a
+/// mounted Secret: the content goes into a new timestamped directory, and
+/// the `..data` symlink is swapped to it in one rename (`dir/name` is a
+/// symlink to `..data/name`).
+pub fn swap_secret_file(dir: &Path, name: &str, text: &str) -> Result<(), HarnessError> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let version = format!("..{}_{seq}", std::process::id());
+    let target = dir.join(&version);
+    std::fs::create_dir_all(&target)?;
+    std::fs::write(target.join(name), text)?;
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&version, &tmp)?;
+    let old = std::fs::read_link(dir.join("..data")).ok();
+    std::fs::rename(&tmp, dir.join("..data"))?;
+    if let Some(old) = old {
+        let _ = std::fs::remove_dir_all(dir.join(old));
+    }
+    Ok(())
+}
