@@ -456,7 +456,11 @@ impl Connection {
                     error_message_from_body(&body)
                 ),
             };
-            return Err(Error::from_status(status, err, retry_after(&headers)));
+            // Keystone answers 404 for an application credential that does
+            // not exist (deleted by a rotation): for the caller, credentials
+            // refused like any other
+            let status_class = if status == 404 { 401 } else { status };
+            return Err(Error::from_status(status_class, err, retry_after(&headers)));
         }
         self.inner
             .auths

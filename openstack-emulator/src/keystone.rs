@@ -223,9 +223,21 @@ async fn issue_token(
                 app_cred = Some(c.id.clone());
                 c.clone()
             }
-            _ => {
+            Some(_) => {
                 return Err(bad_auth(
                     "The request you have made requires authentication.",
+                ));
+            }
+            // as Keystone: an unknown (deleted) credential is a 404
+            None => {
+                return Err(ApiErr::not_found(
+                    Style::Keystone,
+                    format!(
+                        "Could not find Application Credential: {}.",
+                        field(&ac, &["id"])
+                            .or(field(&ac, &["name"]))
+                            .unwrap_or_default()
+                    ),
                 ));
             }
         };
