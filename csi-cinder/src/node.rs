@@ -86,20 +86,13 @@ impl NodeService {
     }
 
     pub fn capabilities() -> Vec<csi::NodeServiceCapability> {
-        [
+        csi_common::advertise::node(&[
             NodeRpc::StageUnstageVolume,
             NodeRpc::GetVolumeStats,
             NodeRpc::ExpandVolume,
             NodeRpc::VolumeCondition,
             NodeRpc::SingleNodeMultiWriter,
-        ]
-        .into_iter()
-        .map(|t| csi::NodeServiceCapability {
-            r#type: Some(csi::node_service_capability::Type::Rpc(
-                csi::node_service_capability::Rpc { r#type: t as i32 },
-            )),
-        })
-        .collect()
+        ])
     }
 
     /// Waits for the volume's device to appear, rescanning between looks.

@@ -253,14 +253,7 @@ impl GroupSnapshotParameters {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use csi_common::parameters::{PV_NAME, PVC_NAME, SNAPSHOT_NAME};
-
-    fn m(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use csi_common::parameters::{PV_NAME, PVC_NAME, SNAPSHOT_NAME, from_pairs as m};
 
     #[test]
     fn storage_classes_in_the_wild_are_accepted() {

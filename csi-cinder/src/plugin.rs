@@ -9,10 +9,9 @@ use openstack_client::cinder::BlockStorage;
 use openstack_client::nova::Compute;
 use openstack_client::{ApiMetrics, Session, SessionOptions};
 use plugin_runtime::PluginServer;
-use plugin_runtime::csi_identity::{IdentityService, expansion_capability, service_capability};
+use plugin_runtime::csi_identity::{expansion_capability, service_capability};
 use proto::csi::v1::controller_server::ControllerServer;
 use proto::csi::v1::group_controller_server::GroupControllerServer;
-use proto::csi::v1::identity_server::IdentityServer;
 use proto::csi::v1::node_server::NodeServer;
 use proto::csi::v1::plugin_capability::service::Type as ServiceType;
 use proto::csi::v1::plugin_capability::volume_expansion::Type as ExpansionType;
@@ -114,16 +113,7 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     capabilities.push(expansion_capability(ExpansionType::Online));
     capabilities.push(expansion_capability(ExpansionType::Offline));
 
-    let identity = IdentityService::new(
-        opts.driver_name.clone(),
-        env!("CARGO_PKG_VERSION").to_string(),
-        capabilities,
-        Readiness::probe(parts.clone()),
-    );
-    let server = server.health_check(Readiness::health(parts));
-    let routes = routes.add_service(IdentityServer::new(identity));
-    server
-        .serve(routes, plugin_runtime::shutdown_signal())
+    csi_common::plugin::serve_with_identity(server, routes, &opts.driver_name, capabilities, parts)
         .await?;
     Ok(())
 }

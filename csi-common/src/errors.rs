@@ -152,3 +152,70 @@ mod tests {
         assert_eq!(e.context("getting").unwrap_err().code(), Code::NotFound);
     }
 }
+
+/// What an OpenStack delete call answered, as both drivers read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deletion {
+    /// The service took the request (it deletes asynchronously).
+    Accepted,
+    /// It was gone already.
+    Gone,
+}
+
+/// Maps a delete call's answer: a 404 means gone, a 400/409 is a state
+/// the user resolves (FailedPrecondition naming `service` and `what`),
+/// anything else keeps its own code.
+pub fn deletion(
+    answer: Result<(), CloudError>,
+    service: &str,
+    what: &str,
+) -> DriverResult<Deletion> {
+    match answer {
+        Ok(()) => Ok(Deletion::Accepted),
+        Err(e) if e.is_not_found() => Ok(Deletion::Gone),
+        Err(CloudError::BadRequest(e)) | Err(CloudError::Conflict(e)) => {
+            Err(DriverError::FailedPrecondition(format!(
+                "{service} refuses to delete {what}: {}",
+                e.message
+            )))
+        }
+        Err(e) => Err(e).context(format!("deleting {what}")),
+    }
+}
+
+/// Maps a create call's answer: a 400 is a state the user resolves
+/// (FailedPrecondition, `refusal` saying what was refused); anything else
+/// keeps its own code, with `what` as context.
+pub fn created<T>(
+    answer: Result<T, CloudError>,
+    service: &str,
+    refusal: &str,
+    what: &str,
+) -> DriverResult<T> {
+    match answer {
+        Ok(t) => Ok(t),
+        Err(CloudError::BadRequest(e)) => Err(DriverError::FailedPrecondition(format!(
+            "{service} refuses {refusal}: {}",
+            e.message
+        ))),
+        Err(e) => Err(e).context(what.to_string()),
+    }
+}
+
+/// The one resource an earlier call made under `name`, if any: several
+/// is an Internal error naming them (which one is ours is for a person
+/// to decide).
+pub fn at_most_one<T>(
+    found: Vec<T>,
+    kind: &str,
+    name: &str,
+    id: impl Fn(&T) -> &str,
+) -> DriverResult<Option<T>> {
+    if found.len() > 1 {
+        let ids: Vec<&str> = found.iter().map(&id).collect();
+        return Err(DriverError::Internal(format!(
+            "several {kind} are named {name}: {ids:?}; delete the extra ones"
+        )));
+    }
+    Ok(found.into_iter().next())
+}

@@ -17,6 +17,7 @@
 //!   carrying the id it works on, and the error converted once; the tonic
 //!   trait impl written from a table.
 
+pub mod advertise;
 pub mod credentials;
 pub mod errors;
 pub mod locks;

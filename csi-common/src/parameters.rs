@@ -26,3 +26,11 @@ pub fn is_snapshot_metadata_key(k: &str) -> bool {
         SNAPSHOT_NAME | SNAPSHOT_NAMESPACE | SNAPSHOT_CONTENT_NAME
     )
 }
+
+/// Parameters from `key, value` pairs (classes written in code and tests).
+pub fn from_pairs(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}

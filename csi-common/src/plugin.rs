@@ -134,3 +134,31 @@ pub fn reload_credentials_on_change(
         Ok(Some(format!("new credentials for {}", names.join(", "))))
     });
 }
+
+/// Serves `routes` and the Identity service (the driver's name and
+/// version, `capabilities`; Probe and `/healthz` from the readiness
+/// `parts`) until SIGTERM or SIGINT.
+pub async fn serve_with_identity(
+    server: plugin_runtime::PluginServer,
+    routes: tonic::service::Routes,
+    driver_name: &str,
+    capabilities: Vec<proto::csi::v1::PluginCapability>,
+    parts: Vec<crate::readiness::Readiness>,
+) -> Result<(), plugin_runtime::RuntimeError> {
+    use crate::readiness::Readiness;
+    let identity = plugin_runtime::csi_identity::IdentityService::new(
+        driver_name.to_string(),
+        env!("CARGO_PKG_VERSION").to_string(),
+        capabilities,
+        Readiness::probe(parts.clone()),
+    );
+    server
+        .health_check(Readiness::health(parts))
+        .serve(
+            routes.add_service(proto::csi::v1::identity_server::IdentityServer::new(
+                identity,
+            )),
+            plugin_runtime::shutdown_signal(),
+        )
+        .await
+}

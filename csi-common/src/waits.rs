@@ -79,6 +79,33 @@ where
     .await
 }
 
+/// Asks for a deletion, unless one is `under_way`, and waits until the
+/// resource is gone: done means gone, so that a list, a get or the
+/// deletion of what it depends on no longer sees it.
+#[allow(clippy::too_many_arguments)]
+pub async fn delete_and_wait_gone<T, D, F, Fut>(
+    operation: &'static str,
+    deadline: Instant,
+    service: &str,
+    what: &str,
+    under_way: bool,
+    delete: D,
+    get: F,
+    state: impl Fn(&T) -> String,
+) -> DriverResult<()>
+where
+    D: Future<Output = openstack_client::Result<()>>,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = openstack_client::Result<T>>,
+{
+    if !under_way
+        && crate::errors::deletion(delete.await, service, what)? == crate::errors::Deletion::Gone
+    {
+        return Ok(());
+    }
+    wait_gone(operation, deadline, what, get, state).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

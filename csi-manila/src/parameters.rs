@@ -312,14 +312,7 @@ impl NodeParameters {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use csi_common::parameters::PVC_NAME;
-
-    fn m(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use csi_common::parameters::{PVC_NAME, from_pairs as m};
 
     #[test]
     fn upstream_storage_classes_parse_and_unknown_keys_are_ignored() {

@@ -10,9 +10,8 @@ use openstack_client::config::ConfigEnv;
 use openstack_client::manila::SharedFileSystems;
 use openstack_client::{ApiMetrics, Session, SessionOptions};
 use plugin_runtime::PluginServer;
-use plugin_runtime::csi_identity::{IdentityService, expansion_capability, service_capability};
+use plugin_runtime::csi_identity::{expansion_capability, service_capability};
 use proto::csi::v1::controller_server::ControllerServer;
-use proto::csi::v1::identity_server::IdentityServer;
 use proto::csi::v1::node_server::NodeServer;
 use proto::csi::v1::plugin_capability::service::Type as ServiceType;
 use proto::csi::v1::plugin_capability::volume_expansion::Type as ExpansionType;
@@ -134,20 +133,15 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
         ));
     }
 
-    let identity = IdentityService::new(
-        opts.driver_name.clone(),
-        env!("CARGO_PKG_VERSION").to_string(),
-        capabilities,
-        Readiness::probe(parts.clone()),
-    );
-    let server = server.health_check(Readiness::health(parts));
     tracing::info!(protocol = %opts.share_protocol, driver = %opts.driver_name, "starting");
-    let served = server
-        .serve(
-            routes.add_service(IdentityServer::new(identity)),
-            plugin_runtime::shutdown_signal(),
-        )
-        .await;
+    let served = csi_common::plugin::serve_with_identity(
+        server,
+        routes,
+        &opts.driver_name,
+        capabilities,
+        parts,
+    )
+    .await;
     if let Some(n) = node {
         n.shutdown().await;
     }

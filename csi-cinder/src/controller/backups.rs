@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use csi_common::errors::{Deletion, at_most_one, created, deletion};
 use csi_common::waits::wait_until;
 use csi_common::{Context, DriverError, DriverResult};
 use openstack_client::cinder::{Backup, BackupStatus, BlockStorage, CreateBackup, SnapshotStatus};
@@ -37,15 +38,15 @@ impl ControllerService {
             .into_iter()
             .filter(|b| b.status != BackupStatus::Deleting)
             .collect();
-        let backup = match existing.as_slice() {
-            [b] if b.volume_id != source => {
+        let backup = match at_most_one(existing, "backups", name, |b| &b.id)? {
+            Some(b) if b.volume_id != source => {
                 return Err(DriverError::AlreadyExists(format!(
                     "backup {} named {name} exists for volume {}, not {source}",
                     b.id, b.volume_id
                 )));
             }
-            [b] => b.clone(),
-            [] => {
+            Some(b) => b,
+            None => {
                 // the snapshot the backup is made from, named like it
                 let snap = self
                     .ensure_snapshot(block, name, source, params, metadata.clone(), deadline)
@@ -56,39 +57,24 @@ impl ControllerService {
                         snap.id, snap.status
                     )));
                 }
-                match block
-                    .create_backup(&CreateBackup {
-                        volume_id: source.to_string(),
-                        name: name.to_string(),
-                        description: Some(DESCRIPTION.to_string()),
-                        snapshot_id: Some(snap.id.clone()),
-                        force: params.force,
-                        availability_zone: params.availability.clone(),
-                        metadata,
-                    })
-                    .await
-                {
-                    Ok(b) => {
-                        tracing::info!(backup_id = %b.id, snapshot_id = %snap.id, "backup requested");
-                        b
-                    }
-                    Err(openstack_client::Error::BadRequest(e)) => {
-                        return Err(DriverError::FailedPrecondition(format!(
-                            "Cinder refuses to back up volume {source}: {}",
-                            e.message
-                        )));
-                    }
-                    Err(e) => {
-                        return Err(e)
-                            .context(format!("creating backup {name} of volume {source}"));
-                    }
-                }
-            }
-            many => {
-                let ids: Vec<&str> = many.iter().map(|b| b.id.as_str()).collect();
-                return Err(DriverError::Internal(format!(
-                    "several backups are named {name}: {ids:?}"
-                )));
+                let b = created(
+                    block
+                        .create_backup(&CreateBackup {
+                            volume_id: source.to_string(),
+                            name: name.to_string(),
+                            description: Some(DESCRIPTION.to_string()),
+                            snapshot_id: Some(snap.id.clone()),
+                            force: params.force,
+                            availability_zone: params.availability.clone(),
+                            metadata,
+                        })
+                        .await,
+                    "Cinder",
+                    &format!("to back up volume {source}"),
+                    &format!("creating backup {name} of volume {source}"),
+                )?;
+                tracing::info!(backup_id = %b.id, snapshot_id = %snap.id, "backup requested");
+                b
             }
         };
         let id = backup.id.clone();
@@ -177,17 +163,17 @@ impl ControllerService {
                 )));
             }
             BackupStatus::Deleting => {}
-            _ => match block.delete_backup(&id).await {
-                Ok(()) => tracing::info!(backup_id = %id, "backup deletion accepted"),
-                Err(e) if e.is_not_found() => return Ok(()),
-                Err(openstack_client::Error::BadRequest(e)) => {
-                    return Err(DriverError::FailedPrecondition(format!(
-                        "Cinder refuses to delete backup {id}: {}",
-                        e.message
-                    )));
+            _ => {
+                if deletion(
+                    block.delete_backup(&id).await,
+                    "Cinder",
+                    &format!("backup {id}"),
+                )? == Deletion::Gone
+                {
+                    return Ok(());
                 }
-                Err(e) => return Err(e).context(format!("deleting backup {id}")),
-            },
+                tracing::info!(backup_id = %id, "backup deletion accepted");
+            }
         }
         self.drop_backup_source(block, &b).await;
         wait_until(

@@ -10,6 +10,7 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
+use csi_common::errors::{Deletion, at_most_one, created, deletion};
 use csi_common::request::{is_uuid, require, timestamp};
 use csi_common::waits::{wait_gone, wait_until};
 use csi_common::{Context, DriverError, DriverResult};
@@ -77,10 +78,10 @@ impl ControllerService {
             .into_iter()
             .filter(|g| g.status != GroupSnapshotStatus::Deleting)
             .collect();
-        let gs = match existing.as_slice() {
-            [gs] => {
+        let gs = match at_most_one(existing, "group snapshots", name, |g| &g.id)? {
+            Some(gs) => {
                 let members = block
-                    .group_snapshot_members(gs)
+                    .group_snapshot_members(&gs)
                     .await
                     .context(format!("members of group snapshot {}", gs.id))?;
                 let of: BTreeSet<&str> = members.iter().map(|s| s.volume_id.as_str()).collect();
@@ -90,36 +91,22 @@ impl ControllerService {
                         gs.id
                     )));
                 }
-                gs.clone()
+                gs
             }
-            [] => {
+            None => {
                 let group = self
                     .group_with(&block, name, &wanted, &params, deadline)
                     .await?;
-                match block
-                    .create_group_snapshot(&group.id, name, Some(DESCRIPTION))
-                    .await
-                {
-                    Ok(gs) => {
-                        tracing::info!(group_snapshot_id = %gs.id, group_id = %group.id, "group snapshot requested");
-                        gs
-                    }
-                    Err(openstack_client::Error::BadRequest(e)) => {
-                        return Err(DriverError::FailedPrecondition(format!(
-                            "Cinder refuses to snapshot volumes {wanted:?} together: {}",
-                            e.message
-                        )));
-                    }
-                    Err(e) => {
-                        return Err(e).context(format!("creating group snapshot {name}"));
-                    }
-                }
-            }
-            many => {
-                let ids: Vec<&str> = many.iter().map(|g| g.id.as_str()).collect();
-                return Err(DriverError::Internal(format!(
-                    "several group snapshots are named {name}: {ids:?}"
-                )));
+                let gs = created(
+                    block
+                        .create_group_snapshot(&group.id, name, Some(DESCRIPTION))
+                        .await,
+                    "Cinder",
+                    &format!("to snapshot volumes {wanted:?} together"),
+                    &format!("creating group snapshot {name}"),
+                )?;
+                tracing::info!(group_snapshot_id = %gs.id, group_id = %group.id, "group snapshot requested");
+                gs
             }
         };
         let gs = self.wait_group_snapshot(&block, gs, deadline).await?;
@@ -339,19 +326,14 @@ impl ControllerService {
                     "group snapshot {id} is still being created; it can be deleted once it is done"
                 )));
             }
-            _ => match block.delete_group_snapshot(id).await {
-                Ok(()) => {
-                    tracing::info!(group_snapshot_id = id, "group snapshot deletion accepted")
+            _ => {
+                let what = format!("group snapshot {id}");
+                if deletion(block.delete_group_snapshot(id).await, "Cinder", &what)?
+                    == Deletion::Accepted
+                {
+                    tracing::info!(group_snapshot_id = id, "group snapshot deletion accepted");
                 }
-                Err(e) if e.is_not_found() => {}
-                Err(openstack_client::Error::BadRequest(e)) => {
-                    return Err(DriverError::FailedPrecondition(format!(
-                        "Cinder refuses to delete group snapshot {id}: {}",
-                        e.message
-                    )));
-                }
-                Err(e) => return Err(e).context(format!("deleting group snapshot {id}")),
-            },
+            }
         }
         // done means gone, members included: their volumes can be deleted
         wait_gone(

@@ -80,7 +80,7 @@ impl ControllerService {
     }
 
     pub fn capabilities() -> Vec<csi::ControllerServiceCapability> {
-        [
+        csi_common::advertise::controller(&[
             Rpc::CreateDeleteVolume,
             Rpc::PublishUnpublishVolume,
             Rpc::ListVolumes,
@@ -94,14 +94,7 @@ impl ControllerService {
             Rpc::ExpandVolume,
             Rpc::ModifyVolume,
             Rpc::SingleNodeMultiWriter,
-        ]
-        .into_iter()
-        .map(|t| csi::ControllerServiceCapability {
-            r#type: Some(csi::controller_service_capability::Type::Rpc(
-                csi::controller_service_capability::Rpc { r#type: t as i32 },
-            )),
-        })
-        .collect()
+        ])
     }
 
     fn controller_capabilities(&self) -> Vec<csi::ControllerServiceCapability> {

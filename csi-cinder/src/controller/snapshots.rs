@@ -6,9 +6,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use csi_common::errors::{at_most_one, created};
 use csi_common::paging::{marker_from_token, page_limit};
 use csi_common::request::{GIB, is_uuid, require, timestamp};
-use csi_common::waits::{wait_gone, wait_until};
+use csi_common::waits::{delete_and_wait_gone, wait_until};
 use csi_common::{Context, DriverError, DriverResult};
 use openstack_client::cinder::{
     Backup, BackupStatus, BlockStorage, CreateSnapshot, ListSnapshots, Snapshot, SnapshotStatus,
@@ -95,14 +96,14 @@ impl ControllerService {
             .into_iter()
             .filter(|s| s.name == name && s.status != SnapshotStatus::Deleting)
             .collect::<Vec<_>>();
-        let snap = match existing.as_slice() {
-            [s] if s.volume_id != source => {
+        let snap = match at_most_one(existing, "snapshots", name, |s| &s.id)? {
+            Some(s) if s.volume_id != source => {
                 return Err(DriverError::AlreadyExists(format!(
                     "snapshot {} named {name} exists for volume {}, not {source}",
                     s.id, s.volume_id
                 )));
             }
-            [s] if s.status.is_error() => {
+            Some(s) if s.status.is_error() => {
                 not_found_ok(block.delete_snapshot(&s.id).await)
                     .context(format!("deleting failed snapshot {}", s.id))?;
                 return Err(DriverError::Internal(format!(
@@ -110,8 +111,8 @@ impl ControllerService {
                     s.id
                 )));
             }
-            [s] => s.clone(),
-            [] => {
+            Some(s) => s,
+            None => {
                 let v = block
                     .get_volume(source)
                     .await
@@ -122,34 +123,20 @@ impl ControllerService {
                         v.attached_servers().collect::<Vec<_>>()
                     )));
                 }
-                match block
-                    .create_snapshot(&CreateSnapshot {
-                        volume_id: source.to_string(),
-                        name: name.to_string(),
-                        description: Some(DESCRIPTION.to_string()),
-                        force: params.force,
-                        metadata,
-                    })
-                    .await
-                {
-                    Ok(s) => s,
-                    Err(openstack_client::Error::BadRequest(e)) => {
-                        return Err(DriverError::FailedPrecondition(format!(
-                            "Cinder refuses to snapshot volume {source}: {}",
-                            e.message
-                        )));
-                    }
-                    Err(e) => {
-                        return Err(e)
-                            .context(format!("creating snapshot {name} of volume {source}"));
-                    }
-                }
-            }
-            many => {
-                let ids: Vec<&str> = many.iter().map(|s| s.id.as_str()).collect();
-                return Err(DriverError::Internal(format!(
-                    "several snapshots are named {name}: {ids:?}"
-                )));
+                created(
+                    block
+                        .create_snapshot(&CreateSnapshot {
+                            volume_id: source.to_string(),
+                            name: name.to_string(),
+                            description: Some(DESCRIPTION.to_string()),
+                            force: params.force,
+                            metadata,
+                        })
+                        .await,
+                    "Cinder",
+                    &format!("to snapshot volume {source}"),
+                    &format!("creating snapshot {name} of volume {source}"),
+                )?
             }
         };
         let id = snap.id.clone();
@@ -215,26 +202,13 @@ impl ControllerService {
             None => {}
             Some(Found::Backup(b)) => self.delete_backup(&block, b, deadline).await?,
             Some(Found::Snapshot(s)) => {
-                if s.status != SnapshotStatus::Deleting {
-                    match block.delete_snapshot(id).await {
-                        Ok(()) => tracing::info!(snapshot_id = id, "snapshot deletion accepted"),
-                        Err(e) if e.is_not_found() => {
-                            return Ok(csi::DeleteSnapshotResponse {});
-                        }
-                        Err(openstack_client::Error::BadRequest(e)) => {
-                            return Err(DriverError::FailedPrecondition(format!(
-                                "Cinder refuses to delete snapshot {id}: {}",
-                                e.message
-                            )));
-                        }
-                        Err(e) => return Err(e).context(format!("deleting snapshot {id}")),
-                    }
-                }
-                // done means gone: the source volume can be deleted next
-                wait_gone(
+                delete_and_wait_gone(
                     "snapshot_delete",
                     deadline,
+                    "Cinder",
                     &format!("snapshot {id}"),
+                    s.status == SnapshotStatus::Deleting,
+                    block.delete_snapshot(id),
                     || block.get_snapshot(id),
                     |s| s.status.to_string(),
                 )

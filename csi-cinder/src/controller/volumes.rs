@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
+use csi_common::errors::{Deletion, at_most_one, deletion};
 use csi_common::request::{GIB, expansion_gib, is_uuid, require, size_fits, size_gib};
 use csi_common::waits::wait_until;
 use csi_common::{Context, DriverError, DriverResult};
@@ -59,13 +60,7 @@ impl ControllerService {
             .into_iter()
             .filter(|v| !volume_gone(&v.status))
             .collect();
-        if existing.len() > 1 {
-            let ids: Vec<&str> = existing.iter().map(|v| v.id.as_str()).collect();
-            return Err(DriverError::Internal(format!(
-                "several Cinder volumes are named {name}: {ids:?}; delete the extra ones"
-            )));
-        }
-        if let Some(v) = existing.into_iter().next() {
+        if let Some(v) = at_most_one(existing, "Cinder volumes", name, |v| &v.id)? {
             if v.status.is_error() {
                 tracing::warn!(volume_id = %v.id, status = %v.status, "an earlier attempt failed; deleting it and creating anew");
                 not_found_ok(block.delete_volume(&v.id).await)
@@ -307,17 +302,15 @@ impl ControllerService {
                 )));
             }
             self.wait_snapshots_deleted(&block, id, deadline).await?;
-            match block.delete_volume(id).await {
-                Ok(()) => tracing::info!(volume_id = id, "volume deletion accepted"),
-                Err(e) if e.is_not_found() => return Ok(csi::DeleteVolumeResponse {}),
-                Err(openstack_client::Error::BadRequest(e)) => {
-                    return Err(DriverError::FailedPrecondition(format!(
-                        "Cinder refuses to delete volume {id}: {}",
-                        e.message
-                    )));
-                }
-                Err(e) => return Err(e).context(format!("deleting volume {id}")),
+            if deletion(
+                block.delete_volume(id).await,
+                "Cinder",
+                &format!("volume {id}"),
+            )? == Deletion::Gone
+            {
+                return Ok(csi::DeleteVolumeResponse {});
             }
+            tracing::info!(volume_id = id, "volume deletion accepted");
         }
         // done means gone: a list, a get or the deletion of a source must
         // not see it any more

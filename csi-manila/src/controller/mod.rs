@@ -78,13 +78,7 @@ impl ControllerService {
                 Rpc::GetCapacity,
             ]);
         }
-        rpcs.into_iter()
-            .map(|t| csi::ControllerServiceCapability {
-                r#type: Some(csi::controller_service_capability::Type::Rpc(
-                    csi::controller_service_capability::Rpc { r#type: t as i32 },
-                )),
-            })
-            .collect()
+        csi_common::advertise::controller(&rpcs)
     }
 
     fn controller_capabilities(&self) -> Vec<csi::ControllerServiceCapability> {

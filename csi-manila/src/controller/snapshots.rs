@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
+use csi_common::errors::{at_most_one, created};
 use csi_common::paging::{offset_from_token, offset_token, page_limit};
 use csi_common::request::{GIB, is_uuid, require, timestamp};
-use csi_common::waits::{wait_gone, wait_until};
+use csi_common::waits::{delete_and_wait_gone, wait_until};
 use csi_common::{Context, DriverError, DriverResult};
 use openstack_client::common::Poll;
 use openstack_client::manila::{ListPage, ShareSnapshot, ShareSnapshotStatus};
@@ -72,14 +73,14 @@ impl ControllerService {
             .into_iter()
             .filter(|s| s.status != ShareSnapshotStatus::Deleting)
             .collect();
-        let snap = match existing.as_slice() {
-            [s] if s.share_id != source => {
+        let snap = match at_most_one(existing, "snapshots", &name, |s| &s.id)? {
+            Some(s) if s.share_id != source => {
                 return Err(DriverError::AlreadyExists(format!(
                     "snapshot {} named {name} exists for volume {}, not {source}",
                     s.id, s.share_id
                 )));
             }
-            [s] if failed(&s.status) => {
+            Some(s) if failed(&s.status) => {
                 let messages = manila.list_user_messages(&s.id).await.unwrap_or_default();
                 let _ = manila.delete_snapshot(&s.id).await;
                 return Err(failure_from_messages(
@@ -90,8 +91,8 @@ impl ControllerService {
                     &messages,
                 ));
             }
-            [s] => s.clone(),
-            [] => {
+            Some(s) => s,
+            None => {
                 let share = manila
                     .get_share(&source)
                     .await
@@ -108,28 +109,14 @@ impl ControllerService {
                         t.name
                     )));
                 }
-                match manila
-                    .create_snapshot(&source, &name, Some(DESCRIPTION))
-                    .await
-                {
-                    Ok(s) => s,
-                    Err(openstack_client::Error::BadRequest(e)) => {
-                        return Err(DriverError::FailedPrecondition(format!(
-                            "Manila refused a snapshot of volume {source}: {}",
-                            e.message
-                        )));
-                    }
-                    Err(e) => {
-                        return Err(e)
-                            .context(format!("creating snapshot {name} of volume {source}"));
-                    }
-                }
-            }
-            many => {
-                let ids: Vec<&str> = many.iter().map(|s| s.id.as_str()).collect();
-                return Err(DriverError::Internal(format!(
-                    "several snapshots are named {name}: {ids:?}"
-                )));
+                created(
+                    manila
+                        .create_snapshot(&source, &name, Some(DESCRIPTION))
+                        .await,
+                    "Manila",
+                    &format!("a snapshot of volume {source}"),
+                    &format!("creating snapshot {name} of volume {source}"),
+                )?
             }
         };
         let wait = deadline.min(Instant::now() + READY_WAIT);
@@ -178,28 +165,18 @@ impl ControllerService {
         }
         let manila = self.manila(&r.secrets)?.with_deadline(deadline);
         let _guard = self.locks.lock(id, deadline).await?;
-        match manila.get_snapshot(id).await {
+        let under_way = match manila.get_snapshot(id).await {
             Err(e) if e.is_not_found() => return Ok(csi::DeleteSnapshotResponse {}),
             Err(e) => return Err(e).context(format!("snapshot {id}")),
-            Ok(s) if s.status == ShareSnapshotStatus::Deleting => {}
-            Ok(_) => match manila.delete_snapshot(id).await {
-                Ok(()) => {}
-                Err(e) if e.is_not_found() => return Ok(csi::DeleteSnapshotResponse {}),
-                Err(openstack_client::Error::BadRequest(e))
-                | Err(openstack_client::Error::Conflict(e)) => {
-                    return Err(DriverError::FailedPrecondition(format!(
-                        "Manila refuses to delete snapshot {id}: {}",
-                        e.message
-                    )));
-                }
-                Err(e) => return Err(e).context(format!("deleting snapshot {id}")),
-            },
-        }
-        // done means gone: a list or the source's deletion must not see it
-        wait_gone(
+            Ok(s) => s.status == ShareSnapshotStatus::Deleting,
+        };
+        delete_and_wait_gone(
             "share_snapshot_delete",
             deadline,
+            "Manila",
             &format!("snapshot {id}"),
+            under_way,
+            manila.delete_snapshot(id),
             || manila.get_snapshot(id),
             |s| s.status.to_string(),
         )

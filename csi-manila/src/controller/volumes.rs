@@ -5,8 +5,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
+use csi_common::errors::at_most_one;
 use csi_common::request::{GIB, expansion_gib, is_uuid, require, size_fits, size_gib};
-use csi_common::waits::{wait_gone, wait_until};
+use csi_common::waits::{delete_and_wait_gone, wait_gone, wait_until};
 use csi_common::{Context, DriverError, DriverResult};
 use openstack_client::common::Poll;
 use openstack_client::manila::{
@@ -141,9 +142,9 @@ impl ControllerService {
             .into_iter()
             .filter(|s| !is_gone(&s.status))
             .collect();
-        let share = match existing.as_slice() {
-            [] => None,
-            [s] if s.status.is_error() && provisioned_here(s) => {
+        let share = match at_most_one(existing, "shares", &name, |s| &s.id)? {
+            None => None,
+            Some(s) if s.status.is_error() && provisioned_here(&s) => {
                 tracing::warn!(share_id = %s.id, status = %s.status, "an earlier attempt failed; deleting it and creating anew");
                 not_found_ok(manila.delete_share(&s.id).await)
                     .context(format!("deleting failed share {}", s.id))?;
@@ -157,16 +158,10 @@ impl ControllerService {
                 .await?;
                 None
             }
-            [s] => {
-                self.check_compatible(&manila, s, &r, &params, &source)
+            Some(s) => {
+                self.check_compatible(&manila, &s, &r, &params, &source)
                     .await?;
-                Some(s.clone())
-            }
-            many => {
-                let ids: Vec<&str> = many.iter().map(|s| s.id.as_str()).collect();
-                return Err(DriverError::Internal(format!(
-                    "several shares are named {name}: {ids:?}; delete the extra ones"
-                )));
+                Some(s)
             }
         };
         let fresh = share.is_none();
@@ -571,7 +566,8 @@ impl ControllerService {
             Err(e) if e.is_not_found() => return Ok(csi::DeleteVolumeResponse {}),
             Err(e) => return Err(e).context(format!("share {id}")),
         };
-        if !is_gone(&share.status) {
+        let under_way = is_gone(&share.status);
+        if !under_way {
             if !provisioned_here(&share) {
                 return Err(DriverError::FailedPrecondition(format!(
                     "share {id} was not provisioned by a Manila CSI driver (its description is not {DESCRIPTION:?}); it is left in place"
@@ -580,24 +576,14 @@ impl ControllerService {
             self.revoke_all(&manila, id, deadline).await?;
             // a clone's temporary snapshot, if Manila kept it
             self.drop_clone_snapshot(&manila, &share.name).await;
-            match manila.delete_share(id).await {
-                Ok(()) => tracing::info!(share_id = id, "share deletion accepted"),
-                Err(e) if e.is_not_found() => return Ok(csi::DeleteVolumeResponse {}),
-                Err(openstack_client::Error::Conflict(e))
-                | Err(openstack_client::Error::BadRequest(e)) => {
-                    return Err(DriverError::FailedPrecondition(format!(
-                        "Manila refuses to delete share {id}: {}",
-                        e.message
-                    )));
-                }
-                Err(e) => return Err(e).context(format!("deleting share {id}")),
-            }
         }
-        // done means gone: a list or a retry must not see it any more
-        wait_gone(
+        delete_and_wait_gone(
             "share_delete",
             deadline,
+            "Manila",
             &format!("share {id}"),
+            under_way,
+            manila.delete_share(id),
             || manila.get_share(id),
             |s| s.status.to_string(),
         )
