@@ -2,19 +2,36 @@
 # Runs every test of the suite: formatting, lints, the unit, integration,
 # binary and conformance tests against the OpenStack emulator (the
 # root-only ones use real loop devices and mounts, and clean up after
-# themselves), then the contract tests against a real OpenStack brought up
-# on loopback by tests/openstack/cloud.py and taken down again.
+# themselves), then the real tier against a real OpenStack (with Ceph)
+# brought up on loopback by tests/openstack/cloud.py and taken down again.
+#
+# Everything is compiled once: one `cargo test --no-run` of the workspace
+# (the same profile and features as the binaries the tests start), whose
+# test programs every phase then runs directly. The closing line counts
+# each test once: passed, failed, or skipped (ignored in every phase that
+# ran it).
+#
+# The cloud's state stays in .openstack-cloud (databases, Ceph's sparse
+# OSD file, logs: about 250 MB) so that the next run starts faster;
+# `python3 tests/openstack/cloud.py down --purge` removes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if [[ $(id -u) != 0 ]]; then
+  echo "scripts/test.sh needs root: loop devices, mounts, mount namespaces, and the test cloud's services" >&2
+  echo "(without root, \`cargo test --workspace\` runs what it can and says which tests it skipped)" >&2
+  exit 2
+fi
+
 cloud_profile=${OS_TEST_CLOUD_PROFILE:-all}
-log=$(mktemp)
+work=$(mktemp -d)
+log=$work/tests.log
 cloud_started=
 cleanup() {
   if [[ -n $cloud_started ]]; then
     python3 tests/openstack/cloud.py down || true
   fi
-  rm -f "$log"
+  rm -rf "$work"
 }
 trap cleanup EXIT
 
@@ -26,30 +43,77 @@ phase() {
   echo "== $name: $((SECONDS - start)) s"
 }
 
+# Builds every test program once; writes "package target path dir" lines.
+build_tests() {
+  cargo test --workspace --locked --no-run --message-format=json-render-diagnostics >"$work/build.json"
+  python3 - "$work/build.json" >"$work/programs" <<'EOF'
+import json, os, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        pkg = m["package_id"].split("#")[0].rstrip("/").rsplit("/", 1)[-1].split("@")[0]
+        if "#" in m["package_id"] and "@" in m["package_id"].split("#")[1]:
+            pkg = m["package_id"].split("#")[1].split("@")[0]
+        print(pkg, m["target"]["name"], m["executable"], os.path.dirname(m["manifest_path"]))
+EOF
+  echo "$(wc -l <"$work/programs") test programs"
+}
+
+# run_tests PACKAGE TARGET [ARGS...]: one test program (from its package's
+# directory, as cargo runs it); "all" runs every program. Test lines in the
+# log carry the program's name.
+run_tests() {
+  local pkg=$1 target=$2; shift 2
+  local found= failed=0
+  while read -r p t exe dir; do
+    [[ $pkg == all || ($p == "$pkg" && $t == "$target") ]] || continue
+    found=1
+    echo "     Running $p/$t"
+    (cd "$dir" && "$exe" "$@" </dev/null) 2>&1 \
+      | sed -u "s|^test \([^ ]*\) \.\.\. |test $p/$t::\1 ... |" | tee -a "$log" || failed=1
+  done <"$work/programs"
+  [[ -n $found ]] || { echo "no test program $pkg/$target" >&2; return 1; }
+  return $failed
+}
+
 phase "prerequisites" bash scripts/install-test-deps.sh
 phase "cargo fmt --check" cargo fmt --all -- --check
 phase "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 phase "manifests (deploy/)" python3 deploy/validate.py
-phase "cargo test (emulator tier)" bash -o pipefail -c 'cargo test --workspace --locked 2>&1 | tee -a "$0"' "$log"
+phase "build the tests once" build_tests
+phase "emulator tier (every test program)" run_tests all all
+phase "doc tests" bash -o pipefail -c 'cargo test --workspace --locked --doc 2>&1 | tee -a "$0"' "$log"
 
 cloud_started=1
 phase "real OpenStack up ($cloud_profile)" python3 tests/openstack/cloud.py up "$cloud_profile"
-phase "contract tests (real OpenStack)" bash -o pipefail -c \
-  'OPENSTACK_TEST_BACKEND=real cargo test --locked -p openstack-client --test contract 2>&1 | tee -a "$0"' "$log"
-phase "KMS plugin against real Keystone + Barbican" bash -o pipefail -c \
-  'OPENSTACK_TEST_BACKEND=real cargo test --locked -p kms-barbican --test plugin 2>&1 | tee -a "$0"' "$log"
-phase "Cinder CSI conformance (real OpenStack)" bash -o pipefail -c \
-  'OPENSTACK_TEST_BACKEND=real cargo test --locked -p csi-sanity --test drivers cinder_conforms_on_the_real_cloud -- --nocapture 2>&1 | tee -a "$0"' "$log"
-phase "Cinder credentials rotated under a running controller (real Keystone)" bash -o pipefail -c \
-  'OPENSTACK_TEST_BACKEND=real cargo test --locked -p csi-sanity --test drivers cinder_credentials_rotate_on_the_real_cloud -- --ignored --nocapture 2>&1 | tee -a "$0"' "$log"
-phase "Manila CSI on real Manila + Ceph (ceph-fuse)" bash -o pipefail -c \
-  'OPENSTACK_TEST_BACKEND=real cargo test --locked -p csi-manila --test real_cloud -- --ignored 2>&1 | tee -a "$0"' "$log"
-phase "Manila CSI conformance (real Manila + Ceph)" bash -o pipefail -c \
-  'OPENSTACK_TEST_BACKEND=real cargo test --locked -p csi-sanity --test drivers manila_cephfs_conforms_on_the_real_cloud -- --ignored --nocapture 2>&1 | tee -a "$0"' "$log"
+export OPENSTACK_TEST_BACKEND=real
+phase "contract tests (real OpenStack)" run_tests openstack-client contract
+phase "KMS plugin against real Keystone + Barbican" run_tests kms-barbican plugin
+phase "Cinder CSI conformance (real OpenStack)" \
+  run_tests csi-sanity drivers --ignored cinder_conforms_on_the_real_cloud --nocapture
+phase "Cinder credentials rotated under a running controller (real Keystone)" \
+  run_tests csi-sanity drivers --ignored cinder_credentials_rotate_on_the_real_cloud --nocapture
+phase "Manila CSI on real Manila + Ceph (ceph-fuse)" run_tests csi-manila real_cloud --ignored
+phase "Manila CSI conformance (real Manila + Ceph)" \
+  run_tests csi-sanity drivers --ignored manila_cephfs_conforms_on_the_real_cloud --nocapture
+phase "preflight of the real cloud (suite-walk)" \
+  target/debug/suite-walk --cloud-config .openstack-cloud/cloud-admin.conf \
+  --server "$(cat .openstack-cloud/test-server-id)" --share-type default
+unset OPENSTACK_TEST_BACKEND
 phase "real OpenStack down" python3 tests/openstack/cloud.py down
 cloud_started=
 
-# one closing line for the whole run (cargo ends on per-crate summaries,
-# often a doc-test one with nothing in it)
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1); if ($i ~ /^ignored;?$/) s += $(i-1) } }
-     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
+# each test once: passed if it passed in any phase, skipped if only ever
+# ignored (or filtered out), failed if it failed anywhere
+awk '
+  /^test .* \.\.\. ok$/      { s[$2] = (s[$2] == "failed") ? "failed" : "passed" }
+  /^test .* \.\.\. FAILED$/  { s[$2] = "failed" }
+  /^test .* \.\.\. ignored/  { if (!($2 in s)) s[$2] = "skipped" }
+  END {
+    for (t in s) n[s[t]]++
+    for (t in s) if (s[t] == "skipped") printf "skipped: %s\n", t
+    printf "tests: %d passed, %d failed, %d skipped\n", n["passed"], n["failed"], n["skipped"]
+  }' "$log"

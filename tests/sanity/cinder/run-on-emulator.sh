@@ -14,17 +14,32 @@ repo=$(cd "$here/../../.." && pwd)
 cd "$repo"
 
 [[ $(id -u) == 0 ]] || { echo "needs root (loop devices, mounts)" >&2; exit 2; }
-cargo build --release --locked --quiet -p openstack-emulator -p csi-cinder -p csi-sanity --bins
-bin=$repo/target/release
+if [[ ${1:-} == upstream ]] && ! command -v csi-sanity-upstream >/dev/null; then
+  echo "upstream csi-sanity is not on PATH as csi-sanity-upstream; build it with" >&2
+  echo "  git clone --depth 1 -b v5.4.0 https://github.com/kubernetes-csi/csi-test && make -C csi-test/cmd/csi-sanity" >&2
+  echo "and copy csi-test/cmd/csi-sanity/csi-sanity to /usr/local/bin/csi-sanity-upstream" >&2
+  exit 2
+fi
+# the same profile and packages as scripts/run-local.sh and the tests: built once
+cargo build --locked --bins -p openstack-emulator -p csi-cinder -p csi-sanity
+bin=$repo/target/debug
 
 work=$(mktemp -d /tmp/cinder-sanity.XXXXXX)
 pids=()
+status=0
 cleanup() {
+  local rc=$?
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   # anything the run left mounted below the work directory, deepest first
   { findmnt -rn -o TARGET | grep "^$work/" | sort -r | while read -r m; do umount -l "$m" || true; done; } || true
-  rm -rf "$work"
+  if [[ $rc == 0 && $status == 0 ]]; then
+    rm -rf "$work"
+  else
+    # a failed run keeps its logs (the plugin's and the emulator's)
+    find "$work" -mindepth 1 -maxdepth 1 ! -name '*.log' -exec rm -rf {} + 2>/dev/null || true
+    echo "logs of the failed run kept in $work (plugin.log, emulator.log)" >&2
+  fi
 }
 trap cleanup EXIT
 
@@ -45,11 +60,10 @@ mkdir -p "$work/kubelet/mount" "$work/kubelet/staging"
   --cluster sanity 2>"$work/plugin.log" &
 pids+=($!)
 for _ in $(seq 200); do [[ -S $work/csi.sock ]] && break; sleep 0.05; done
-echo "plugin on unix://$work/csi.sock (node $server); log: $work/plugin.log"
+echo "plugin on unix://$work/csi.sock (node $server); log: $work/plugin.log (kept if the run fails)"
 
 export CSI_ENDPOINT=unix://$work/csi.sock CSI_MOUNT_DIR=$work/kubelet/mount CSI_STAGING_DIR=$work/kubelet/staging \
   CSI_PARAMETERS=$here/parameters.yaml CSI_SECRETS=$here/secrets.yaml
-status=0
 case "${1:-}" in
   "")
     "$bin/csi-sanity" --endpoint "$CSI_ENDPOINT" --mount-dir "$work/kubelet/sanity" \
@@ -57,7 +71,6 @@ case "${1:-}" in
       --expansion-fs-type "${EXPANSION_FS_TYPE:-xfs}" || status=$?
     ;;
   upstream)
-    command -v csi-sanity-upstream >/dev/null || { echo "put upstream csi-sanity on PATH as csi-sanity-upstream" >&2; exit 2; }
     csi-sanity-upstream --csi.endpoint="$CSI_ENDPOINT" --csi.mountdir="$CSI_MOUNT_DIR/target" \
       --csi.stagingdir="$CSI_STAGING_DIR/target" --csi.testvolumeparameters="$CSI_PARAMETERS" \
       --csi.testnodevolumeattachlimit || status=$?

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::Arc;
 
 use openstack_emulator::{Emulator, EmulatorConfig, HypervisorConfig};
 
@@ -49,7 +50,9 @@ impl HarnessOptions {
 }
 
 pub struct CinderOnEmulator {
-    pub emulator: Emulator,
+    /// Shared, so that other plugins can be started against the same
+    /// cloud (see [`super::ManilaOptions::emulator`]).
+    pub emulator: Arc<Emulator>,
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     /// The plugin's `--path-root`: staging and target paths go below it.
@@ -87,6 +90,7 @@ impl CinderOnEmulator {
         })
         .await
         .map_err(|e| HarnessError::Emulator(e.to_string()))?;
+        let emulator = Arc::new(emulator);
         let zone = options
             .availability_zones
             .first()

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use openstack_emulator::{Emulator, EmulatorConfig};
@@ -41,6 +42,9 @@ pub struct ManilaOptions {
     /// Run the node in a private mount namespace with the stand-in mount
     /// helpers (root only); without it the node mounts nothing.
     pub stand_ins: bool,
+    /// An emulator already running (e.g. a Cinder harness's), instead of
+    /// one of its own.
+    pub emulator: Option<Arc<Emulator>>,
 }
 
 impl ManilaOptions {
@@ -53,6 +57,7 @@ impl ManilaOptions {
             log_level: "info".into(),
             cloud_conf: true,
             stand_ins: true,
+            emulator: None,
         }
     }
 }
@@ -122,7 +127,7 @@ pub struct HelperCall {
 }
 
 pub struct ManilaOnEmulator {
-    pub emulator: Emulator,
+    pub emulator: Arc<Emulator>,
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     /// The plugin's `--path-root`.
@@ -185,15 +190,20 @@ impl ManilaOnEmulator {
         write_script(&helpers.join("mount.nfs"), &fill(MOUNT_HELPER))?;
         write_script(&helpers.join("mount.ceph"), &fill(MOUNT_HELPER))?;
         write_script(&helpers.join("ceph-fuse"), &fill(CEPH_FUSE))?;
-        let emulator = Emulator::start(EmulatorConfig {
-            availability_zones: vec!["nova".into(), "zone-b".into()],
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| HarnessError::Emulator(e.to_string()))?;
+        let emulator = match &options.emulator {
+            Some(shared) => shared.clone(),
+            None => Arc::new(
+                Emulator::start(EmulatorConfig {
+                    availability_zones: vec!["nova".into(), "zone-b".into()],
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| HarnessError::Emulator(e.to_string()))?,
+            ),
+        };
         let node_id = emulator
             .control()
-            .create_server("admin", "node-1", "nova")
+            .create_server("admin", "share-node-1", "nova")
             .ok_or_else(|| HarnessError::Emulator("no admin project".into()))?;
         emulator
             .control()

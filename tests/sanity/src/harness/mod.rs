@@ -138,3 +138,26 @@ pub fn swap_secret_file(dir: &Path, name: &str, text: &str) -> Result<(), Harnes
     }
     Ok(())
 }
+
+/// The directory holding this workspace's binaries (`target/<profile>`),
+/// brought up to date the way `cargo test --workspace` (and
+/// `scripts/test.sh`) builds them: one feature set for every step, so a
+/// test never compiles the plugins a second time nor runs a stale one.
+pub fn workspace_binaries() -> Result<PathBuf, HarnessError> {
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["test", "--workspace", "--no-run", "--quiet"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    if !status.success() {
+        return Err(HarnessError::Emulator(
+            "building the workspace's binaries failed".into(),
+        ));
+    }
+    // target/<profile>/deps/<test program> → target/<profile>
+    let exe = std::env::current_exe()?;
+    exe.parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .ok_or_else(|| HarnessError::Io(std::io::Error::other("no target directory")))
+}
