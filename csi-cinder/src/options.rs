@@ -9,7 +9,14 @@ use plugin_runtime::{Endpoint, LogArgs};
 #[command(
     name = "cinder-csi-plugin",
     version,
-    about = "CSI driver for OpenStack Cinder block volumes"
+    about = "CSI driver for OpenStack Cinder block volumes",
+    long_about = "CSI driver for OpenStack Cinder block volumes.\n\n\
+        It serves the CSI Identity service always, the Controller service unless \
+        --provide-controller-service=false (with the GroupController service for volume group \
+        snapshots), and the Node service unless --provide-node-service=false. Not served: \
+        GetCapacity (Cinder's pool capacity is admin-only) and PUBLISH_READONLY (Cinder's \
+        read-only flag is volume-wide; a read-only NodePublishVolume is honoured on the node); \
+        upstream's --pvc-annotations (scheduler hints from PVC annotations) is not implemented."
 )]
 pub struct Options {
     /// CSI endpoint, e.g. unix:///csi/csi.sock.
@@ -66,6 +73,22 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
 }
 
 impl Options {
+    /// What this instance does not serve, for the start-up log.
+    pub fn not_served(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.services.provide_controller_service {
+            out.push(
+                "Controller and GroupController services (--provide-controller-service=false)"
+                    .to_string(),
+            );
+        }
+        if !self.services.provide_node_service {
+            out.push("Node service (--provide-node-service=false)".to_string());
+        }
+        out.push("GetCapacity and PUBLISH_READONLY (see --help)".to_string());
+        out
+    }
+
     /// Checks that flags fit together.
     pub fn validate(&self) -> Result<(), String> {
         self.services.check(&self.driver_name)?;

@@ -25,6 +25,9 @@ use crate::node::{NodeOptions, NodeService, attach_limit};
 /// Serves until SIGTERM or SIGINT.
 pub async fn run(opts: Options) -> Result<(), PluginError> {
     opts.validate().map_err(PluginError::Flags)?;
+    for what in opts.not_served() {
+        tracing::info!(%what, "not served by this instance");
+    }
     let server = PluginServer::new(opts.endpoint.clone()).http_endpoint(opts.http_endpoint);
 
     // the node needs only [Metadata] (and [BlockStorage]): its cloud.conf

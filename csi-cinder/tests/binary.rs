@@ -146,6 +146,35 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
         stderr.lines().all(|l| l.starts_with('{')),
         "JSON logs: {stderr}"
     );
+    // what this instance does not serve is said at start-up
+    for what in [
+        "Node service (--provide-node-service=false)",
+        "GetCapacity and PUBLISH_READONLY",
+    ] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.contains("not served by this instance") && l.contains(what)),
+            "no start-up line for {what}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn help_says_what_is_not_served() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    for what in [
+        "Not served: GetCapacity",
+        "PUBLISH_READONLY",
+        "--pvc-annotations",
+    ] {
+        assert!(
+            help.contains(what),
+            "--help does not mention {what}: {help}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -32,7 +32,7 @@ async fn serves_identity_under_the_configured_name() {
                 // the node would wait for instance metadata to be ready
                 "--provide-node-service=false",
             ])
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap(),
     );
@@ -61,6 +61,39 @@ async fn serves_identity_under_the_configured_name() {
     .unwrap();
     assert!(plugin.0.wait().unwrap().success());
     assert!(!sock.exists());
+    // what this instance does not serve is said at start-up
+    let mut log = String::new();
+    std::io::Read::read_to_string(plugin.0.stderr.as_mut().unwrap(), &mut log).unwrap();
+    for what in [
+        "Node service (--provide-node-service=false)",
+        "ListVolumes, ControllerGetVolume and GetCapacity",
+    ] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("not served by this instance") && l.contains(what)),
+            "no start-up line for {what}: {log}"
+        );
+    }
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a log that is not a terminal: {log}"
+    );
+}
+
+#[test]
+fn help_says_what_is_served_and_what_is_not() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for what in [
+        "no partner CSI plugin",
+        "--fwdendpoint is accepted but ignored",
+        "served only with --cloud-config",
+    ] {
+        assert!(
+            help.contains(what),
+            "--help does not mention {what}: {help}"
+        );
+    }
 }
 
 #[test]

@@ -15,7 +15,11 @@ fn duration(s: &str) -> Result<Duration, String> {
 #[command(
     name = "barbican-kms-plugin",
     version,
-    about = "Kubernetes KMS v2 plugin with a key-encryption key in Barbican"
+    about = "Kubernetes KMS v2 plugin with a key-encryption key in Barbican",
+    long_about = "Kubernetes KMS v2 plugin with a key-encryption key in Barbican.\n\n\
+        It serves the KMS v2 API (Status, Encrypt, Decrypt) on --socketpath, and /metrics and \
+        /healthz with --http-endpoint. Not served: the KMS v1 API (removed from Kubernetes; \
+        an EncryptionConfiguration must say apiVersion: v2)."
 )]
 pub struct Options {
     /// The plugin's Unix socket (a path or unix:///path); created 0600.

@@ -121,6 +121,10 @@ impl KeyMetrics {
 
 /// Serves until SIGTERM or SIGINT.
 pub async fn run(opts: Options) -> Result<(), PluginError> {
+    tracing::info!(
+        what = "the KMS v1 API (EncryptionConfiguration must say apiVersion: v2)",
+        "not served by this instance"
+    );
     let conf = CloudConf::load(
         std::slice::from_ref(&opts.cloud_config),
         ConfigEnv::from_process(),
