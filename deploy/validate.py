@@ -47,9 +47,70 @@ def documents():
         if out.returncode != 0:
             yield f"{d.relative_to(REPO)} (kustomize)", {"kind": "KustomizeError", "error": out.stderr.strip()}
             continue
-        for n, doc in enumerate(yaml.safe_load_all(out.stdout)):
-            if doc is not None:
-                yield f"{d.relative_to(REPO)} (rendered)#{n} {doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}", doc
+        rendered = [doc for doc in yaml.safe_load_all(out.stdout) if doc is not None]
+        for n, doc in enumerate(rendered):
+            yield f"{d.relative_to(REPO)} (rendered)#{n} {doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}", doc
+        for problem in rendering_rules(rendered):
+            yield f"{d.relative_to(REPO)} (rendered)", {"kind": "KustomizeError", "error": problem}
+
+
+def pod_templates(docs):
+    """(namespace, labels, container ports by name, images) of every workload's pods."""
+    for doc in docs:
+        if doc.get("kind") in ("Deployment", "DaemonSet", "StatefulSet"):
+            tpl = doc["spec"]["template"]
+            containers = tpl["spec"].get("containers", []) + tpl["spec"].get("initContainers", [])
+            ports = {p.get("name") for c in containers for p in c.get("ports", []) if p.get("name")}
+            yield (doc["metadata"].get("namespace"), tpl["metadata"].get("labels", {}), ports,
+                   [c["image"] for c in containers])
+
+
+def selects(selector, labels):
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in selector.get("matchExpressions") or []:
+        has, val = e["key"] in labels, labels.get(e["key"])
+        ok = {"In": has and val in e.get("values", []), "NotIn": not has or val not in e.get("values", []),
+              "Exists": has, "DoesNotExist": not has}[e["operator"]]
+        if not ok:
+            return False
+    return True
+
+
+def rendering_rules(docs):
+    """Rules across the objects of one rendering: every ServiceAccount a
+    binding names exists there (a namespace change in an overlay must reach
+    the subjects), every PodMonitor selects pods that have its port, every
+    dashboard parses, and every image is pinned to a tag."""
+    accounts = {(d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs if d.get("kind") == "ServiceAccount"}
+    for d in docs:
+        if d.get("kind") in ("RoleBinding", "ClusterRoleBinding"):
+            for sub in d.get("subjects", []):
+                if sub.get("kind") == "ServiceAccount" and accounts and (sub.get("namespace"), sub["name"]) not in accounts:
+                    yield f"{d['kind']}/{d['metadata']['name']} binds ServiceAccount {sub.get('namespace')}/{sub['name']}, which is not rendered here"
+    templates = list(pod_templates(docs))
+    for d in docs:
+        if d.get("kind") == "PodMonitor":
+            ns = d["metadata"].get("namespace")
+            chosen = [t for t in templates if t[0] == ns and selects(d["spec"]["selector"], t[1])]
+            if templates and not chosen:
+                yield f"PodMonitor/{d['metadata']['name']} selects no pod in namespace {ns}"
+            for ep in d["spec"].get("podMetricsEndpoints", []):
+                for t in chosen:
+                    if ep["port"] not in t[2]:
+                        yield f"PodMonitor/{d['metadata']['name']}: pods labelled {t[1]} have no port named {ep['port']}"
+        if d.get("kind") == "ConfigMap" and (d["metadata"].get("labels") or {}).get("grafana_dashboard") == "1":
+            for key, text in (d.get("data") or {}).items():
+                try:
+                    dash = json.loads(text)
+                    assert dash.get("panels") and dash.get("uid")
+                except (ValueError, AssertionError):
+                    yield f"ConfigMap/{d['metadata']['name']}: {key} is not a Grafana dashboard"
+    for t in templates:
+        for image in t[3]:
+            if ":" not in image.rsplit("/", 1)[-1] and "@" not in image:
+                yield f"image {image!r} (pods labelled {t[1]}) has no tag: set it in the kustomization's images"
 
 
 def cinder_rules(doc):
@@ -149,6 +210,31 @@ BROKEN = [
 ]
 
 
+def _workload(labels, port, image="registry.example.com/p:1"):
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "w", "namespace": "ns"},
+            "spec": {"template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                {"name": "c", "image": image, "ports": [{"name": port, "containerPort": 1}]}]}}}}
+
+
+BROKEN_RENDERINGS = [
+    ("binding to a ServiceAccount left in another namespace", [
+        {"kind": "ServiceAccount", "metadata": {"name": "sa", "namespace": "new"}},
+        {"kind": "ClusterRoleBinding", "metadata": {"name": "b"},
+         "subjects": [{"kind": "ServiceAccount", "name": "sa", "namespace": "kube-system"}]}]),
+    ("PodMonitor selecting no pod", [
+        _workload({"app": "a"}, "metrics"),
+        {"kind": "PodMonitor", "metadata": {"name": "m", "namespace": "ns"},
+         "spec": {"selector": {"matchLabels": {"app": "b"}}, "podMetricsEndpoints": [{"port": "metrics"}]}}]),
+    ("PodMonitor on a port the pods lack", [
+        _workload({"app": "a"}, "healthz"),
+        {"kind": "PodMonitor", "metadata": {"name": "m", "namespace": "ns"},
+         "spec": {"selector": {"matchLabels": {"app": "a"}}, "podMetricsEndpoints": [{"port": "metrics"}]}}]),
+    ("image without a tag", [_workload({"app": "a"}, "metrics", image="cinder-csi-plugin")]),
+    ("dashboard that is not JSON", [{"kind": "ConfigMap", "metadata": {"name": "d", "labels": {"grafana_dashboard": "1"}},
+                                     "data": {"d.json": "{"}}]),
+]
+
+
 def validate(docs):
     import jsonschema
     import kubernetes_validate
@@ -158,6 +244,7 @@ def validate(docs):
     enc_schema = json.loads((HERE / "schemas" / "encryption-configuration.json").read_text())
     vsc_schema = json.loads((HERE / "schemas" / "volumesnapshotclass.json").read_text())
     vgsc_schema = json.loads((HERE / "schemas" / "volumegroupsnapshotclass.json").read_text())
+    podmonitor_schema = json.loads((HERE / "schemas" / "podmonitor.json").read_text())
     for where, doc in docs:
         checked += 1
         if doc.get("kind") == "KustomizeError":
@@ -165,7 +252,8 @@ def validate(docs):
             continue
         for p in [*cinder_rules(doc), *manila_rules(doc)]:
             problems.append(f"{where}: {p}")
-        class_schemas = {"VolumeSnapshotClass": vsc_schema, "VolumeGroupSnapshotClass": vgsc_schema}
+        class_schemas = {"VolumeSnapshotClass": vsc_schema, "VolumeGroupSnapshotClass": vgsc_schema,
+                         "PodMonitor": podmonitor_schema}
         if doc.get("kind") in class_schemas:
             for e in jsonschema.Draft202012Validator(class_schemas[doc["kind"]]).iter_errors(doc):
                 problems.append(f"{where}: {'/'.join(map(str, e.path))}: {e.message}")
@@ -200,13 +288,15 @@ def main():
         env = {**os.environ, "_DEPLOY_VALIDATE_INNER": "1"}
         return subprocess.run([str(py), __file__], env=env).returncode
     missed = [name for name, doc in BROKEN if not validate([(name, doc)])[1]]
+    missed += [name for name, docs in BROKEN_RENDERINGS if not list(rendering_rules(docs))]
     if missed:
         print(f"the validator accepted broken documents: {', '.join(missed)}")
         return 1
     checked, problems = validate(documents())
     for p in problems:
         print(f"INVALID {p}")
-    print(f"manifests: {checked} checked, {len(problems)} problems; {len(BROKEN)} broken examples rejected")
+    print(f"manifests: {checked} checked, {len(problems)} problems; "
+          f"{len(BROKEN) + len(BROKEN_RENDERINGS)} broken examples rejected")
     return 1 if problems else 0
 
 

@@ -7,7 +7,8 @@
 #
 # Everything is compiled once: one `cargo test --no-run` of the workspace
 # (the same profile and features as the binaries the tests start), whose
-# test programs every phase then runs directly. The closing line counts
+# test programs every phase then runs directly; the container images are
+# made from the same binaries. The closing line counts
 # each test once: passed, failed, or skipped (ignored in every phase that
 # ran it).
 #
@@ -86,6 +87,8 @@ phase "manifests (deploy/)" python3 deploy/validate.py
 phase "build the tests once" build_tests
 phase "emulator tier (every test program)" run_tests all all
 phase "doc tests" bash -o pipefail -c 'cargo test --workspace --locked --doc 2>&1 | tee -a "$0"' "$log"
+phase "container images (deploy/images), checked against deploy/suite" \
+  env IMAGE_PROFILE=debug bash deploy/images/build.sh target/images
 
 cloud_started=1
 phase "real OpenStack up ($cloud_profile)" python3 tests/openstack/cloud.py up "$cloud_profile"

@@ -29,6 +29,19 @@ const PREFIXED_FS_TYPE: &str = "csi.storage.k8s.io/fstype";
 pub const DEFAULT_BACKUP_SECONDS_PER_GIB: u64 = 20;
 pub const BACKUP_BASE_SECONDS: u64 = 30;
 
+/// The StorageClass keys this driver reads, besides the provisioner's
+/// `csi.storage.k8s.io/*` (the README's reference is checked against it).
+pub const STORAGE_CLASS_KEYS: &[&str] = &["type", "availability", "fsType"];
+/// The VolumeSnapshotClass keys this driver reads.
+pub const SNAPSHOT_CLASS_KEYS: &[&str] = &[
+    "force-create",
+    "type",
+    "backup-max-duration-seconds-per-gb",
+    "availability",
+];
+/// The VolumeAttributesClass keys ModifyVolume applies.
+pub const VOLUME_ATTRIBUTES_CLASS_KEYS: &[&str] = &["type"];
+
 fn invalid(key: &str, value: &str, why: &str) -> DriverError {
     DriverError::InvalidArgument(format!("parameter {key}={value:?}: {why}"))
 }

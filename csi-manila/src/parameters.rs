@@ -144,6 +144,34 @@ fn reserved_metadata(k: &str) -> bool {
     k.starts_with("csi.storage.k8s.io/") || k.starts_with("manila.csi.openstack.org/")
 }
 
+/// The StorageClass keys this driver reads, besides the provisioner's
+/// `csi.storage.k8s.io/*` (the README's reference is checked against it).
+pub const STORAGE_CLASS_KEYS: &[&str] = &[
+    "type",
+    "shareNetworkID",
+    "availability",
+    "autoTopology",
+    "appendShareMetadata",
+    "groupID",
+    "cephfs-mounter",
+    "cephfs-clientID",
+    "cephfs-kernelMountOptions",
+    "cephfs-fuseMountOptions",
+    "nfs-shareClient",
+    "protocol",
+];
+/// The volume attributes the node reads (static PVs name a share with
+/// them; dynamic volumes get them from CreateVolume).
+pub const VOLUME_ATTRIBUTE_KEYS: &[&str] = &[
+    "shareID",
+    "shareName",
+    "shareAccessIDs",
+    "shareAccessID",
+    "cephfs-mounter",
+    "cephfs-kernelMountOptions",
+    "cephfs-fuseMountOptions",
+];
+
 impl ShareParameters {
     pub fn parse(params: &HashMap<String, String>, protocol: ShareProtocol) -> DriverResult<Self> {
         let mut p = ShareParameters {
@@ -152,21 +180,7 @@ impl ShareParameters {
         };
         let mut append = None;
         for (k, v) in params {
-            let known = matches!(
-                k.as_str(),
-                "type"
-                    | "shareNetworkID"
-                    | "availability"
-                    | "autoTopology"
-                    | "appendShareMetadata"
-                    | "groupID"
-                    | "cephfs-mounter"
-                    | "cephfs-clientID"
-                    | "cephfs-kernelMountOptions"
-                    | "cephfs-fuseMountOptions"
-                    | "nfs-shareClient"
-                    | "protocol"
-            );
+            let known = STORAGE_CLASS_KEYS.contains(&k.as_str());
             if known && v.is_empty() {
                 return Err(empty(k));
             }
@@ -265,16 +279,7 @@ impl NodeParameters {
     pub fn parse(ctx: &HashMap<String, String>) -> DriverResult<Self> {
         let mut p = NodeParameters::default();
         for (k, v) in ctx {
-            let known = matches!(
-                k.as_str(),
-                "shareID"
-                    | "shareName"
-                    | "shareAccessIDs"
-                    | "shareAccessID"
-                    | "cephfs-mounter"
-                    | "cephfs-kernelMountOptions"
-                    | "cephfs-fuseMountOptions"
-            );
+            let known = VOLUME_ATTRIBUTE_KEYS.contains(&k.as_str());
             if known && v.is_empty() {
                 return Err(DriverError::InvalidArgument(format!(
                     "volume attribute {k:?} cannot be empty"

@@ -39,8 +39,9 @@ pub struct Options {
     /// confirmed (outage tolerance).
     #[arg(long, default_value = "1h", value_parser = duration)]
     pub max_staleness: Duration,
-    /// Serve /metrics and /healthz on this address.
-    #[arg(long)]
+    /// Serve /metrics and /healthz on this address (`:9899` means every
+    /// interface).
+    #[arg(long, value_parser = plugin_runtime::parse_listen_address)]
     pub http_endpoint: Option<SocketAddr>,
     #[command(flatten)]
     pub log: LogArgs,

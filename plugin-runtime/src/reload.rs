@@ -31,6 +31,11 @@ pub struct ReloadMetrics {
 
 impl ReloadMetrics {
     pub fn register(&self, registry: &mut Registry) {
+        // every result at 0 from the start: a dashboard's rate() and alerts
+        // see the series before the first reload
+        for result in ["applied", "unchanged", "failed"] {
+            let _ = self.reloads.get_or_create(&ResultLabel { result });
+        }
         registry.register(
             "config_reloads",
             "Configuration reloads, by result",

@@ -281,6 +281,15 @@ const BLOCK_STORAGE_KEYS: &[&str] = &[
 ];
 const METADATA_KEYS: &[&str] = &["search-order", "request-timeout"];
 const KEY_MANAGER_KEYS: &[&str] = &["key-id"];
+/// Every section and key this parser reads (the README's configuration
+/// reference is checked against it); `[Global "name"]` sections take the
+/// `[Global]` keys.
+pub const KNOWN_KEYS: &[(&str, &[&str])] = &[
+    ("Global", GLOBAL_KEYS),
+    ("BlockStorage", BLOCK_STORAGE_KEYS),
+    ("Metadata", METADATA_KEYS),
+    ("KeyManager", KEY_MANAGER_KEYS),
+];
 /// Sections that belong to the cloud controller manager, which commonly
 /// shares the file: accepted silently.
 const FOREIGN_SECTIONS: &[&str] = &["loadbalancer", "loadbalancerclass", "networking", "route"];

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Builds one OCI image per plugin without any container registry or
+# daemon: a minimal Debian bookworm root filesystem from Debian's packages
+# (mmdebstrap, essential variant plus what the plugin runs), the plugin's
+# binary in /usr/local/bin as the entrypoint, written as an OCI layout with
+# umoci. Then checks each image: its binary runs inside its root filesystem
+# (--version, --help), the host tools its node service calls are there,
+# and every container of deploy/suite that uses the image names a binary
+# the image holds with flags that binary accepts.
+#
+#   deploy/images/build.sh [OUT_DIR]     (default target/images)
+#
+# IMAGE_PROFILE=release (default) or debug picks the cargo profile of the
+# binaries (CI reuses the debug build of its tests). Load an image into a
+# runtime or registry with e.g. `skopeo copy
+# oci:target/images/oci:cinder-csi-plugin docker://REGISTRY/cinder-csi-plugin:0.1.0`. Needs root (mmdebstrap, chroot).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+out=${1:-target/images}
+profile=${IMAGE_PROFILE:-release}
+suite=bookworm
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+
+[[ $(id -u) == 0 ]] || { echo "needs root (mmdebstrap, chroot)" >&2; exit 2; }
+need=()
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+command -v umoci >/dev/null || need+=(umoci)
+command -v kubectl >/dev/null || { echo "kubectl is needed to render deploy/suite" >&2; exit 2; }
+if ((${#need[@]})); then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade "${need[@]}" >/dev/null
+fi
+
+if [[ $profile == release ]]; then
+  cargo build --release --locked --bins -p csi-cinder -p csi-manila -p kms-barbican
+  bin_dir=target/release
+else
+  # the binaries of the tests' single build (scripts/test.sh)
+  bin_dir=target/debug
+fi
+
+# plugin binary | Debian packages | host tools the binary calls
+images=(
+  "cinder-csi-plugin|ca-certificates,util-linux,mount,e2fsprogs,xfsprogs|blkid mkfs.ext4 mkfs.xfs resize2fs xfs_growfs"
+  "manila-csi-plugin|ca-certificates,util-linux,mount,ceph-fuse,ceph-common,nfs-common,fuse3|ceph-fuse mount mount.ceph mount.nfs fusermount3"
+  "barbican-kms-plugin|ca-certificates|"
+)
+
+rm -rf "$out/oci" "$out/bundles"
+mkdir -p "$out/bundles"
+# the unpacked root filesystems are only for the checks below
+trap 'rm -rf "$out/bundles"' EXIT
+umoci init --layout "$out/oci"
+for spec in "${images[@]}"; do
+  IFS='|' read -r name packages tools <<<"$spec"
+  start=$SECONDS
+  bundle=$out/bundles/$name
+  rootfs=$out/bundles/$name.rootfs
+  echo "== image $name: Debian $suite + $packages"
+  mmdebstrap --quiet --variant=essential --include="$packages" \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' \
+    "$suite" "$rootfs" "$mirror"
+  install -D -m 0755 "$bin_dir/$name" "$rootfs/usr/local/bin/$name"
+  umoci new --image "$out/oci:$name"
+  umoci unpack --image "$out/oci:$name" "$bundle" >/dev/null
+  rm -rf "$bundle/rootfs"
+  mv "$rootfs" "$bundle/rootfs"
+  umoci repack --image "$out/oci:$name" "$bundle"
+  umoci config --image "$out/oci:$name" \
+    --config.entrypoint "/usr/local/bin/$name" \
+    --config.label "org.opencontainers.image.title=$name" \
+    --config.label "org.opencontainers.image.version=$version"
+  echo "   $(du -sh "$bundle/rootfs" | cut -f1) unpacked, $((SECONDS - start)) s"
+
+  # the binary runs in its own root filesystem
+  chroot "$bundle/rootfs" "/usr/local/bin/$name" --version
+  chroot "$bundle/rootfs" "/usr/local/bin/$name" --help >/dev/null
+  for tool in $tools; do
+    chroot "$bundle/rootfs" /bin/sh -c "command -v $tool" >/dev/null \
+      || { echo "image $name lacks $tool" >&2; exit 1; }
+  done
+done
+
+# every container of the suite that runs one of these images: its binary
+# is in the image, and its flags are accepted (`--help` after them parses
+# them all first)
+kubectl kustomize deploy/suite >"$out/suite.yaml"
+py=python3
+if ! python3 -c 'import yaml' 2>/dev/null; then
+  # PyYAML comes with the manifest validator's tools
+  [[ -x .venv-tools/bin/python ]] || python3 deploy/validate.py >/dev/null
+  py=.venv-tools/bin/python
+fi
+"$py" - "$out" <<'EOF'
+import subprocess, sys
+import yaml
+out = sys.argv[1]
+ours = {"cinder-csi-plugin", "manila-csi-plugin", "barbican-kms-plugin"}
+checked = 0
+for d in yaml.safe_load_all(open(f"{out}/suite.yaml")):
+    if not d or d.get("kind") not in ("Deployment", "DaemonSet"):
+        continue
+    for c in d["spec"]["template"]["spec"]["containers"]:
+        image = c["image"].rsplit("/", 1)[-1].split(":")[0]
+        if image not in ours:
+            continue
+        binary = (c.get("command") or [f"/usr/local/bin/{image}"])[0]
+        root = f"{out}/bundles/{image}/rootfs"
+        r = subprocess.run(["chroot", root, binary, *c.get("args", []), "--help"], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"{d['kind']}/{d['metadata']['name']} container {c['name']}: {binary} refuses its flags:\n{r.stderr}")
+        checked += 1
+if checked < 7:
+    sys.exit(f"only {checked} containers of deploy/suite run our images")
+print(f"images: {checked} containers of deploy/suite checked against their images")
+EOF
+rm -rf "$out/bundles"
+echo "OCI layout: $out/oci (tags: $(umoci ls --layout "$out/oci" | tr '\n' ' '))"
