@@ -44,6 +44,17 @@ phase() {
   echo "== $name: $((SECONDS - start)) s"
 }
 
+# A test phase: a failure is recorded and the run goes on, so that one
+# failing test does not hide the others; the run fails at the end.
+failed_phases=()
+tests() {
+  local name=$1; shift
+  local start=$SECONDS
+  echo "== $name"
+  "$@" || failed_phases+=("$name")
+  echo "== $name: $((SECONDS - start)) s"
+}
+
 # Builds every test program once; writes "package target path dir" lines.
 build_tests() {
   cargo test --workspace --locked --no-run --message-format=json-render-diagnostics >"$work/build.json"
@@ -85,24 +96,24 @@ phase "cargo fmt --check" cargo fmt --all -- --check
 phase "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 phase "manifests (deploy/)" python3 deploy/validate.py
 phase "build the tests once" build_tests
-phase "emulator tier (every test program)" run_tests all all
-phase "doc tests" bash -o pipefail -c 'cargo test --workspace --locked --doc 2>&1 | tee -a "$0"' "$log"
-phase "container images (deploy/images), checked against deploy/suite" \
+tests "emulator tier (every test program)" run_tests all all
+tests "doc tests" bash -o pipefail -c 'cargo test --workspace --locked --doc 2>&1 | tee -a "$0"' "$log"
+tests "container images (deploy/images), checked against deploy/suite" \
   env IMAGE_PROFILE=debug bash deploy/images/build.sh target/images
 
 cloud_started=1
 phase "real OpenStack up ($cloud_profile)" python3 tests/openstack/cloud.py up "$cloud_profile"
 export OPENSTACK_TEST_BACKEND=real
-phase "contract tests (real OpenStack)" run_tests openstack-client contract
-phase "KMS plugin against real Keystone + Barbican" run_tests kms-barbican plugin
-phase "Cinder CSI conformance (real OpenStack)" \
+tests "contract tests (real OpenStack)" run_tests openstack-client contract
+tests "KMS plugin against real Keystone + Barbican" run_tests kms-barbican plugin
+tests "Cinder CSI conformance (real OpenStack)" \
   run_tests csi-sanity drivers --ignored cinder_conforms_on_the_real_cloud --nocapture
-phase "Cinder credentials rotated under a running controller (real Keystone)" \
+tests "Cinder credentials rotated under a running controller (real Keystone)" \
   run_tests csi-sanity drivers --ignored cinder_credentials_rotate_on_the_real_cloud --nocapture
-phase "Manila CSI on real Manila + Ceph (ceph-fuse)" run_tests csi-manila real_cloud --ignored
-phase "Manila CSI conformance (real Manila + Ceph)" \
+tests "Manila CSI on real Manila + Ceph (ceph-fuse)" run_tests csi-manila real_cloud --ignored
+tests "Manila CSI conformance (real Manila + Ceph)" \
   run_tests csi-sanity drivers --ignored manila_cephfs_conforms_on_the_real_cloud --nocapture
-phase "preflight of the real cloud (suite-walk)" \
+tests "preflight of the real cloud (suite-walk)" \
   target/debug/suite-walk --cloud-config .openstack-cloud/cloud-admin.conf \
   --server "$(cat .openstack-cloud/test-server-id)" --share-type default
 unset OPENSTACK_TEST_BACKEND
@@ -120,3 +131,7 @@ awk '
     for (t in s) if (s[t] == "skipped") printf "skipped: %s\n", t
     printf "tests: %d passed, %d failed, %d skipped\n", n["passed"], n["failed"], n["skipped"]
   }' "$log"
+if ((${#failed_phases[@]})); then
+  printf 'failed: %s\n' "${failed_phases[@]}"
+  exit 1
+fi

@@ -565,7 +565,14 @@ async fn dead_daemons_and_a_frozen_cluster_are_survived() {
     let id = v.volume_id.clone();
     e.stage(&id, &v.volume_context).await;
     let a = e.publish(&id, "pod-a", false).await;
-    std::fs::write(a.join("kept"), b"data").unwrap();
+    // written through to the OSDs: a killed ceph-fuse loses what only its
+    // cache held, as any client killed before fsync would
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(a.join("kept")).unwrap();
+        f.write_all(b"data").unwrap();
+        f.sync_all().unwrap();
+    }
 
     // the ceph-fuse daemon killed under a published volume
     let pid_file = std::fs::read_dir(e.h.state_dir.join("volumes"))

@@ -5,8 +5,8 @@
 # binary in /usr/local/bin as the entrypoint, written as an OCI layout with
 # umoci. Then checks each image: its binary runs inside its root filesystem
 # (--version, --help), the host tools its node service calls are there,
-# and every container of deploy/suite that uses the image names a binary
-# the image holds with flags that binary accepts.
+# and every container of deploy/suite (and the KMS static pod) that uses
+# the image names a binary the image holds with flags that binary accepts.
 #
 #   deploy/images/build.sh [OUT_DIR]     (default target/images)
 #
@@ -99,10 +99,14 @@ import yaml
 out = sys.argv[1]
 ours = {"cinder-csi-plugin", "manila-csi-plugin", "barbican-kms-plugin"}
 checked = 0
-for d in yaml.safe_load_all(open(f"{out}/suite.yaml")):
-    if not d or d.get("kind") not in ("Deployment", "DaemonSet"):
+# the whole suite as rendered, and the KMS plugin's static pod
+docs = [*yaml.safe_load_all(open(f"{out}/suite.yaml")),
+        *yaml.safe_load_all(open("deploy/kms/barbican-kms-plugin.pod.yaml"))]
+for d in docs:
+    if not d or d.get("kind") not in ("Deployment", "DaemonSet", "Pod"):
         continue
-    for c in d["spec"]["template"]["spec"]["containers"]:
+    spec = d["spec"] if d["kind"] == "Pod" else d["spec"]["template"]["spec"]
+    for c in spec["containers"]:
         image = c["image"].rsplit("/", 1)[-1].split(":")[0]
         if image not in ours:
             continue
@@ -112,9 +116,9 @@ for d in yaml.safe_load_all(open(f"{out}/suite.yaml")):
         if r.returncode != 0:
             sys.exit(f"{d['kind']}/{d['metadata']['name']} container {c['name']}: {binary} refuses its flags:\n{r.stderr}")
         checked += 1
-if checked < 7:
-    sys.exit(f"only {checked} containers of deploy/suite run our images")
-print(f"images: {checked} containers of deploy/suite checked against their images")
+if checked < 8:
+    sys.exit(f"only {checked} containers of deploy/ run our images")
+print(f"images: {checked} containers of deploy/suite and the KMS static pod checked against their images")
 EOF
 rm -rf "$out/bundles"
 echo "OCI layout: $out/oci (tags: $(umoci ls --layout "$out/oci" | tr '\n' ' '))"
