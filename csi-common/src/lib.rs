@@ -65,7 +65,7 @@ macro_rules! serve_rpc {
 /// RPCs the driver does not serve answer Unimplemented with a reason;
 /// anything else is written out after `verbatim`.
 ///
-/// ```ignore
+/// ```text
 /// csi_common::csi_service! {
 ///     impl Node => NodeService {
 ///         rpc node_stage_volume(NodeStageVolumeRequest) -> NodeStageVolumeResponse
