@@ -96,6 +96,8 @@ phase "cargo fmt --check" cargo fmt --all -- --check
 phase "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 phase "manifests (deploy/)" python3 deploy/validate.py
 phase "build the tests once" build_tests
+# the tests start the binaries of that build (no cargo run inside a test)
+export CSI_SANITY_PLUGIN_DIR=$PWD/target/debug
 tests "emulator tier (every test program)" run_tests all all
 tests "doc tests" bash -o pipefail -c 'cargo test --workspace --locked --doc 2>&1 | tee -a "$0"' "$log"
 tests "container images (deploy/images), checked against deploy/suite" \

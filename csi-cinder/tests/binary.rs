@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use csi_sanity::harness::{free_port, http_get, wait_for_socket};
 use openstack_emulator::{Emulator, EmulatorConfig, FaultAction, FaultRule};
 use proto::csi::v1::identity_client::IdentityClient;
 use proto::csi::v1::{GetPluginCapabilitiesRequest, GetPluginInfoRequest, ProbeRequest};
@@ -20,35 +21,6 @@ impl Drop for Plugin {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn wait_for(p: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !p.exists() {
-        assert!(Instant::now() < deadline, "{} never appeared", p.display());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn http_get(port: u16, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.unwrap();
-    (buf.split_whitespace().nth(1).unwrap().parse().unwrap(), buf)
 }
 
 fn write_conf(dir: &Path, emu: &Emulator) -> PathBuf {
@@ -76,7 +48,7 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let conf = write_conf(dir.path(), &emu);
     let sock = dir.path().join("csi/csi.sock");
-    let port = free_port();
+    let port = free_port().unwrap();
     let child = Command::new(BIN)
         .arg(format!("--endpoint=unix://{}", sock.display()))
         .arg(format!("--cloud-config={}", conf.display()))
@@ -87,7 +59,7 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
         .spawn()
         .unwrap();
     let mut plugin = Plugin(child);
-    wait_for(&sock).await;
+    wait_for_socket(&sock).await.unwrap();
     let mut client = IdentityClient::new(plugin_runtime::connect_unix(&sock).await.unwrap());
     let info = client
         .get_plugin_info(GetPluginInfoRequest {})
@@ -119,14 +91,14 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
         assert!(Instant::now() < deadline, "never became ready");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (status, body) = http_get(port, "/metrics").await;
+    let (status, body) = http_get(port, "/metrics").await.unwrap();
     assert_eq!(status, 200);
     assert!(body.contains("openstack_api_requests_total{service=\"identity\",request=\"token_issue\",status=\"503\"} 2"), "{body}");
     assert!(
         body.contains("grpc_server_handled_total{method=\"/csi.v1.Identity/Probe\",code=\"OK\"}"),
         "{body}"
     );
-    assert_eq!(http_get(port, "/healthz").await.0, 200);
+    assert_eq!(http_get(port, "/healthz").await.unwrap().0, 200);
 
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(plugin.0.id() as i32),
@@ -188,7 +160,7 @@ async fn wrong_password_keeps_it_unready_with_a_reason() {
     )
     .unwrap();
     let sock = dir.path().join("csi.sock");
-    let port = free_port();
+    let port = free_port().unwrap();
     let _plugin = Plugin(
         Command::new(BIN)
             .arg(format!("--endpoint={}", sock.display()))
@@ -199,7 +171,7 @@ async fn wrong_password_keeps_it_unready_with_a_reason() {
             .spawn()
             .unwrap(),
     );
-    wait_for(&sock).await;
+    wait_for_socket(&sock).await.unwrap();
     let mut client = IdentityClient::new(plugin_runtime::connect_unix(&sock).await.unwrap());
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
@@ -211,7 +183,7 @@ async fn wrong_password_keeps_it_unready_with_a_reason() {
             .ready,
         Some(false)
     );
-    let (status, body) = http_get(port, "/healthz").await;
+    let (status, body) = http_get(port, "/healthz").await.unwrap();
     assert_eq!(status, 503);
     assert!(body.contains("refused password authentication"), "{body}");
     assert!(!body.contains("wrong-password"));

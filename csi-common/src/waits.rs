@@ -67,13 +67,7 @@ where
         || {
             let f = get();
             let state = &state;
-            async move {
-                match f.await {
-                    Ok(v) => Ok(Poll::Pending(state(&v))),
-                    Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
-                    Err(e) => Err(e),
-                }
-            }
+            async move { Poll::gone(f.await, state) }
         },
     )
     .await

@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use aes::cipher::{BlockEncryptMut, KeyIvInit, block_padding::Pkcs7};
+use csi_sanity::harness::{free_port, http_get};
 use openstack_client::barbican::{CreateSecret, KeyManager};
 use openstack_client::config::{CloudConf, ConfigEnv};
 use openstack_client::{Session, SessionOptions};
@@ -249,9 +250,9 @@ async fn drives_like_an_apiserver_and_survives_restart() {
     }
 
     // /healthz mirrors Status; /metrics counts RPCs and Barbican fetches
-    let (code, body) = http_get(port, "/healthz").await;
+    let (code, body) = http_get(port, "/healthz").await.unwrap();
     assert_eq!((code, body.trim()), (200, "ok"));
-    let (_, metrics) = http_get(port, "/metrics").await;
+    let (_, metrics) = http_get(port, "/metrics").await.unwrap();
     for want in [
         "grpc_server_handled_total{method=\"/v2.KeyManagementService/Decrypt\",code=\"OK\"} 300",
         "grpc_server_handled_total{method=\"/v2.KeyManagementService/Encrypt\",code=\"OK\"} 1",
@@ -591,25 +592,6 @@ async fn an_unusable_key_or_login_keeps_status_unhealthy_with_the_reason() {
     );
 }
 
-async fn http_get(port: u16, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.unwrap();
-    let code = buf.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (
-        code,
-        buf.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default(),
-    )
-}
-
 /// `--previous-key-id` keys are loaded at start: with Barbican cut off
 /// afterwards, old data still decrypts (no on-demand fetch is possible).
 #[tokio::test]
@@ -668,14 +650,6 @@ async fn encrypt(
     .into_inner()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The value of a metric line starting with `prefix`.
 fn metric(text: &str, prefix: &str) -> Option<f64> {
     text.lines()
@@ -710,7 +684,7 @@ async fn a_rotation_asked_for_during_a_barbican_outage_applies_when_it_ends() {
     let (emu, cloud) = emulated().await;
     let (first, dir, conf) = cloud.configured(&[1u8; 32]).await;
     let second = cloud.secret(&[2u8; 32]).await;
-    let port = free_port();
+    let port = free_port().unwrap();
     let http = format!("127.0.0.1:{port}");
     let plugin = Plugin::start(
         dir.path(),
@@ -742,13 +716,13 @@ async fn a_rotation_asked_for_during_a_barbican_outage_applies_when_it_ends() {
         (s.healthz.as_str(), s.key_id.as_str()),
         ("ok", old_id.as_str())
     );
-    let (code, body) = http_get(port, "/healthz").await;
+    let (code, body) = http_get(port, "/healthz").await.unwrap();
     assert_eq!(code, 200, "{body}");
     assert!(
         body.starts_with("ok: rotation to Barbican secret") && body.contains(&second),
         "{body}"
     );
-    let (_, m) = http_get(port, "/metrics").await;
+    let (_, m) = http_get(port, "/metrics").await.unwrap();
     assert!(
         metric(&m, "kms_key_rotation_pending_seconds").is_some_and(|v| v > 1.0),
         "{m}\n{}",
@@ -777,7 +751,7 @@ async fn a_rotation_asked_for_during_a_barbican_outage_applies_when_it_ends() {
     // the gauges follow within their update tick
     let mut m = String::new();
     for _ in 0..40 {
-        m = http_get(port, "/metrics").await.1;
+        m = http_get(port, "/metrics").await.unwrap().1;
         if metric(&m, "kms_key_rotation_pending_seconds") == Some(0.0) {
             break;
         }
@@ -790,7 +764,7 @@ async fn a_rotation_asked_for_during_a_barbican_outage_applies_when_it_ends() {
     );
     let failures = metric(&m, "kms_key_rotation_failures_total").unwrap();
     assert!(failures >= 1.0, "{m}");
-    let (_, body) = http_get(port, "/healthz").await;
+    let (_, body) = http_get(port, "/healthz").await.unwrap();
     assert_eq!(body.trim(), "ok");
     // one line per failed attempt, and the change (file, then SIGHUP)
     // applied once

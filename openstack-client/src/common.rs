@@ -46,6 +46,19 @@ pub enum Poll<T> {
     Pending(String),
 }
 
+impl Poll<()> {
+    /// One look at a resource being deleted: ready once the service
+    /// answers "not found"; while it is still there, pending in the state
+    /// `state` reads from it.
+    pub fn gone<R>(look: Result<R>, state: impl FnOnce(&R) -> String) -> Result<Poll<()>> {
+        match look {
+            Ok(r) => Ok(Poll::Pending(state(&r))),
+            Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// Calls `check` until it is ready, fails, or `deadline` passes: first
 /// every `initial`, growing by half each time up to `max`.
 pub async fn poll_until<T, F, Fut>(

@@ -1039,13 +1039,7 @@ async fn volume_metadata_and_retype() {
         soon(),
         Duration::from_millis(10),
         Duration::from_millis(50),
-        || async {
-            match cinder.get_volume(&v.id).await {
-                Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
-                Ok(x) => Ok(Poll::Pending(x.status.to_string())),
-                Err(e) => Err(e),
-            }
-        },
+        || async { Poll::gone(cinder.get_volume(&v.id).await, |x| x.status.to_string()) },
     )
     .await;
     assert!(gone.is_ok());

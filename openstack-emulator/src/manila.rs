@@ -268,15 +268,7 @@ async fn create_share(
             "Requested share exceeds allowed project/user or share type gigabytes quota.",
         ));
     }
-    let metadata: BTreeMap<String, String> = spec
-        .get("metadata")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                .collect()
-        })
-        .unwrap_or_default();
+    let metadata = crate::state::metadata_of(spec);
     // the scheduler fails a share the backend pool cannot hold, like the
     // dummy backend of the test cloud (1210 GiB free), and says why
     let too_big = size > POOL_FREE_GIB;

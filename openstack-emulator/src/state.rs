@@ -399,6 +399,19 @@ pub struct World {
     pub manila_max_minor: u32,
 }
 
+/// The `metadata` object of a create request (a value that is not a string
+/// reads as empty).
+pub fn metadata_of(spec: &serde_json::Value) -> BTreeMap<String, String> {
+    spec.get("metadata")
+        .and_then(serde_json::Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 pub fn now_iso() -> String {
     time::OffsetDateTime::now_utc()
         .format(&time::format_description::well_known::Rfc3339)

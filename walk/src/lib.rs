@@ -92,6 +92,16 @@ impl StepFailure {
     }
 }
 
+/// A Keystone session for the `[Global]` cloud of a cloud.conf's text (the
+/// emulator's, in the walk and its tests).
+pub fn session_of(cloud_conf: &str) -> Result<openstack_client::Session, openstack_client::Error> {
+    let conf = openstack_client::config::CloudConf::from_texts(
+        &[(PathBuf::from("cloud.conf"), cloud_conf.to_string())],
+        openstack_client::config::ConfigEnv::default(),
+    )?;
+    openstack_client::Session::new(conf.cloud("")?, openstack_client::SessionOptions::default())
+}
+
 /// A gRPC answer, or the failure naming the call.
 pub fn answer<T>(
     rpc: &'static str,

@@ -156,18 +156,13 @@ async fn wait_volume_settled(
     deadline: Instant,
 ) -> Result<(), Error> {
     poll_until("volume_settle", deadline, POLL_FIRST, POLL_MAX, || async {
-        match cinder.get_volume(id).await {
-            Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
-            Err(e) => Err(e),
-            Ok(v) => {
-                let s = v.status.to_string();
-                Ok(if s.ends_with("ing") {
-                    Poll::Pending(s)
-                } else {
-                    Poll::Ready(())
-                })
-            }
-        }
+        Ok(
+            match Poll::gone(cinder.get_volume(id).await, |v| v.status.to_string())? {
+                // in a transient state (creating, attaching, ...): not yet
+                Poll::Pending(s) if s.ends_with("ing") => Poll::Pending(s),
+                _ => Poll::Ready(()),
+            },
+        )
     })
     .await
 }
@@ -178,11 +173,7 @@ where
     Fut: std::future::Future<Output = Result<T, Error>>,
 {
     poll_until("delete_wait", deadline, POLL_FIRST, POLL_MAX, || async {
-        match get().await {
-            Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
-            Err(e) => Err(e),
-            Ok(_) => Ok(Poll::Pending("still there".into())),
-        }
+        Poll::gone(get().await, |_| "still there".into())
     })
     .await
 }

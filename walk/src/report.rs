@@ -187,7 +187,7 @@ impl Report {
 
 /// `412 ms`, `3.2 s`.
 pub fn human(d: Duration) -> String {
-    if d < Duration::from_secs(10) && d.as_millis() < 1000 {
+    if d < Duration::from_secs(1) {
         format!("{} ms", d.as_millis())
     } else {
         format!("{:.1} s", d.as_secs_f64())

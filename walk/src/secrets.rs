@@ -10,8 +10,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use openstack_client::barbican::{CreateSecret, KeyManager};
-use openstack_client::config::{CloudConf, ConfigEnv};
-use openstack_client::{Session, SessionOptions};
 use openstack_emulator::Emulator;
 use proto::kms::v2::key_management_service_client::KeyManagementServiceClient;
 use proto::kms::v2::{DecryptRequest, EncryptRequest, EncryptResponse, StatusRequest};
@@ -48,7 +46,7 @@ fn random_bytes(n: usize) -> Result<Zeroizing<Vec<u8>>, StepFailure> {
 }
 
 /// A Barbican key as an operator creates one: 32 random bytes, AES.
-async fn new_key(barbican: &KeyManager, name: &str) -> Result<String, StepFailure> {
+pub async fn new_key(barbican: &KeyManager, name: &str) -> Result<String, StepFailure> {
     Ok(barbican
         .create_secret(&CreateSecret {
             name: name.into(),
@@ -130,14 +128,7 @@ pub async fn walk(report: &mut Report, emulator: &Emulator, binary: &Path, logs:
     };
     let cloud_conf = emulator.cloud_conf();
     let conf_path = dir.path().join("cloud.conf");
-    let barbican = match CloudConf::from_texts(
-        &[(PathBuf::from("cloud.conf"), cloud_conf.clone())],
-        ConfigEnv::default(),
-    )
-    .and_then(|c| c.cloud(""))
-    .map_err(openstack_client::Error::from)
-    .and_then(|c| Session::new(c, SessionOptions::default()))
-    {
+    let barbican = match crate::session_of(&cloud_conf) {
         Ok(s) => KeyManager::new(s),
         Err(e) => {
             report.skip("start barbican-kms-plugin", &format!("no session: {e}"));

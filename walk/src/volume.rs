@@ -41,18 +41,16 @@ pub(crate) fn gib(n: i64) -> Option<csi::CapacityRange> {
     })
 }
 
-/// What is mounted at `path` here (source and type), if anything.
+/// What a lookup of `path` here sees mounted (source and type), if anything.
 pub(crate) fn mounted_at(path: &Path) -> Option<host_ops::MountEntry> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    host_ops::mountinfo::parse(&text)
-        .into_iter()
-        .rfind(|m| m.mount_point == path)
+    host_ops::mounts_at(path).ok()?.pop()
 }
 
 /// Bytes of the filesystem at `path`, as `df` shows them.
 pub(crate) fn df_bytes(path: &Path) -> Result<u64, StepFailure> {
-    let s = nix::sys::statvfs::statvfs(path).map_err(std::io::Error::from)?;
-    Ok(s.blocks() * s.fragment_size())
+    host_ops::volume_usage(path)
+        .map(|u| u.total_bytes)
+        .map_err(|e| StepFailure::Check(e.to_string()))
 }
 
 pub(crate) fn write_synced(path: &Path, text: &str) -> Result<(), StepFailure> {

@@ -10,15 +10,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use csi_sanity::harness::{CinderOnEmulator, HarnessOptions, ManilaOnEmulator, ManilaOptions};
-use openstack_client::barbican::{CreateSecret, KeyManager};
-use openstack_client::config::{CloudConf, ConfigEnv};
-use openstack_client::{Session, SessionOptions};
+use csi_sanity::harness::{
+    CinderOnEmulator, HarnessOptions, ManilaOnEmulator, ManilaOptions, free_port, http_get,
+};
+use openstack_client::barbican::KeyManager;
 use proto::csi::v1 as csi;
 use proto::csi::v1::controller_client::ControllerClient;
 use proto::kms::v2::EncryptRequest;
 use proto::kms::v2::key_management_service_client::KeyManagementServiceClient;
-use zeroize::Zeroizing;
 
 fn dashboards() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring/dashboards")
@@ -84,31 +83,6 @@ fn serves(text: &str, name: &str) -> bool {
     })
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn scrape(port: u16) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                .await
-                .unwrap();
-            let mut buf = String::new();
-            s.read_to_string(&mut buf).await.unwrap();
-            return buf;
-        }
-        assert!(Instant::now() < deadline, "nothing serves :{port}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn check(dashboard: &str, text: &str) {
     let missing: Vec<String> = queried_metrics(&dashboards().join(dashboard))
         .into_iter()
@@ -165,7 +139,7 @@ async fn create_and_delete(
 #[tokio::test(flavor = "multi_thread")]
 async fn cinder_serves_what_its_dashboard_queries() {
     let bins = csi_sanity::harness::workspace_binaries().unwrap();
-    let port = free_port();
+    let port = free_port().unwrap();
     let mut o = HarnessOptions::new(bins.join("cinder-csi-plugin"));
     o.hypervisor = false;
     o.extra_args = vec![format!("--http-endpoint=127.0.0.1:{port}")];
@@ -175,13 +149,16 @@ async fn cinder_serves_what_its_dashboard_queries() {
         mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
     });
     create_and_delete(&h.socket, &[], HashMap::new(), cap).await;
-    check("cinder-csi.json", &scrape(port).await);
+    check(
+        "cinder-csi.json",
+        &http_get(port, "/metrics").await.unwrap().1,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn manila_serves_what_its_dashboard_queries() {
     let bins = csi_sanity::harness::workspace_binaries().unwrap();
-    let port = free_port();
+    let port = free_port().unwrap();
     let mut o = ManilaOptions::new(bins.join("manila-csi-plugin"), "NFS");
     o.stand_ins = false;
     o.extra_args = vec![format!("--http-endpoint=127.0.0.1:{port}")];
@@ -193,7 +170,10 @@ async fn manila_serves_what_its_dashboard_queries() {
         mount_cap(),
     )
     .await;
-    check("manila-csi.json", &scrape(port).await);
+    check(
+        "manila-csi.json",
+        &http_get(port, "/metrics").await.unwrap().1,
+    );
 }
 
 struct Killed(Child);
@@ -211,22 +191,8 @@ async fn kms_serves_what_its_dashboard_queries() {
     let emulator = openstack_emulator::Emulator::start(Default::default())
         .await
         .unwrap();
-    let conf = CloudConf::from_texts(
-        &[(PathBuf::from("c"), emulator.cloud_conf())],
-        ConfigEnv::default(),
-    )
-    .unwrap();
-    let barbican =
-        KeyManager::new(Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap());
-    let key = barbican
-        .create_secret(&CreateSecret {
-            name: "kek".into(),
-            payload: Some(Zeroizing::new(vec![7; 32])),
-            algorithm: Some("aes".into()),
-            bit_length: Some(256),
-            mode: Some("gcm".into()),
-            secret_type: "symmetric".into(),
-        })
+    let barbican = KeyManager::new(suite_walk::session_of(&emulator.cloud_conf()).unwrap());
+    let key = suite_walk::secrets::new_key(&barbican, "kek")
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -250,7 +216,7 @@ async fn kms_serves_what_its_dashboard_queries() {
         )
         .times(1),
     );
-    let port = free_port();
+    let port = free_port().unwrap();
     let socket = dir.path().join("kms.sock");
     let _plugin = Killed(
         Command::new(bins.join("barbican-kms-plugin"))
@@ -278,7 +244,10 @@ async fn kms_serves_what_its_dashboard_queries() {
         assert!(Instant::now() < deadline, "Encrypt never succeeded");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    check("barbican-kms.json", &scrape(port).await);
+    check(
+        "barbican-kms.json",
+        &http_get(port, "/metrics").await.unwrap().1,
+    );
 }
 
 #[test]

@@ -11,9 +11,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use openstack_client::cinder::{BlockStorage, ListVolumes};
-use openstack_client::config::{CloudConf, ConfigEnv};
 use openstack_client::manila::{ListPage, SharedFileSystems};
-use openstack_client::{Session, SessionOptions};
 use openstack_emulator::{Delays, Emulator, EmulatorConfig, FaultAction, FaultRule};
 
 const WALK: &str = env!("CARGO_BIN_EXE_suite-walk");
@@ -164,12 +162,7 @@ impl Cloud {
 
     /// Volumes and shares left in the project.
     async fn left(&self) -> (usize, usize) {
-        let conf = CloudConf::from_texts(
-            &[(PathBuf::from("c"), self.emulator.cloud_conf())],
-            ConfigEnv::default(),
-        )
-        .unwrap();
-        let s = Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap();
+        let s = suite_walk::session_of(&self.emulator.cloud_conf()).unwrap();
         let volumes = BlockStorage::new(s.clone())
             .list_volumes(&ListVolumes::default())
             .await

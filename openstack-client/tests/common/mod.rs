@@ -175,11 +175,7 @@ where
     Fut: Future<Output = Result<T, Error>>,
 {
     until(what, || async {
-        match get().await {
-            Err(e) if e.is_not_found() => Ok(Poll::Ready(())),
-            Err(e) => Err(e),
-            Ok(_) => Ok(Poll::Pending("still there".into())),
-        }
+        Poll::gone(get().await, |_| "still there".into())
     })
     .await
 }

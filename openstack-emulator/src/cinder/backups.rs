@@ -119,15 +119,7 @@ pub(super) async fn create_backup(
             (volume_id.clone(), v.status.clone())
         }
     };
-    let metadata: BTreeMap<String, String> = spec
-        .get("metadata")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                .collect()
-        })
-        .unwrap_or_default();
+    let metadata = crate::state::metadata_of(spec);
     let seq = w.next_seq();
     let b = BackupRec {
         seq,

@@ -60,15 +60,7 @@ pub(super) async fn create_snapshot(
     if w.quotas.snapshots >= 0 && used + 1 > w.quotas.snapshots {
         return Err(over_limit("snapshots", w.quotas.snapshots));
     }
-    let metadata: BTreeMap<String, String> = spec
-        .get("metadata")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                .collect()
-        })
-        .unwrap_or_default();
+    let metadata = crate::state::metadata_of(spec);
     let seq = w.next_seq();
     let snap = SnapshotRec {
         seq,

@@ -16,17 +16,11 @@ impl Drop for Plugin {
     }
 }
 
-/// The plugins under test: this workspace's, built here, or those in
-/// `CSI_SANITY_PLUGIN_DIR` (e.g. an older release, to show what the suite
-/// finds in it).
+/// The plugins under test (see `workspace_binaries`: this workspace's, or
+/// those in `CSI_SANITY_PLUGIN_DIR`, e.g. an older release).
 fn binaries() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        if let Some(dir) = std::env::var_os("CSI_SANITY_PLUGIN_DIR") {
-            return PathBuf::from(dir);
-        }
-        csi_sanity::harness::workspace_binaries().expect("building the plugins")
-    })
+    DIR.get_or_init(|| csi_sanity::harness::workspace_binaries().expect("building the plugins"))
 }
 
 async fn start(bin: &str, args: &[String], sock: &Path) -> Plugin {

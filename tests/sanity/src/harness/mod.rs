@@ -139,11 +139,17 @@ pub fn swap_secret_file(dir: &Path, name: &str, text: &str) -> Result<(), Harnes
     Ok(())
 }
 
-/// The directory holding this workspace's binaries (`target/<profile>`),
-/// brought up to date the way `cargo test --workspace` (and
-/// `scripts/test.sh`) builds them: one feature set for every step, so a
-/// test never compiles the plugins a second time nor runs a stale one.
+/// The directory holding the plugin binaries under test: the one named by
+/// `CSI_SANITY_PLUGIN_DIR` when set (`scripts/test.sh` sets it to the
+/// build it has just made; or an older release, to show what the suite
+/// finds in it), else this workspace's `target/<profile>`, brought up to
+/// date the way `cargo test --workspace` builds it: one feature set for
+/// every step, so a test never compiles the plugins a second time nor runs
+/// a stale one.
 pub fn workspace_binaries() -> Result<PathBuf, HarnessError> {
+    if let Some(dir) = std::env::var_os("CSI_SANITY_PLUGIN_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
     let status = std::process::Command::new(env!("CARGO"))
         .args(["test", "--workspace", "--no-run", "--quiet"])
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
@@ -160,4 +166,37 @@ pub fn workspace_binaries() -> Result<PathBuf, HarnessError> {
         .and_then(Path::parent)
         .map(Path::to_path_buf)
         .ok_or_else(|| HarnessError::Io(std::io::Error::other("no target directory")))
+}
+
+/// A TCP port free on 127.0.0.1 at the time of asking (for a plugin's
+/// `--http-endpoint`).
+pub fn free_port() -> Result<u16, HarnessError> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// `GET path` on 127.0.0.1:`port` (waiting up to 20 s for something to
+/// listen there): the status code and the body.
+pub async fn http_get(port: u16, path: &str) -> Result<(u16, String), HarnessError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut s = loop {
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > deadline => return Err(e.into()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    s.read_to_string(&mut response).await?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {head:?}")))?;
+    Ok((code, body.to_string()))
 }
