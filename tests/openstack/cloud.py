@@ -343,7 +343,11 @@ os.environ["OS_KEYSTONE_CONFIG_FILES"] = {str(conf)!r}
 from keystone.server.wsgi import initialize_public_application
 application = initialize_public_application()
 """)
-    gunicorn("keystone", "keystone_app", PORTS["keystone"], env, workers=2, threads=4)
+    # sqlite takes one writer at a time, and a token issue writes: on fresh
+    # databases, concurrent logins of the starting services answered 500
+    # ("database is locked") and nova-conductor died of it; serially, as
+    # Barbican
+    gunicorn("keystone", "keystone_app", PORTS["keystone"], env, workers=1, threads=1)
     wait_until("keystone", lambda: http("GET", keystone_url())[0] == 200, 90, STATE / "logs" / "keystone.log")
 
 
