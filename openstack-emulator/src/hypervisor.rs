@@ -26,6 +26,9 @@ pub enum HypervisorError {
 #[derive(Debug)]
 struct Inner {
     by_id_dir: PathBuf,
+    /// Further directories linked alike (a guest's /dev/disk/by-id, seen
+    /// by node plugins in containers).
+    also_linked_in: Vec<PathBuf>,
     image_dir: PathBuf,
     /// volume id → loop device
     attached: Mutex<HashMap<String, PathBuf>>,
@@ -63,12 +66,26 @@ fn run(cmd: &str, args: &[&str]) -> Result<String, HypervisorError> {
 
 impl Hypervisor {
     pub fn new(by_id_dir: PathBuf, image_dir: PathBuf) -> io::Result<Self> {
+        Self::linking_in(by_id_dir, Vec::new(), image_dir)
+    }
+
+    /// Links every attached volume in `by_id_dir` and in each of
+    /// `also_linked_in`.
+    pub fn linking_in(
+        by_id_dir: PathBuf,
+        also_linked_in: Vec<PathBuf>,
+        image_dir: PathBuf,
+    ) -> io::Result<Self> {
         std::fs::create_dir_all(&by_id_dir)?;
+        for d in &also_linked_in {
+            std::fs::create_dir_all(d)?;
+        }
         std::fs::create_dir_all(&image_dir)?;
         let image_dir = image_dir.canonicalize()?;
         Ok(Self {
             inner: Arc::new(Inner {
                 by_id_dir,
+                also_linked_in,
                 image_dir,
                 attached: Mutex::new(HashMap::new()),
             }),
@@ -77,6 +94,10 @@ impl Hypervisor {
 
     pub fn by_id_dir(&self) -> &Path {
         &self.inner.by_id_dir
+    }
+
+    fn link_dirs(&self) -> impl Iterator<Item = &PathBuf> {
+        std::iter::once(&self.inner.by_id_dir).chain(&self.inner.also_linked_in)
     }
 
     fn image(&self, volume_id: &str) -> PathBuf {
@@ -116,13 +137,19 @@ impl Hypervisor {
         drop(file);
         let image_str = image.to_string_lossy().to_string();
         let dev = PathBuf::from(run("losetup", &["--find", "--show", &image_str])?);
-        let _ = std::fs::remove_file(&link);
-        if let Err(e) = std::os::unix::fs::symlink(&dev, &link) {
-            let _ = run("losetup", &["-d", &dev.to_string_lossy()]);
-            return Err(HypervisorError::Io {
-                what: format!("linking {}", link.display()),
-                source: e,
-            });
+        for dir in self.link_dirs() {
+            let l = dir.join(by_id_name(volume_id));
+            let _ = std::fs::remove_file(&l);
+            if let Err(e) = std::os::unix::fs::symlink(&dev, &l) {
+                for d in self.link_dirs() {
+                    let _ = std::fs::remove_file(d.join(by_id_name(volume_id)));
+                }
+                let _ = run("losetup", &["-d", &dev.to_string_lossy()]);
+                return Err(HypervisorError::Io {
+                    what: format!("linking {}", l.display()),
+                    source: e,
+                });
+            }
         }
         tracing::info!(volume = volume_id, device = %dev.display(), link = %link.display(), "attached");
         self.attached().insert(volume_id.to_string(), dev);
@@ -132,8 +159,9 @@ impl Hypervisor {
     /// Removes the block device and its link; the data stays.
     pub fn detach(&self, volume_id: &str) {
         let dev = self.attached().remove(volume_id);
-        let link = self.inner.by_id_dir.join(by_id_name(volume_id));
-        let _ = std::fs::remove_file(&link);
+        for dir in self.link_dirs() {
+            let _ = std::fs::remove_file(dir.join(by_id_name(volume_id)));
+        }
         if let Some(dev) = dev {
             if let Err(e) = run("losetup", &["-d", &dev.to_string_lossy()]) {
                 tracing::warn!(volume = volume_id, error = %e, "could not detach loop device");
@@ -226,7 +254,7 @@ impl Hypervisor {
                 }
             }
         }
-        if let Ok(entries) = std::fs::read_dir(&self.inner.by_id_dir) {
+        for entries in self.link_dirs().filter_map(|d| std::fs::read_dir(d).ok()) {
             for e in entries.flatten() {
                 let p = e.path();
                 let is_ours = e.file_name().to_string_lossy().starts_with("virtio-")

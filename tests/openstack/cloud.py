@@ -27,12 +27,9 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -103,14 +100,19 @@ class CloudError(Exception):
 
 # ---------------------------------------------------------------- helpers
 
+sys.path.insert(0, str(HERE.parent / "lib"))
+from services import Services, http, port_open as _port_open  # noqa: E402
 
-def run(cmd, env=None, cwd=None, timeout=600):
-    """Runs a command, failing with its output tail."""
-    res = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    if res.returncode != 0:
-        tail = "\n".join((res.stdout + res.stderr).splitlines()[-30:])
-        raise CloudError(f"{' '.join(map(str, cmd))} failed ({res.returncode}):\n{tail}")
-    return res.stdout
+SERVICES = Services(STATE, log, CloudError)
+run = SERVICES.run
+wait_until = SERVICES.wait_until
+pid_file = SERVICES.pid_file
+process_alive = SERVICES.alive
+start = SERVICES.start
+_group = SERVICES.group
+_forget = SERVICES.forget
+stop_all = SERVICES.stop_all
+stop = SERVICES.stop
 
 
 def venv_bin(name):
@@ -118,142 +120,7 @@ def venv_bin(name):
 
 
 def port_open(port, host=HOST):
-    with socket.socket() as s:
-        s.settimeout(0.3)
-        return s.connect_ex((host, port)) == 0
-
-
-def http(method, url, body=None, headers=None, timeout=10):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Content-Type", "application/json")
-    req.add_header("Accept", "application/json")
-    for k, v in (headers or {}).items():
-        req.add_header(k, v)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            raw = r.read()
-            return r.status, dict(r.headers), (json.loads(raw) if raw else None)
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-        try:
-            parsed = json.loads(raw) if raw else None
-        except ValueError:
-            parsed = raw.decode(errors="replace")
-        return e.code, dict(e.headers), parsed
-
-
-def wait_until(what, check, timeout, log_file=None, process=None):
-    """Waits for `check`; fails at once, with the log tail, if `process`
-    (default: the service named `what`, when it is one we started) died."""
-    process = process or (what if pid_file(what).exists() else None)
-    deadline = time.time() + timeout
-    reason = f"did not come up within {timeout}s"
-    while time.time() < deadline:
-        try:
-            if check():
-                return
-        except Exception:
-            pass
-        if process and not process_alive(process):
-            reason = "exited while starting"
-            break
-        time.sleep(0.25)
-    log_file = log_file or STATE / "logs" / f"{what}.log"
-    tail = ""
-    if Path(log_file).exists():
-        tail = "\n".join(Path(log_file).read_text(errors="replace").splitlines()[-40:])
-    raise CloudError(f"{what} {reason}; log tail ({log_file}):\n{tail}")
-
-
-# ------------------------------------------------------------ processes
-
-
-def pid_file(name):
-    return STATE / "pids" / f"{name}.pid"
-
-
-def process_alive(name):
-    p = pid_file(name)
-    if not p.exists():
-        return False
-    try:
-        pid = int(p.read_text().strip())
-        os.kill(pid, 0)
-        return True
-    except (ValueError, ProcessLookupError, PermissionError):
-        return False
-
-
-def start(name, cmd, env=None, cwd=None):
-    """Starts a service in its own process group and records its PID."""
-    cwd = cwd or str(STATE)
-    if process_alive(name):
-        return
-    (STATE / "pids").mkdir(parents=True, exist_ok=True)
-    (STATE / "logs").mkdir(parents=True, exist_ok=True)
-    out = open(STATE / "logs" / f"{name}.log", "ab")
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    proc = subprocess.Popen(
-        [str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env=full_env, cwd=cwd, start_new_session=True,
-    )
-    pid_file(name).write_text(str(proc.pid))
-    (STATE / "pids" / f"{name}.started").write_text(str(time.time()))
-    log(f"started {name} (pid {proc.pid})")
-
-
-def _group(name):
-    p = pid_file(name)
-    if not p.exists():
-        return None
-    try:
-        return int(p.read_text().strip())
-    except ValueError:
-        p.unlink()
-        return None
-
-
-def _forget(name):
-    pid_file(name).unlink(missing_ok=True)
-    (STATE / "pids" / f"{name}.started").unlink(missing_ok=True)
-
-
-def stop_all(names, grace=15):
-    """SIGTERM to the process groups of `names` at once, SIGKILL to what is
-    left after `grace` seconds."""
-    groups = {}
-    for name in names:
-        pgid = _group(name)
-        if pgid is None:
-            continue
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-            groups[name] = pgid
-        except ProcessLookupError:
-            _forget(name)
-    deadline = time.time() + grace
-    while groups and time.time() < deadline:
-        for name, pgid in list(groups.items()):
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                del groups[name]
-                _forget(name)
-                log(f"stopped {name}")
-        time.sleep(0.2)
-    for name, pgid in groups.items():
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        _forget(name)
-        log(f"killed {name} (did not stop within {grace}s)")
-
-
-def stop(name, grace=15):
-    stop_all([name], grace)
+    return _port_open(port, host)
 
 
 def gunicorn(name, module, port, env, workers=1, threads=4):
@@ -504,16 +371,7 @@ def db_url(name):
     return f"mysql+pymysql://{DB_USER}:{DB_PASSWORD}@{HOST}:{PORTS['mariadb']}/{name}?charset=utf8"
 
 
-def ensure_debian_packages(packages, recommends=True):
-    missing = [p for p in packages if subprocess.run(["dpkg-query", "-W", "-f=${Status}", p], capture_output=True,
-                                                    text=True).stdout.strip() != "install ok installed"]
-    if not missing:
-        return
-    log(f"apt-get install {' '.join(missing)}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    run(["apt-get", "update", "-qq"], env=env, timeout=600)
-    extra = [] if recommends else ["--no-install-recommends"]
-    run(["apt-get", "install", "-y", "-qq", "--no-upgrade", *extra, *missing], env=env, timeout=1200)
+ensure_debian_packages = SERVICES.ensure_debian_packages
 
 
 def setup_mariadb(services):
@@ -1274,8 +1132,10 @@ def configure_file(with_ceph):
 
 def start_hypervisor_agent():
     """The fake Nova driver attaches nothing: this agent (tests/hypervisor-agent)
-    turns every volume attached to the test server into a loop device under
-    STATE/by-id, so that node-side tests get real block devices."""
+    turns every volume attached to the test server into a loop device linked
+    under STATE/by-id, so that node-side tests get real block devices, and
+    in /dev/disk/by-id, where the guest's udev would link it (node plugins
+    in containers, the cluster tier, see it there)."""
     if process_alive("hypervisor-agent"):
         return
     target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
@@ -1283,6 +1143,7 @@ def start_hypervisor_agent():
     server = (STATE / "test-server-id").read_text().strip()
     start("hypervisor-agent", [target / "debug" / "hypervisor-agent", "--cloud-config", STATE / "cloud-admin.conf",
                                "--server", server, "--by-id-dir", STATE / "by-id",
+                               "--also-link-in", "/dev/disk/by-id",
                                "--image-dir", HYPERVISOR_IMAGES])
     wait_until("hypervisor-agent", lambda: (STATE / "by-id").is_dir(), 30)
 

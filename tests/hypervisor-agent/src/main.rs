@@ -35,6 +35,10 @@ struct Args {
     servers: Vec<String>,
     #[arg(long)]
     by_id_dir: PathBuf,
+    /// Further directories to link the devices in as well (the guest's
+    /// /dev/disk/by-id, for node plugins in containers).
+    #[arg(long = "also-link-in")]
+    also_link_in: Vec<PathBuf>,
     #[arg(long)]
     image_dir: PathBuf,
     #[arg(long, default_value_t = 300)]
@@ -52,8 +56,12 @@ async fn main() -> anyhow::Result<()> {
         ConfigEnv::from_process(),
     )?;
     let session = Session::new(conf.cloud(&args.cloud)?, SessionOptions::default())?;
-    let hv = Hypervisor::new(args.by_id_dir.clone(), args.image_dir.clone())
-        .context("preparing the directories")?;
+    let hv = Hypervisor::linking_in(
+        args.by_id_dir.clone(),
+        args.also_link_in.clone(),
+        args.image_dir.clone(),
+    )
+    .context("preparing the directories")?;
     hv.cleanup_all();
     let mut agent = Agent {
         hv,
