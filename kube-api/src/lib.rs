@@ -1,0 +1,483 @@
+//! The few Kubernetes API calls the plugins make, and nothing else: get,
+//! list, create and delete pods in one namespace, with the pod's own
+//! in-cluster credentials (the service account token, re-read on every
+//! call because kubelet rotates it, and the cluster CA).
+//!
+//! No redirect is ever followed: the token goes to the apiserver named by
+//! `KUBERNETES_SERVICE_HOST` and nowhere else.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use url::Url;
+
+/// Where kubelet puts a pod's service account credentials.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// How long one API call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("Kubernetes API configuration: {0}")]
+    Config(String),
+    #[error("Kubernetes API {method} {path}: {message}")]
+    Transport {
+        method: &'static str,
+        path: String,
+        message: String,
+    },
+    #[error("Kubernetes API {method} {path}: HTTP {status}: {message}")]
+    Status {
+        method: &'static str,
+        path: String,
+        status: u16,
+        /// The apiserver's `Status.reason` (`AlreadyExists`, `Forbidden`, ...).
+        reason: String,
+        message: String,
+    },
+    #[error("Kubernetes API {method} {path}: unexpected answer: {message}")]
+    Decode {
+        method: &'static str,
+        path: String,
+        message: String,
+    },
+}
+
+impl KubeError {
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            KubeError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, KubeError>;
+
+/// Where the bearer token comes from.
+#[derive(Debug, Clone)]
+pub enum Token {
+    /// Re-read on every call (projected tokens are rotated by kubelet).
+    File(PathBuf),
+    Fixed(String),
+}
+
+impl Token {
+    fn read(&self) -> Result<String> {
+        match self {
+            Token::Fixed(t) => Ok(t.clone()),
+            Token::File(p) => std::fs::read_to_string(p)
+                .map(|t| t.trim().to_string())
+                .map_err(|e| {
+                    KubeError::Config(format!(
+                        "cannot read the service account token {}: {e}",
+                        p.display()
+                    ))
+                }),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: Url,
+    http: reqwest::Client,
+    token: Arc<Token>,
+}
+
+impl Client {
+    /// The credentials kubelet gives a pod: the apiserver from
+    /// `KUBERNETES_SERVICE_HOST`/`_PORT`, the token and CA from
+    /// [`SERVICE_ACCOUNT_DIR`].
+    pub fn in_cluster() -> Result<Self> {
+        let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| {
+            KubeError::Config(
+                "KUBERNETES_SERVICE_HOST is not set: not running in a pod of a cluster".into(),
+            )
+        })?;
+        let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        let base = Url::parse(&format!("https://{host}:{port}/"))
+            .map_err(|e| KubeError::Config(format!("apiserver address {host}:{port}: {e}")))?;
+        let dir = Path::new(SERVICE_ACCOUNT_DIR);
+        let ca = std::fs::read(dir.join("ca.crt")).map_err(|e| {
+            KubeError::Config(format!(
+                "cannot read {}: {e} (is automountServiceAccountToken off?)",
+                dir.join("ca.crt").display()
+            ))
+        })?;
+        Self::new(base, Some(&ca), Token::File(dir.join("token")))
+    }
+
+    /// A client of the apiserver at `base`, trusting only `ca_pem` (an
+    /// `http://` base, for tests, needs none).
+    pub fn new(base: Url, ca_pem: Option<&[u8]>, token: Token) -> Result<Self> {
+        let mut builder = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .timeout(CALL_TIMEOUT);
+        if ca_pem.is_none() && base.scheme() == "https" {
+            return Err(KubeError::Config(
+                "an https apiserver needs its CA certificate".into(),
+            ));
+        }
+        // reqwest has no TLS provider of its own here: every client gets
+        // one, trusting the cluster CA alone
+        builder = builder.use_preconfigured_tls(tls(ca_pem)?);
+        let http = builder
+            .build()
+            .map_err(|e| KubeError::Config(format!("HTTP client: {e}")))?;
+        Ok(Self {
+            base,
+            http,
+            token: Arc::new(token),
+        })
+    }
+
+    /// The namespace of this pod: `POD_NAMESPACE`, else the service
+    /// account's.
+    pub fn own_namespace() -> Result<String> {
+        if let Ok(ns) = std::env::var("POD_NAMESPACE")
+            && !ns.is_empty()
+        {
+            return Ok(ns);
+        }
+        let f = Path::new(SERVICE_ACCOUNT_DIR).join("namespace");
+        std::fs::read_to_string(&f)
+            .map(|s| s.trim().to_string())
+            .map_err(|e| {
+                KubeError::Config(format!(
+                    "POD_NAMESPACE is not set and {} cannot be read: {e}",
+                    f.display()
+                ))
+            })
+    }
+
+    async fn call(
+        &self,
+        method: &'static str,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Option<&serde_json::Value>,
+    ) -> Result<serde_json::Value> {
+        let url = self
+            .base
+            .join(path.trim_start_matches('/'))
+            .map_err(|e| KubeError::Config(format!("{path}: {e}")))?;
+        let m = match method {
+            "GET" => reqwest::Method::GET,
+            "POST" => reqwest::Method::POST,
+            "DELETE" => reqwest::Method::DELETE,
+            other => return Err(KubeError::Config(format!("method {other}"))),
+        };
+        let mut req = self
+            .http
+            .request(m, url)
+            .query(query)
+            .bearer_auth(self.token.read()?)
+            .header("Accept", "application/json");
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let transport = |e: reqwest::Error| KubeError::Transport {
+            method,
+            path: path.to_string(),
+            message: e.to_string(),
+        };
+        let resp = req.send().await.map_err(transport)?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(transport)?;
+        let value: serde_json::Value = if bytes.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_slice(&bytes).map_err(|e| KubeError::Decode {
+                method,
+                path: path.to_string(),
+                message: format!("HTTP {status}: {e}"),
+            })?
+        };
+        if status.is_success() {
+            return Ok(value);
+        }
+        let text = |k: &str| {
+            value
+                .get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string()
+        };
+        Err(KubeError::Status {
+            method,
+            path: path.to_string(),
+            status: status.as_u16(),
+            reason: text("reason"),
+            message: text("message"),
+        })
+    }
+
+    fn pods_path(namespace: &str) -> String {
+        format!("api/v1/namespaces/{namespace}/pods")
+    }
+
+    /// The pod, or None when there is none by that name.
+    pub async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>> {
+        match self
+            .call(
+                "GET",
+                &format!("{}/{name}", Self::pods_path(namespace)),
+                &[],
+                None,
+            )
+            .await
+        {
+            Ok(v) => decode("GET", name, v).map(Some),
+            Err(e) if e.status() == Some(404) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Pods of the namespace matching the selectors (empty: all).
+    pub async fn list_pods(
+        &self,
+        namespace: &str,
+        label_selector: &str,
+        field_selector: &str,
+    ) -> Result<Vec<Pod>> {
+        let path = Self::pods_path(namespace);
+        let v = self
+            .call(
+                "GET",
+                &path,
+                &[
+                    ("labelSelector", label_selector),
+                    ("fieldSelector", field_selector),
+                ],
+                None,
+            )
+            .await?;
+        let list: PodList = decode("GET", &path, v)?;
+        Ok(list.items)
+    }
+
+    /// Creates the pod; one of that name already there is
+    /// [`Created::AlreadyExists`].
+    pub async fn create_pod(&self, namespace: &str, pod: &serde_json::Value) -> Result<Created> {
+        let path = Self::pods_path(namespace);
+        match self.call("POST", &path, &[], Some(pod)).await {
+            Ok(v) => decode("POST", &path, v).map(|p| Created::New(Box::new(p))),
+            Err(e) if e.status() == Some(409) => Ok(Created::AlreadyExists),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes the pod (gone already is success). `uid` makes sure it is
+    /// the pod that was looked at, not a newer one of the same name.
+    pub async fn delete_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        grace_period_seconds: Option<u32>,
+        uid: Option<&str>,
+    ) -> Result<()> {
+        let mut body = serde_json::json!({"kind": "DeleteOptions", "apiVersion": "v1"});
+        if let Some(g) = grace_period_seconds {
+            body["gracePeriodSeconds"] = g.into();
+        }
+        if let Some(u) = uid {
+            body["preconditions"] = serde_json::json!({ "uid": u });
+        }
+        match self
+            .call(
+                "DELETE",
+                &format!("{}/{name}", Self::pods_path(namespace)),
+                &[],
+                Some(&body),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.status() == Some(404) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(
+    method: &'static str,
+    path: &str,
+    v: serde_json::Value,
+) -> Result<T> {
+    serde_json::from_value(v).map_err(|e| KubeError::Decode {
+        method,
+        path: path.to_string(),
+        message: e.to_string(),
+    })
+}
+
+fn tls(ca_pem: Option<&[u8]>) -> Result<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    let certs: Vec<_> = rustls_pemfile::certs(&mut ca_pem.unwrap_or_default())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| KubeError::Config(format!("cluster CA: {e}")))?;
+    if certs.is_empty() && ca_pem.is_some() {
+        return Err(KubeError::Config(
+            "the cluster CA file holds no certificate".into(),
+        ));
+    }
+    for c in certs {
+        roots
+            .add(c)
+            .map_err(|e| KubeError::Config(format!("cluster CA: {e}")))?;
+    }
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| KubeError::Config(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// What [`Client::create_pod`] found.
+#[derive(Debug, Clone)]
+pub enum Created {
+    New(Box<Pod>),
+    AlreadyExists,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct PodList {
+    #[serde(default)]
+    items: Vec<Pod>,
+}
+
+/// The parts of a pod the plugins read.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Pod {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: PodSpec,
+    #[serde(default)]
+    pub status: PodStatus,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectMeta {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub uid: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    pub deletion_timestamp: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    #[serde(default)]
+    pub node_name: String,
+    #[serde(default)]
+    pub containers: Vec<Container>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Container {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub image: String,
+    #[serde(default)]
+    pub image_pull_policy: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    /// Pending, Running, Succeeded, Failed or Unknown.
+    #[serde(default)]
+    pub phase: String,
+    #[serde(default)]
+    pub container_statuses: Vec<ContainerStatus>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerStatus {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub state: ContainerState,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ContainerState {
+    #[serde(default)]
+    pub running: Option<serde_json::Value>,
+    #[serde(default)]
+    pub waiting: Option<StateDetail>,
+    #[serde(default)]
+    pub terminated: Option<StateDetail>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StateDetail {
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+}
+
+impl Pod {
+    /// Ended for good (its containers will not run again).
+    pub fn finished(&self) -> bool {
+        matches!(self.status.phase.as_str(), "Succeeded" | "Failed")
+    }
+
+    /// Why its containers are not running, when they are not: the
+    /// termination or waiting reason and message.
+    pub fn trouble(&self) -> Option<String> {
+        self.status.container_statuses.iter().find_map(|c| {
+            let (what, d) = match (&c.state.terminated, &c.state.waiting) {
+                (Some(t), _) => ("terminated", t),
+                (None, Some(w)) if w.reason.as_deref() != Some("ContainerCreating") => {
+                    ("waiting", w)
+                }
+                _ => return None,
+            };
+            let mut s = format!("container {} {what}", c.name);
+            if let Some(code) = d.exit_code {
+                s.push_str(&format!(" with exit code {code}"));
+            }
+            if let Some(r) = &d.reason {
+                s.push_str(&format!(" ({r})"));
+            }
+            if let Some(m) = d
+                .message
+                .as_deref()
+                .map(str::trim)
+                .filter(|m| !m.is_empty())
+            {
+                s.push_str(&format!(": {m}"));
+            }
+            Some(s)
+        })
+    }
+}
