@@ -8,6 +8,9 @@
 //! - [`node`]: staging, publishing, usage and health of mounted shares;
 //! - [`mounts`]: ceph-fuse, kernel CephFS and NFS mounts, and the node's
 //!   records of them;
+//! - [`daemons`], [`mount_pods`]: who runs the ceph-fuse daemons: the
+//!   plugin, or a pod of their own per share (`--mount-pods`), so that a
+//!   restart of the plugin never breaks a mount;
 //! - [`shares`]: what controller and node both know about shares;
 //! - [`parameters`]: StorageClass parameters and volume attributes;
 //! - [`capabilities`], [`errors`], [`options`], [`runtime_config`];
@@ -18,7 +21,9 @@
 
 pub mod capabilities;
 pub mod controller;
+pub mod daemons;
 pub mod errors;
+pub mod mount_pods;
 pub mod mounts;
 pub mod node;
 pub mod options;

@@ -21,10 +21,13 @@ use std::time::{Duration, Instant};
 
 use csi_common::node_ops::io_ctx;
 use csi_common::{DriverError, DriverResult};
+use host_ops::Mounter;
 use nix::mount::{MntFlags, umount2};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
+
+use crate::daemons::{Daemon, FuseDaemons};
 
 /// How long one look at a FUSE mount may take before it counts as hung.
 pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -70,6 +73,9 @@ pub struct StageRecord {
     /// Target paths published from this staging path.
     #[serde(default)]
     pub targets: Vec<PathBuf>,
+    /// Those of them published read-only (a repaired bind keeps it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_only_targets: Vec<PathBuf>,
 }
 
 /// The node's records, one directory per staging path (root only: the
@@ -212,7 +218,7 @@ pub fn alive(pid: Pid) -> bool {
 
 /// Runs a command until it exits or the deadline passes (then it is
 /// killed); non-zero exit is an error carrying its output.
-async fn run_bounded(
+pub(crate) async fn run_bounded(
     program: &str,
     args: &[String],
     deadline: Instant,
@@ -281,9 +287,20 @@ async fn run_bounded(
     )))
 }
 
+/// The longest path a Unix socket can have (sun_path, with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
 /// Writes what a mount needs beside its record: a ceph.conf (monitors,
-/// and where the client's own files go) and the key.
-fn write_ceph_files(dir: &Path, monitors: &str, client_id: &str, key: &str) -> DriverResult<()> {
+/// and where the client's own files go: all in `dir`, as the container's
+/// root may be read-only) and the key. `pid_file`: the daemon's PID means
+/// something here (it runs beside the plugin, not in a pod).
+fn write_ceph_files(
+    dir: &Path,
+    monitors: &str,
+    client_id: &str,
+    key: &str,
+    pid_file: bool,
+) -> DriverResult<()> {
     io_ctx(
         std::fs::create_dir_all(dir),
         format!("creating {}", dir.display()),
@@ -293,11 +310,24 @@ fn write_ceph_files(dir: &Path, monitors: &str, client_id: &str, key: &str) -> D
         format!("restricting {}", dir.display()),
     )?;
     let d = dir.display();
+    // the admin socket (`ceph daemon <asok> ...`) only where its path fits
+    // a Unix socket; otherwise none (a longer one makes ceph-fuse fail)
+    let asok = format!("{d}/asok");
+    let asok = if asok.len() <= MAX_SOCKET_PATH {
+        asok
+    } else {
+        String::new()
+    };
+    let pid = if pid_file {
+        format!("pid_file = {d}/ceph-fuse.pid\n")
+    } else {
+        String::new()
+    };
     write_private(
         &dir.join("ceph.conf"),
         &format!(
-            "[global]\nmon_host = {monitors}\n\n[client]\nlog_file = {d}/ceph-client.log\n\
-             admin_socket = {d}/ceph-client.asok\npid_file = {d}/ceph-fuse.pid\n"
+            "[global]\nmon_host = {monitors}\nrun_dir = {d}\n\n[client]\nlog_file = {d}/ceph-client.log\n\
+             admin_socket = {asok}\n{pid}"
         ),
     )?;
     write_private(
@@ -307,9 +337,46 @@ fn write_ceph_files(dir: &Path, monitors: &str, client_id: &str, key: &str) -> D
     write_private(&dir.join("secret"), key)
 }
 
-/// Mounts a share at the record's staging path.
+/// The arguments of ceph-fuse for a staged share (its files in `dir`).
+fn ceph_fuse_args(dir: &Path, record: &StageRecord) -> Vec<String> {
+    let MountKind::CephFuse {
+        root,
+        client_id,
+        fs_name,
+        options,
+        ..
+    } = &record.mount
+    else {
+        return Vec::new();
+    };
+    let mut args = vec![
+        "--conf".to_string(),
+        dir.join("ceph.conf").to_string_lossy().into_owned(),
+        "--id".into(),
+        client_id.clone(),
+        "--keyring".into(),
+        dir.join("keyring").to_string_lossy().into_owned(),
+        "-r".into(),
+        root.clone(),
+    ];
+    if let Some(fs) = fs_name {
+        args.push(format!("--client_fs={fs}"));
+    }
+    args.push(record.staging.to_string_lossy().into_owned());
+    if let Some(o) = options {
+        args.push("-o".into());
+        args.push(o.clone());
+    }
+    args
+}
+
+/// Mounts a share at the record's staging path; a FUSE mount's daemon is
+/// started by `daemons`. `key`: the share's secret, written beside the
+/// record (None: mount again with the files written before).
 pub async fn mount(
     state: &StateDir,
+    daemons: &FuseDaemons,
+    mounter: &dyn Mounter,
     record: &StageRecord,
     key: Option<&str>,
     deadline: Instant,
@@ -319,43 +386,22 @@ pub async fn mount(
     match &record.mount {
         MountKind::CephFuse {
             monitors,
-            root,
             client_id,
-            fs_name,
-            options,
+            ..
         } => {
             if let Some(key) = key {
-                write_ceph_files(&dir, monitors, client_id, key)?;
+                write_ceph_files(&dir, monitors, client_id, key, daemons.pid_files())?;
             }
             let _ = std::fs::remove_file(dir.join("ceph-fuse.pid"));
-            let mut args = vec![
-                "--conf".to_string(),
-                dir.join("ceph.conf").to_string_lossy().into_owned(),
-                "--id".into(),
-                client_id.clone(),
-                "--keyring".into(),
-                dir.join("keyring").to_string_lossy().into_owned(),
-                "-r".into(),
-                root.clone(),
-            ];
-            if let Some(fs) = fs_name {
-                args.push(format!("--client_fs={fs}"));
-            }
-            args.push(staging);
-            if let Some(o) = options {
-                args.push("-o".into());
-                args.push(o.clone());
-            }
-            // ceph-fuse returns once the mount is live and leaves its
-            // daemon behind: that daemon is the mount
-            run_bounded(
-                "ceph-fuse",
-                &args,
-                deadline,
-                "mounting with ceph-fuse",
-                Some(&dir.join("ceph-fuse.out")),
-            )
-            .await
+            daemons
+                .start(
+                    state,
+                    record,
+                    mounter,
+                    &ceph_fuse_args(&dir, record),
+                    deadline,
+                )
+                .await
         }
         MountKind::CephKernel {
             monitors,
@@ -365,7 +411,7 @@ pub async fn mount(
             options,
         } => {
             if let Some(key) = key {
-                write_ceph_files(&dir, monitors, client_id, key)?;
+                write_ceph_files(&dir, monitors, client_id, key, false)?;
             }
             let mut opts = vec![
                 format!("name={client_id}"),
@@ -426,10 +472,10 @@ pub async fn health(path: &Path) -> Health {
 }
 
 /// Unmounts `path` without hanging on a dead FUSE mount: the unmount gets
-/// [`UNMOUNT_PATIENCE`]; then the FUSE daemon `fuse` (if any) is killed,
-/// which releases everything waiting on it; failing that the mount is
-/// detached lazily. Nothing mounted is success.
-pub async fn unmount_bounded(path: &Path, fuse: Option<Pid>) -> DriverResult<()> {
+/// [`UNMOUNT_PATIENCE`]; then the FUSE daemon (if any) is killed, which
+/// releases everything waiting on it; failing that the mount is detached
+/// lazily. Nothing mounted is success.
+pub async fn unmount_bounded(path: &Path, daemon: Option<&Daemon>) -> DriverResult<()> {
     let p = path.to_path_buf();
     let mut attempt = tokio::task::spawn_blocking(move || umount2(&p, MntFlags::UMOUNT_NOFOLLOW));
     let first = tokio::time::timeout(UNMOUNT_PATIENCE, &mut attempt).await;
@@ -437,8 +483,8 @@ pub async fn unmount_bounded(path: &Path, fuse: Option<Pid>) -> DriverResult<()>
         Ok(joined) => joined.map_err(|e| DriverError::Internal(format!("unmount: {e}")))?,
         Err(_) => {
             tracing::warn!(path = %path.display(), "unmount blocks: the mount does not answer");
-            if let Some(pid) = fuse {
-                let _ = kill(pid, Signal::SIGKILL);
+            if let Some(d) = daemon {
+                d.kill().await;
             }
             match tokio::time::timeout(UNMOUNT_PATIENCE, &mut attempt).await {
                 Ok(joined) => joined.map_err(|e| DriverError::Internal(format!("unmount: {e}")))?,
@@ -468,10 +514,9 @@ pub async fn unmount_bounded(path: &Path, fuse: Option<Pid>) -> DriverResult<()>
     }
 }
 
-/// Waits a moment for a FUSE daemon to exit after its unmount, then kills
-/// it.
-pub async fn reap(pid: Option<Pid>) {
-    let Some(pid) = pid else { return };
+/// Waits a moment for a FUSE daemon process to exit after its unmount,
+/// then kills it.
+pub async fn reap_process(pid: Pid) {
     let until = Instant::now() + Duration::from_secs(2);
     while alive(pid) && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -503,13 +548,14 @@ mod tests {
                 options: None,
             },
             targets: vec![PathBuf::from("/var/lib/kubelet/pods/p/mount")],
+            read_only_targets: Vec::new(),
         };
         s.save(&r).unwrap();
         assert_eq!(s.load(&r.staging), Some(r.clone()));
         assert_eq!(s.all(), vec![r.clone()]);
         assert_eq!(s.for_target(&r.targets[0]), Some(r.clone()));
         let d = s.dir_for(&r.staging);
-        write_ceph_files(&d, "127.0.0.1:6789", "alice", "c2VjcmV0").unwrap();
+        write_ceph_files(&d, "127.0.0.1:6789", "alice", "c2VjcmV0", true).unwrap();
         for f in ["keyring", "secret", "ceph.conf", "stage.json"] {
             let mode = std::fs::metadata(d.join(f)).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode, 0o600, "{f}");

@@ -4,6 +4,10 @@
 //! takes everything down again. It asks Manila (with the node-stage
 //! secrets) only at NodeStage: for the share, its access rule (the cephx
 //! key never travels in a volume context) and its export location.
+//!
+//! Its records outlive it: a plugin that stops leaves every mount serving,
+//! and the next one to start finds them ([`NodeService::repair`] mounts a
+//! FUSE share again whose daemon died with the previous plugin).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,6 +29,7 @@ use proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
 
 use crate::TOPOLOGY_KEY;
 use crate::capabilities::parse_capability;
+use crate::daemons::FuseDaemons;
 use crate::mounts::{self, Health, MountKind, StageRecord, StateDir};
 use crate::options::ShareProtocol;
 use crate::parameters::{CephMounter, NodeParameters};
@@ -45,6 +50,7 @@ pub struct NodeService {
     credentials: Arc<Credentials<SharedFileSystems>>,
     runtime: Arc<RuntimeConfigFile>,
     state: StateDir,
+    daemons: FuseDaemons,
     mounter: Arc<dyn Mounter>,
     opts: NodeOptions,
     locks: KeyedLocks,
@@ -67,6 +73,7 @@ impl NodeService {
         credentials: Arc<Credentials<SharedFileSystems>>,
         runtime: Arc<RuntimeConfigFile>,
         state: StateDir,
+        daemons: FuseDaemons,
         mounter: Arc<dyn Mounter>,
         opts: NodeOptions,
     ) -> Self {
@@ -75,6 +82,7 @@ impl NodeService {
             credentials,
             runtime,
             state,
+            daemons,
             mounter,
             opts,
             locks: KeyedLocks::default(),
@@ -104,16 +112,22 @@ impl NodeService {
         if !self.mounted(&rec.staging)? {
             return Ok(false);
         }
-        let daemon = self.state.fuse_pid(&rec.staging);
+        let daemon = self.daemons.of(&self.state, &rec.staging);
         let problem = match mounts::health(&rec.staging).await {
-            Health::Answering(_) if !rec.mount.is_fuse() || daemon.is_some() => return Ok(true),
+            Health::Answering(_)
+                if !rec.mount.is_fuse() || daemon.is_some() || !self.daemons.knows_when_gone() =>
+            {
+                return Ok(true);
+            }
             Health::Answering(_) => "its ceph-fuse daemon is gone".to_string(),
             Health::Broken(e) => e,
             Health::Hung => "it does not answer".to_string(),
         };
         tracing::warn!(volume_id = %rec.volume_id, staging = %rec.staging.display(), %problem, "staged share is broken; mounting it again");
-        mounts::unmount_bounded(&rec.staging, daemon).await?;
-        mounts::reap(daemon).await;
+        mounts::unmount_bounded(&rec.staging, daemon.as_ref()).await?;
+        if let Some(d) = daemon {
+            d.end().await?;
+        }
         Ok(false)
     }
 
@@ -236,6 +250,7 @@ impl NodeService {
             staging: staging.clone(),
             mount,
             targets: Vec::new(),
+            read_only_targets: Vec::new(),
         };
         let asked = started.elapsed();
         // recorded before mounting: a crash in between leaves what
@@ -245,11 +260,21 @@ impl NodeService {
             std::fs::create_dir_all(&staging),
             format!("creating {}", staging.display()),
         )?;
-        if let Err(e) = mounts::mount(&self.state, &rec, rule.access_key.as_deref(), deadline).await
+        if let Err(e) = mounts::mount(
+            &self.state,
+            &self.daemons,
+            &*self.mounter,
+            &rec,
+            rule.access_key.as_deref(),
+            deadline,
+        )
+        .await
         {
-            let daemon = self.state.fuse_pid(&staging);
-            let _ = mounts::unmount_bounded(&staging, daemon).await;
-            mounts::reap(daemon).await;
+            let daemon = self.daemons.of(&self.state, &staging);
+            let _ = mounts::unmount_bounded(&staging, daemon.as_ref()).await;
+            if let Some(d) = daemon {
+                let _ = d.end().await;
+            }
             let _ = self.state.remove(&staging);
             return Err(e);
         }
@@ -271,7 +296,15 @@ impl NodeService {
         if self.staged_and_healthy(rec).await? {
             return Ok(());
         }
-        mounts::mount(&self.state, rec, None, deadline).await?;
+        mounts::mount(
+            &self.state,
+            &self.daemons,
+            &*self.mounter,
+            rec,
+            None,
+            deadline,
+        )
+        .await?;
         tracing::info!(volume_id = %rec.volume_id, staging = %rec.staging.display(), "staged share mounted again");
         Ok(())
     }
@@ -283,19 +316,23 @@ impl NodeService {
     ) -> DriverResult<csi::NodeUnstageVolumeResponse> {
         let (id, staging) = unstage_args(&r, &self.opts.path_roots)?;
         let _guard = self.locks.lock(&id, deadline).await?;
-        let daemon = self.state.fuse_pid(&staging);
+        let daemon = self.daemons.of(&self.state, &staging);
         for _ in 0..8 {
             if !self.mounted(&staging)? {
                 break;
             }
-            mounts::unmount_bounded(&staging, daemon).await?;
+            mounts::unmount_bounded(&staging, daemon.as_ref()).await?;
         }
-        mounts::reap(daemon).await;
         if self.mounted(&staging)? {
             return Err(DriverError::Internal(format!(
                 "{} is still mounted",
                 staging.display()
             )));
+        }
+        // the daemon ends with its mount; a mount pod is deleted (a
+        // failure keeps the record, so that the retry deletes it)
+        if let Some(d) = daemon {
+            d.end().await?;
         }
         self.state.remove(&staging)?;
         let s = staging.clone();
@@ -349,6 +386,9 @@ impl NodeService {
             .await?;
         if !rec.targets.contains(&target) {
             rec.targets.push(target.clone());
+            if read_only {
+                rec.read_only_targets.push(target.clone());
+            }
             self.state.save(&rec)?;
         }
         tracing::info!(volume_id = %id, target = %target.display(), read_only, "published");
@@ -363,12 +403,14 @@ impl NodeService {
         let (id, target) = unpublish_args(&r, &self.opts.path_roots)?;
         let _guard = self.locks.lock(&id, deadline).await?;
         let rec = self.state.for_target(&target);
-        let daemon = rec.as_ref().and_then(|r| self.state.fuse_pid(&r.staging));
+        let daemon = rec
+            .as_ref()
+            .and_then(|r| self.daemons.of(&self.state, &r.staging));
         for _ in 0..8 {
             if !self.mounted(&target)? {
                 break;
             }
-            mounts::unmount_bounded(&target, daemon).await?;
+            mounts::unmount_bounded(&target, daemon.as_ref()).await?;
         }
         if self.mounted(&target)? {
             return Err(DriverError::Internal(format!(
@@ -380,6 +422,7 @@ impl NodeService {
         blocking(move || remove_mount_point(&t)).await?;
         if let Some(mut rec) = rec {
             rec.targets.retain(|t| t != &target);
+            rec.read_only_targets.retain(|t| t != &target);
             self.state.save(&rec)?;
         }
         Ok(csi::NodeUnpublishVolumeResponse {})
@@ -398,12 +441,13 @@ impl NodeService {
                 path.display()
             )));
         }
-        let fuse_dead = self
-            .state
-            .for_target(&path)
-            .or_else(|| self.state.load(&path))
-            .filter(|rec| rec.mount.is_fuse())
-            .is_some_and(|rec| self.state.fuse_pid(&rec.staging).is_none());
+        let fuse_dead = self.daemons.knows_when_gone()
+            && self
+                .state
+                .for_target(&path)
+                .or_else(|| self.state.load(&path))
+                .filter(|rec| rec.mount.is_fuse())
+                .is_some_and(|rec| self.daemons.of(&self.state, &rec.staging).is_none());
         Ok(match mounts::health(&path).await {
             _ if fuse_dead => abnormal_response(
                 "the ceph-fuse daemon of this mount is gone; the next NodeStage or NodePublish mounts it again".into(),
@@ -440,19 +484,120 @@ impl NodeService {
         })
     }
 
-    /// At plugin shutdown: the ceph-fuse daemons this node started end,
-    /// and their mounts are detached (a mount without its daemon only
-    /// answers ENOTCONN). Records stay: the next NodeStage or NodePublish
-    /// mounts the share again.
-    pub async fn shutdown(&self) {
-        for rec in self.state.all().into_iter().filter(|r| r.mount.is_fuse()) {
-            let daemon = self.state.fuse_pid(&rec.staging);
-            for t in &rec.targets {
-                let _ = mounts::unmount_bounded(t, daemon).await;
+    /// At start: every FUSE share staged before is checked, and one whose
+    /// daemon is gone (it died with the previous plugin's container) is
+    /// mounted again from its record, with the binds of its pods. A pod's
+    /// running containers keep the mount they started with; those that
+    /// restart (and new ones) get the repaired mount. With mount pods, a
+    /// daemon only goes with its pod (deleted, or killed out of memory),
+    /// and mount pods no record names are ended.
+    pub async fn repair(&self) {
+        let records = self.state.all();
+        if let FuseDaemons::Pods(pods) = &self.daemons {
+            self.end_orphan_mount_pods(pods, &records).await;
+        }
+        let mut repaired = 0;
+        for rec in records.into_iter().filter(|r| r.mount.is_fuse()) {
+            let deadline = Instant::now() + std::time::Duration::from_secs(120);
+            let Ok(_guard) = self.locks.lock(&rec.volume_id, deadline).await else {
+                continue;
+            };
+            // the record may have gone while waiting for the lock
+            let Some(rec) = self.state.load(&rec.staging) else {
+                continue;
+            };
+            match self.repair_one(&rec, deadline).await {
+                Ok(true) => repaired += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(volume_id = %rec.volume_id, error = %e, "could not repair the staged share; the next NodeStage or NodePublish tries again")
+                }
             }
-            let _ = mounts::unmount_bounded(&rec.staging, daemon).await;
-            mounts::reap(daemon).await;
-            tracing::info!(volume_id = %rec.volume_id, "ceph-fuse mount ended at shutdown");
+        }
+        tracing::info!(repaired, "staged shares checked");
+    }
+
+    /// Mounts one recorded share and its binds again where they are dead;
+    /// true when something was repaired.
+    async fn repair_one(&self, rec: &StageRecord, deadline: Instant) -> DriverResult<bool> {
+        let mut repaired = false;
+        if !self.staged_and_healthy(rec).await? {
+            mounts::mount(
+                &self.state,
+                &self.daemons,
+                &*self.mounter,
+                rec,
+                None,
+                deadline,
+            )
+            .await?;
+            repaired = true;
+            tracing::info!(volume_id = %rec.volume_id, staging = %rec.staging.display(), "staged share mounted again");
+        }
+        for target in &rec.targets {
+            if !target.exists() {
+                continue;
+            }
+            let bound = self.mounted(target)?;
+            if bound && matches!(mounts::health(target).await, Health::Answering(_)) {
+                continue;
+            }
+            if bound {
+                mounts::unmount_bounded(target, None).await?;
+            }
+            let read_only = rec.read_only_targets.contains(target);
+            let mounter = self.mounter.clone();
+            let (s, t) = (rec.staging.clone(), target.clone());
+            blocking(move || bind_staged(&*mounter, &s, &t, read_only, &MountOptions::default()))
+                .await?;
+            repaired = true;
+            tracing::info!(volume_id = %rec.volume_id, target = %target.display(), read_only, "published share bound again");
+        }
+        Ok(repaired)
+    }
+
+    /// Mount pods of this node that no record names (their unstage did
+    /// not finish): ended, unless something is still mounted at their
+    /// staging path.
+    async fn end_orphan_mount_pods(
+        &self,
+        pods: &crate::mount_pods::MountPods,
+        records: &[StageRecord],
+    ) {
+        let found = match pods.on_this_node().await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list this node's mount pods");
+                return;
+            }
+        };
+        for pod in found {
+            let staging = pod
+                .metadata
+                .annotations
+                .get(crate::mount_pods::STAGING_ANNOTATION)
+                .map(PathBuf::from);
+            let recorded = staging
+                .as_ref()
+                .is_some_and(|s| records.iter().any(|r| &r.staging == s));
+            if recorded {
+                continue;
+            }
+            if let Some(s) = &staging
+                && self.mounted(s).unwrap_or(true)
+            {
+                tracing::warn!(pod = %pod.metadata.name, staging = %s.display(), "mount pod without a record still has its share mounted; left alone");
+                continue;
+            }
+            let deadline = Instant::now() + std::time::Duration::from_secs(30);
+            match pods.end(&pod.metadata.name, None, deadline).await {
+                Ok(()) => {
+                    tracing::info!(pod = %pod.metadata.name, "mount pod without a record ended")
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %pod.metadata.name, error = %e, "cannot end a mount pod without a record")
+                }
+            }
         }
     }
 }

@@ -100,6 +100,23 @@ pub struct Options {
     /// when `[Metadata] search-order` names metadataService.
     #[arg(long, default_value = "http://169.254.169.254/")]
     pub metadata_url: url::Url,
+    /// Node (CephFS): run each ceph-fuse daemon in a pod of its own on this
+    /// node, from this plugin's image, so that a restart, upgrade or
+    /// out-of-memory kill of the plugin never breaks a mounted share.
+    /// Needs the Kubernetes API (the pod's service account, allowed to
+    /// manage pods in its namespace), --node-name and POD_NAME.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub mount_pods: bool,
+    /// Node: the image of mount pods (default: this plugin's own, read
+    /// from its pod, POD_NAME).
+    #[arg(long)]
+    pub mount_pod_image: Option<String>,
+    /// Node: the memory limit of each mount pod (ceph-fuse's caches).
+    #[arg(long, default_value = "512Mi")]
+    pub mount_pod_memory_limit: String,
+    /// Node: this node's name in Kubernetes (mount pods run on it).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
     #[command(flatten)]
     pub services: csi_common::plugin::ServiceFlags,
     #[command(flatten)]
@@ -121,7 +138,37 @@ impl Options {
             crate::parameters::parse_share_clients(c)
                 .map_err(|e| format!("--default-nfs-share-client: {e}"))?;
         }
+        if self.mount_pods {
+            if self.share_protocol != ShareProtocol::Cephfs {
+                return Err(
+                    "--mount-pods: only CephFS shares (ceph-fuse) have daemons to run".into(),
+                );
+            }
+            if !self.services.provide_node_service {
+                return Err("--mount-pods is for the node service".into());
+            }
+            if self.node_name.as_deref().unwrap_or("").is_empty() {
+                return Err(
+                    "--mount-pods needs --node-name (or NODE_NAME from the downward API)".into(),
+                );
+            }
+            if self.mount_pod_kubelet_dir().is_none() {
+                return Err(format!(
+                    "--mount-pods: the state directory {} must lie below a --path-root (mount pods read it from there)",
+                    self.state_dir().display()
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The --path-root that holds the state directory: mount pods mount it.
+    pub fn mount_pod_kubelet_dir(&self) -> Option<PathBuf> {
+        let state = self.state_dir();
+        self.services
+            .path_roots()
+            .into_iter()
+            .find(|r| state.starts_with(r))
     }
 
     /// Where the node keeps its records.
@@ -185,5 +232,29 @@ mod tests {
         ])
         .unwrap();
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn mount_pods_need_cephfs_a_node_name_and_a_state_dir_they_can_see() {
+        let parse = |extra: &[&str]| {
+            let mut a = vec!["p", "--share-protocol-selector=CEPHFS", "--mount-pods"];
+            a.extend_from_slice(extra);
+            Options::try_parse_from(a).unwrap().validate()
+        };
+        assert!(parse(&["--node-name=n1"]).is_ok());
+        assert!(parse(&[]).unwrap_err().contains("--node-name"));
+        assert!(
+            parse(&["--node-name=n1", "--state-dir=/srv/state"])
+                .unwrap_err()
+                .contains("below a --path-root")
+        );
+        let nfs = Options::try_parse_from([
+            "p",
+            "--share-protocol-selector=NFS",
+            "--mount-pods",
+            "--node-name=n1",
+        ])
+        .unwrap();
+        assert!(nfs.validate().unwrap_err().contains("CephFS"));
     }
 }

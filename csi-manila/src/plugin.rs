@@ -1,5 +1,5 @@
 //! The plugin's lifecycle: read the configuration, build the services the
-//! flags ask for, serve until SIGTERM, then end what the node started.
+//! flags ask for, serve until SIGTERM. Mounts outlive the plugin.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,6 +20,8 @@ pub use csi_common::plugin::PluginError;
 
 use crate::Options;
 use crate::controller::{ControllerOptions, ControllerService};
+use crate::daemons::FuseDaemons;
+use crate::mount_pods::{MountPodOptions, MountPods};
 use crate::mounts::StateDir;
 use crate::node::{NodeOptions, NodeService};
 use crate::parameters::parse_share_clients;
@@ -105,18 +107,23 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
         capabilities.push(service_capability(ServiceType::ControllerService));
         capabilities.push(expansion_capability(ExpansionType::Online));
     }
-    let mut node = None;
     if opts.services.provide_node_service {
         let (r, identity) =
             Readiness::node_identity(conf.metadata.clone(), opts.metadata_url.clone());
         parts.push(r);
         let state = StateDir::new(opts.state_dir());
         state.ensure()?;
+        let daemons = if opts.mount_pods {
+            FuseDaemons::Pods(Arc::new(mount_pods(&opts).await?))
+        } else {
+            FuseDaemons::InPlugin
+        };
         let service = NodeService::new(
             identity,
             credentials.clone(),
             runtime.clone(),
             state,
+            daemons,
             Arc::new(host_ops::LinuxMounter),
             NodeOptions {
                 protocol: opts.share_protocol,
@@ -125,7 +132,9 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
             },
         );
         routes = routes.add_service(NodeServer::new(service.clone()));
-        node = Some(service);
+        // the shares staged before this start: FUSE mounts whose daemon
+        // went with the previous plugin are mounted again
+        tokio::spawn(async move { service.repair().await });
     }
     if opts.with_topology {
         capabilities.push(service_capability(
@@ -134,16 +143,41 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     }
 
     tracing::info!(protocol = %opts.share_protocol, driver = %opts.driver_name, "starting");
-    let served = csi_common::plugin::serve_with_identity(
-        server,
-        routes,
-        &opts.driver_name,
-        capabilities,
-        parts,
-    )
-    .await;
-    if let Some(n) = node {
-        n.shutdown().await;
-    }
-    served.map_err(PluginError::from)
+    // at the end every mount stays: a restarted plugin finds them again
+    csi_common::plugin::serve_with_identity(server, routes, &opts.driver_name, capabilities, parts)
+        .await
+        .map_err(PluginError::from)
+}
+
+/// The mount pods' settings: this pod's namespace and image, from the
+/// Kubernetes API.
+async fn mount_pods(opts: &Options) -> Result<MountPods, PluginError> {
+    let kube = kube_api::Client::in_cluster()
+        .map_err(|e| PluginError::Flags(format!("--mount-pods: {e}")))?;
+    let namespace = kube_api::Client::own_namespace()
+        .map_err(|e| PluginError::Flags(format!("--mount-pods: {e}")))?;
+    let (image, image_pull_policy) = match &opts.mount_pod_image {
+        Some(i) => (i.clone(), None),
+        None => {
+            let pod = std::env::var("POD_NAME").map_err(|_| {
+                PluginError::Flags(
+                    "--mount-pods: POD_NAME is not set (downward API), so the plugin's image is unknown: set it or --mount-pod-image".into(),
+                )
+            })?;
+            MountPods::own_image(&kube, &namespace, &pod)
+                .await
+                .map_err(|e| PluginError::Flags(format!("--mount-pods: {e}")))?
+        }
+    };
+    let options = MountPodOptions {
+        node_name: opts.node_name.clone().unwrap_or_default(),
+        namespace,
+        image,
+        image_pull_policy,
+        kubelet_dir: opts.mount_pod_kubelet_dir().unwrap_or_default(),
+        driver_name: opts.driver_name.clone(),
+        memory_limit: opts.mount_pod_memory_limit.clone(),
+    };
+    tracing::info!(image = %options.image, node = %options.node_name, namespace = %options.namespace, "ceph-fuse daemons run in mount pods");
+    Ok(MountPods::new(kube, options))
 }

@@ -469,7 +469,9 @@ async fn cephfs_kernel_and_fuse_mounts_carry_the_key_only_in_private_files() {
     );
     assert!(!e.stats(&c).await.volume_condition.unwrap().abnormal);
 
-    // a graceful shutdown ends the daemons it started
+    // a graceful shutdown leaves every daemon and mount: a plugin that
+    // stops (an upgrade, a liveness restart) breaks no share in use
+    let r = e.publish(&f, "pod-r", true).await;
     let pid: i32 = std::fs::read_to_string(dir.join("ceph-fuse.pid"))
         .unwrap()
         .trim()
@@ -478,11 +480,62 @@ async fn cephfs_kernel_and_fuse_mounts_carry_the_key_only_in_private_files() {
     let status = e.h.terminate_plugin().unwrap();
     assert!(status.success(), "{status}");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.contains(") Z"))
-        .unwrap_or(false);
-    assert!(!alive, "the ceph-fuse daemon outlived the plugin");
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.contains(") Z"))
+            .unwrap_or(false)
+    };
+    assert!(alive(pid), "the plugin's shutdown ended a ceph-fuse daemon");
+    // here the plugin's mounts live in its private namespace, which goes
+    // with that daemon: as a container's mounts go with it
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+
+    // the next plugin finds the record of the staged share, mounts it
+    // again and binds it into its pods' directories before any call,
+    // read-only where it was published read-only
+    let fuse_calls = |e: &Env| {
+        e.h.helper_calls()
+            .iter()
+            .filter(|c| c.program == "ceph-fuse")
+            .count()
+    };
+    e.h.emulator.control().clear_calls();
     e.h.restart_plugin().await.unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while (e.h.mounts_at(&r).is_empty() || fuse_calls(&e) < 3) && std::time::Instant::now() < until
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(fuse_calls(&e), 3, "mounted again once");
+    assert!(
+        e.share_calls().is_empty(),
+        "repaired from the record alone: {:?}",
+        e.share_calls()
+    );
+    for t in [&a, &b, &c] {
+        assert!(
+            !e.stats(t).await.volume_condition.unwrap().abnormal,
+            "{}",
+            t.display()
+        );
+    }
+    assert_eq!(std::fs::read(e.h.seen(&a).join("x")).unwrap(), b"shared");
+    let ro = e.h.mounts_at(&r);
+    assert!(ro.last().is_some_and(|m| m.read_only()), "{ro:?}");
+    assert!(!e.h.mounts_at(&c).last().unwrap().read_only());
+    for pod in ["pod-a", "pod-b", "pod-c", "pod-r"] {
+        e.unpublish(&f, pod).await;
+    }
+    e.unstage(&f).await;
+    assert!(
+        e.h.mounts_below_dir().is_empty(),
+        "{:?}",
+        e.h.mounts_below_dir()
+    );
 }
 
 // ------------------------------------------------------------ controller

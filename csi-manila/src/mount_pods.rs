@@ -1,0 +1,359 @@
+//! ceph-fuse daemons in pods of their own (`--mount-pods`), so that a
+//! restart, an upgrade, a liveness kill or an out-of-memory kill of the
+//! node plugin never breaks a mount a running pod uses: the FUSE daemon
+//! lives in a pod of the plugin's image on the same node, one per staged
+//! share, with its own memory limit.
+//!
+//! A mount pod is privileged on the host network (the share's network is
+//! the host's) and mounts the kubelet directory with Bidirectional
+//! propagation, like the node plugin; it runs `ceph-fuse -f` on the staging
+//! path with the ceph.conf and keyring the plugin wrote into its state
+//! directory (below the kubelet directory, root only). Its name is derived
+//! from the node and the staging path, so that every call finds it again;
+//! the plugin's service account may only create such pods on its own node
+//! (deploy/manila/base/mount-pods-policy.yaml).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use csi_common::{DriverError, DriverResult};
+use kube_api::{Client, Created, Pod};
+
+/// Labels every mount pod carries (and the admission policy checks).
+pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+pub const COMPONENT: &str = "ceph-fuse-mount";
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const VOLUME_ANNOTATION: &str = "manila.csi.openstack.org/volume-id";
+pub const STAGING_ANNOTATION: &str = "manila.csi.openstack.org/staging-path";
+
+#[derive(Debug, Clone)]
+pub struct MountPodOptions {
+    /// This node's Kubernetes name (the downward API's spec.nodeName).
+    pub node_name: String,
+    pub namespace: String,
+    /// The plugin's own image (it holds ceph-fuse).
+    pub image: String,
+    pub image_pull_policy: Option<String>,
+    /// The kubelet directory, mounted into the pod at the same path: the
+    /// staging paths and the state directory lie below it.
+    pub kubelet_dir: PathBuf,
+    /// The CSI driver name: mount pods are labelled managed by it.
+    pub driver_name: String,
+    /// Each mount pod's memory limit (ceph-fuse's caches live there).
+    pub memory_limit: String,
+}
+
+#[derive(Debug)]
+pub struct MountPods {
+    kube: Client,
+    opts: MountPodOptions,
+}
+
+fn api(what: &str, e: kube_api::KubeError) -> DriverError {
+    match e.status() {
+        Some(403) => DriverError::FailedPrecondition(format!(
+            "{what}: {e} (the node plugin's service account needs pods create/get/list/delete in its namespace)"
+        )),
+        Some(s) if s >= 500 || s == 429 => DriverError::Unavailable(format!("{what}: {e}")),
+        None => DriverError::Unavailable(format!("{what}: {e}")),
+        _ => DriverError::Internal(format!("{what}: {e}")),
+    }
+}
+
+impl MountPods {
+    pub fn new(kube: Client, opts: MountPodOptions) -> Self {
+        Self { kube, opts }
+    }
+
+    /// The image and pull policy of the plugin's own container, read from
+    /// its pod (`POD_NAME`): mount pods run exactly what the plugin runs.
+    pub async fn own_image(
+        kube: &Client,
+        namespace: &str,
+        pod_name: &str,
+    ) -> Result<(String, Option<String>), String> {
+        let pod = kube
+            .get_pod(namespace, pod_name)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("pod {namespace}/{pod_name} does not exist"))?;
+        let c = pod
+            .spec
+            .containers
+            .iter()
+            .find(|c| c.name == "manila-csi-plugin")
+            .or_else(|| {
+                pod.spec
+                    .containers
+                    .iter()
+                    .find(|c| c.image.contains("manila-csi-plugin"))
+            })
+            .ok_or_else(|| {
+                format!(
+                    "pod {namespace}/{pod_name} has no container manila-csi-plugin: give --mount-pod-image"
+                )
+            })?;
+        Ok((c.image.clone(), c.image_pull_policy.clone()))
+    }
+
+    pub fn options(&self) -> &MountPodOptions {
+        &self.opts
+    }
+
+    /// The mount pod of a staging path on this node.
+    pub fn name_for(&self, staging: &Path) -> String {
+        let d = ring::digest::digest(
+            &ring::digest::SHA256,
+            format!("{}\0{}", self.opts.node_name, staging.display()).as_bytes(),
+        );
+        let hex: String = d.as_ref()[..10]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("ceph-fuse-{hex}")
+    }
+
+    fn label_selector(&self) -> String {
+        format!(
+            "{COMPONENT_LABEL}={COMPONENT},{MANAGED_BY_LABEL}={}",
+            self.opts.driver_name
+        )
+    }
+
+    /// The pod that runs `ceph-fuse -f <args>`.
+    pub fn spec(
+        &self,
+        name: &str,
+        volume_id: &str,
+        staging: &Path,
+        args: &[String],
+    ) -> serde_json::Value {
+        let kubelet = self.opts.kubelet_dir.to_string_lossy();
+        let mut command = vec!["ceph-fuse".to_string(), "-f".to_string()];
+        command.extend(args.iter().cloned());
+        let mut container = serde_json::json!({
+            "name": "ceph-fuse",
+            "image": self.opts.image,
+            "command": command,
+            // ceph-fuse's last words, when it fails to mount
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "securityContext": {"privileged": true, "readOnlyRootFilesystem": true},
+            "resources": {
+                "requests": {"cpu": "10m", "memory": "32Mi"},
+                "limits": {"memory": self.opts.memory_limit},
+            },
+            "volumeMounts": [
+                {"name": "kubelet-dir", "mountPath": kubelet, "mountPropagation": "Bidirectional"},
+                {"name": "fuse", "mountPath": "/dev/fuse"},
+            ],
+        });
+        if let Some(p) = &self.opts.image_pull_policy {
+            container["imagePullPolicy"] = p.clone().into();
+        }
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": self.opts.namespace,
+                "labels": {
+                    COMPONENT_LABEL: COMPONENT,
+                    MANAGED_BY_LABEL: self.opts.driver_name,
+                    "app.kubernetes.io/name": "manila-csi-plugin",
+                },
+                "annotations": {
+                    VOLUME_ANNOTATION: volume_id,
+                    STAGING_ANNOTATION: staging.to_string_lossy(),
+                },
+            },
+            "spec": {
+                "nodeName": self.opts.node_name,
+                "hostNetwork": true,
+                "dnsPolicy": "ClusterFirstWithHostNet",
+                "restartPolicy": "Never",
+                "priorityClassName": "system-node-critical",
+                "tolerations": [{"operator": "Exists"}],
+                "automountServiceAccountToken": false,
+                "enableServiceLinks": false,
+                "terminationGracePeriodSeconds": 10,
+                "containers": [container],
+                "volumes": [
+                    {"name": "kubelet-dir", "hostPath": {"path": kubelet, "type": "Directory"}},
+                    {"name": "fuse", "hostPath": {"path": "/dev/fuse", "type": "CharDevice"}},
+                ],
+            },
+        })
+    }
+
+    /// Creates the mount pod of `staging`, or keeps the one that runs
+    /// already; a finished one (its daemon gone) is replaced.
+    pub async fn ensure(
+        &self,
+        volume_id: &str,
+        staging: &Path,
+        args: &[String],
+        deadline: Instant,
+    ) -> DriverResult<String> {
+        let ns = &self.opts.namespace;
+        let name = self.name_for(staging);
+        let spec = self.spec(&name, volume_id, staging, args);
+        loop {
+            match self.kube.create_pod(ns, &spec).await {
+                Ok(Created::New(_)) => {
+                    tracing::info!(volume_id, pod = %name, "mount pod created");
+                    return Ok(name);
+                }
+                Ok(Created::AlreadyExists) => {}
+                Err(e) => return Err(api(&format!("creating mount pod {name}"), e)),
+            }
+            let Some(pod) = self
+                .kube
+                .get_pod(ns, &name)
+                .await
+                .map_err(|e| api(&format!("reading mount pod {name}"), e))?
+            else {
+                continue;
+            };
+            if !pod.finished() && pod.metadata.deletion_timestamp.is_none() {
+                return Ok(name);
+            }
+            // a daemon that ended (a node reboot, a crash): a new pod
+            tracing::info!(volume_id, pod = %name, phase = %pod.status.phase, "mount pod ended; replacing it");
+            self.delete_and_wait(&pod, Some(0), deadline).await?;
+        }
+    }
+
+    /// The mount pod, if there is one.
+    pub async fn get(&self, name: &str) -> DriverResult<Option<Pod>> {
+        self.kube
+            .get_pod(&self.opts.namespace, name)
+            .await
+            .map_err(|e| api(&format!("reading mount pod {name}"), e))
+    }
+
+    /// Ends a mount pod and waits until it is gone (its daemon exits
+    /// with it). `grace` 0 kills at once (a hung daemon).
+    pub async fn end(&self, name: &str, grace: Option<u32>, deadline: Instant) -> DriverResult<()> {
+        let Some(pod) = self.get(name).await? else {
+            return Ok(());
+        };
+        self.delete_and_wait(&pod, grace, deadline).await
+    }
+
+    async fn delete_and_wait(
+        &self,
+        pod: &Pod,
+        grace: Option<u32>,
+        deadline: Instant,
+    ) -> DriverResult<()> {
+        let (ns, name) = (&self.opts.namespace, &pod.metadata.name);
+        self.kube
+            .delete_pod(ns, name, grace, Some(&pod.metadata.uid))
+            .await
+            .or_else(|e| match e.status() {
+                // a newer pod of that name: not ours to delete
+                Some(409) => Ok(()),
+                _ => Err(e),
+            })
+            .map_err(|e| api(&format!("deleting mount pod {name}"), e))?;
+        loop {
+            match self.get(name).await? {
+                None => return Ok(()),
+                Some(p) if p.metadata.uid != pod.metadata.uid => return Ok(()),
+                Some(_) => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(DriverError::DeadlineExceeded(format!(
+                    "mount pod {name} is still being deleted"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Mount pods of this driver on this node.
+    pub async fn on_this_node(&self) -> DriverResult<Vec<Pod>> {
+        self.kube
+            .list_pods(
+                &self.opts.namespace,
+                &self.label_selector(),
+                &format!("spec.nodeName={}", self.opts.node_name),
+            )
+            .await
+            .map_err(|e| api("listing mount pods", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pods() -> MountPods {
+        let kube = Client::new(
+            "http://127.0.0.1:1/".parse().unwrap(),
+            None,
+            kube_api::Token::Fixed("t".into()),
+        )
+        .unwrap();
+        MountPods::new(
+            kube,
+            MountPodOptions {
+                node_name: "node-a".into(),
+                namespace: "openstack-system".into(),
+                image: "registry.example.com/manila-csi-plugin:1".into(),
+                image_pull_policy: Some("IfNotPresent".into()),
+                kubelet_dir: "/var/lib/kubelet".into(),
+                driver_name: "cephfs.manila.csi.openstack.org".into(),
+                memory_limit: "512Mi".into(),
+            },
+        )
+    }
+
+    #[test]
+    fn mount_pods_are_named_per_node_and_staging_path() {
+        let p = pods();
+        let s = Path::new("/var/lib/kubelet/plugins/kubernetes.io/csi/x/globalmount");
+        let a = p.name_for(s);
+        assert_eq!(a, p.name_for(s), "found again");
+        assert!(a.starts_with("ceph-fuse-") && a.len() <= 63, "{a}");
+        assert_ne!(
+            a,
+            p.name_for(Path::new(
+                "/var/lib/kubelet/plugins/kubernetes.io/csi/y/globalmount"
+            ))
+        );
+        let mut other = pods();
+        other.opts.node_name = "node-b".into();
+        assert_ne!(a, other.name_for(s), "the same PV staged on another node");
+    }
+
+    #[test]
+    fn the_pod_runs_ceph_fuse_in_the_foreground_on_this_node_only() {
+        let p = pods();
+        let s = Path::new("/var/lib/kubelet/plugins/kubernetes.io/csi/x/globalmount");
+        let spec = p.spec(
+            "ceph-fuse-1",
+            "vol-1",
+            s,
+            &["--id".into(), "alice".into(), s.to_string_lossy().into()],
+        );
+        let c = &spec["spec"]["containers"][0];
+        assert_eq!(c["command"][0], "ceph-fuse");
+        assert_eq!(
+            c["command"][1], "-f",
+            "kept in the foreground: the container is the daemon"
+        );
+        assert_eq!(spec["spec"]["nodeName"], "node-a");
+        assert_eq!(spec["spec"]["restartPolicy"], "Never");
+        assert_eq!(spec["spec"]["automountServiceAccountToken"], false);
+        assert_eq!(c["volumeMounts"][0]["mountPropagation"], "Bidirectional");
+        assert_eq!(c["resources"]["limits"]["memory"], "512Mi");
+        assert_eq!(spec["metadata"]["labels"][COMPONENT_LABEL], COMPONENT);
+        assert_eq!(spec["metadata"]["annotations"][VOLUME_ANNOTATION], "vol-1");
+        let text = spec.to_string();
+        assert!(
+            !text.contains("key ="),
+            "no key in the pod: it reads the keyring file"
+        );
+    }
+}
