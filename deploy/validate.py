@@ -8,6 +8,7 @@ default .venv-tools) on first use. Exits 1 listing every problem."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 VENV = Path(os.environ.get("DEPLOY_VALIDATE_VENV", REPO / ".venv-tools"))
 K8S_VERSION = "1.33.0"
+# kustomize's content hash: ten characters of its alphabet
+HASH_SUFFIX = re.compile(r"-[245-9bcdfghkmt]{10}$")
+OUR_IMAGES = ("cinder-csi-plugin", "manila-csi-plugin", "barbican-kms-plugin")
 PINS = ["kubernetes-validate==1.37.0", "jsonschema==4.26.0", "PyYAML==6.0.3"]
 
 
@@ -93,9 +97,12 @@ def rendering_rules(docs):
     for d in docs:
         if d.get("kind") == "PodMonitor":
             ns = d["metadata"].get("namespace")
-            chosen = [t for t in templates if t[0] == ns and selects(d["spec"]["selector"], t[1])]
-            if templates and not chosen:
-                yield f"PodMonitor/{d['metadata']['name']} selects no pod in namespace {ns}"
+            # the namespaces it looks in: its own, or those it names
+            where = set((d["spec"].get("namespaceSelector") or {}).get("matchNames") or [ns])
+            rendered_here = {t[0] for t in templates}
+            chosen = [t for t in templates if t[0] in where and selects(d["spec"]["selector"], t[1])]
+            if where & rendered_here and not chosen:
+                yield f"PodMonitor/{d['metadata']['name']} selects no pod in namespace {', '.join(sorted(where))}"
             for ep in d["spec"].get("podMetricsEndpoints", []):
                 for t in chosen:
                     if ep["port"] not in t[2]:
@@ -111,6 +118,21 @@ def rendering_rules(docs):
         for image in t[3]:
             if ":" not in image.rsplit("/", 1)[-1] and "@" not in image:
                 yield f"image {image!r} (pods labelled {t[1]}) has no tag: set it in the kustomization's images"
+    for d in docs:
+        if d.get("kind") in ("Secret", "ConfigMap") and HASH_SUFFIX.search(d["metadata"]["name"]):
+            yield (f"{d['kind']}/{d['metadata']['name']} has a content-hash suffix: every edit would roll the pods "
+                   "that mount it instead of letting the plugins re-read it (generatorOptions: disableNameSuffixHash)")
+    # every workload of one rendering can run on the host network of one node
+    owners = {}
+    for d in docs:
+        if d.get("kind") in ("Deployment", "DaemonSet"):
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                for port in c.get("ports", []):
+                    key = (port["containerPort"], port.get("protocol", "TCP"))
+                    if key in owners and owners[key] != d["metadata"]["name"]:
+                        yield (f"port {key[0]} of {d['kind']}/{d['metadata']['name']} is also "
+                               f"{owners[key]}'s: they cannot share a node's host network")
+                    owners[key] = d["metadata"]["name"]
 
 
 def cinder_rules(doc):
@@ -140,6 +162,33 @@ def cinder_rules(doc):
             yield "the node plugin needs /dev"
 
 
+def workload_rules(doc):
+    """What every plugin workload needs: an explicit update strategy for
+    DaemonSets, a writable /tmp under a read-only root for the node
+    plugins (the config drive is mounted on a temporary directory), and
+    the KMS plugin's credentials from the node, never from a Secret."""
+    kind, name = doc.get("kind"), (doc.get("metadata") or {}).get("name") or ""
+    if kind != "DaemonSet":
+        return
+    spec = doc["spec"]
+    if "updateStrategy" not in spec:
+        yield "a DaemonSet must say how it is updated (updateStrategy)"
+    pod = spec["template"]["spec"]
+    for c in pod["containers"]:
+        if c["name"] not in ("cinder-csi-plugin", "manila-csi-plugin"):
+            continue
+        sc = c.get("securityContext") or {}
+        mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+        if sc.get("readOnlyRootFilesystem") and "/tmp" not in mounts:
+            yield f"container {c['name']}: a read-only root needs a writable /tmp (the config drive is mounted there)"
+    if name == "barbican-kms-plugin":
+        if any("secret" in v for v in pod.get("volumes", [])):
+            yield ("the KMS plugin must not read its credentials from a Secret: once Secrets are encrypted "
+                   "a cold restart of the control plane deadlocks (use a host file)")
+        if not pod.get("hostNetwork"):
+            yield "the KMS plugin reaches Barbican as the apiserver does: hostNetwork"
+
+
 def manila_rules(doc):
     """What the Manila driver needs of its objects: shares are not attached,
     the node mounts them itself (no partner plugin), ceph-fuse needs
@@ -161,6 +210,16 @@ def manila_rules(doc):
             yield f"driver name {driver!r} does not match --share-protocol-selector {proto!r}"
         if any(a.startswith("--fwdendpoint") for a in args):
             yield "--fwdendpoint: this plugin mounts shares itself, no partner plugin is needed"
+        if "--with-topology" in args or "--with-topology=true" in args:
+            yield "--with-topology is off by default, as upstream's (it pins each share to the zones of its creation)"
+        if "--mount-pods" in args or "--mount-pods=true" in args:
+            env = {e["name"]: e for e in plugin.get("env", [])}
+            for var, field in (("NODE_NAME", "spec.nodeName"), ("POD_NAME", "metadata.name")):
+                got = ((env.get(var) or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+                if got != field:
+                    yield f"--mount-pods needs {var} from the downward API ({field})"
+            if pod.get("automountServiceAccountToken") is not True:
+                yield "--mount-pods needs the service account token (automountServiceAccountToken: true)"
         if kind == "DaemonSet":
             if not (plugin.get("securityContext") or {}).get("privileged"):
                 yield "the Manila node plugin must be privileged (it mounts)"
@@ -169,6 +228,26 @@ def manila_rules(doc):
                 yield "the kubelet directory must be mounted with Bidirectional propagation"
             if proto == "CEPHFS" and "/dev/fuse" not in mounts:
                 yield "the CephFS node plugin needs /dev/fuse for ceph-fuse"
+
+
+def _daemonset(name, container, args, strategy=True, tmp=True, volumes=()):
+    """A node DaemonSet as deploy/ writes them, to break one rule at a time."""
+    mounts = [{"name": "k", "mountPath": "/var/lib/kubelet", "mountPropagation": "Bidirectional"},
+              {"name": "f", "mountPath": "/dev/fuse"}, {"name": "d", "mountPath": "/dev"}]
+    vols = [{"name": "k", "hostPath": {"path": "/var/lib/kubelet"}}, {"name": "f", "hostPath": {"path": "/dev/fuse"}},
+            {"name": "d", "hostPath": {"path": "/dev"}}, *volumes]
+    if tmp:
+        mounts.append({"name": "t", "mountPath": "/tmp"})
+        vols.append({"name": "t", "emptyDir": {}})
+    spec = {"selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": {
+        "hostNetwork": True, "automountServiceAccountToken": False,
+        "containers": [{"name": container, "image": "i:1", "args": args,
+                        "securityContext": {"privileged": True, "readOnlyRootFilesystem": True},
+                        "volumeMounts": mounts}],
+        "volumes": vols}}}
+    if strategy:
+        spec["updateStrategy"] = {"type": "RollingUpdate"}
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name}, "spec": spec}
 
 
 # each must be reported: proves the checks can fail
@@ -207,6 +286,16 @@ BROKEN = [
                                                 "metadata": {"name": "s"}, "driver": "d", "deletionPolicy": "Keep"}),
     ("secret cloud.conf without key-id", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
                                            "stringData": {"cloud.conf": "[Global]\n[KeyManager]\n"}}),
+    ("DaemonSet without an update strategy", _daemonset("csi-cinder-nodeplugin", "cinder-csi-plugin", [],
+                                                         strategy=False)),
+    ("node plugin with a read-only root and no /tmp", _daemonset("csi-cinder-nodeplugin", "cinder-csi-plugin", [],
+                                                                 tmp=False)),
+    ("KMS plugin reading a Secret", _daemonset("barbican-kms-plugin", "barbican-kms-plugin", [],
+                                                 volumes=[{"name": "c", "secret": {"secretName": "s"}}])),
+    ("Manila with topology on", _daemonset("csi-manila-nfs-nodeplugin", "manila-csi-plugin", [
+        "--drivername=nfs.manila.csi.openstack.org", "--share-protocol-selector=NFS", "--with-topology"])),
+    ("mount pods without the node name", _daemonset("csi-manila-cephfs-nodeplugin", "manila-csi-plugin", [
+        "--drivername=cephfs.manila.csi.openstack.org", "--share-protocol-selector=CEPHFS", "--mount-pods"])),
 ]
 
 
@@ -232,6 +321,17 @@ BROKEN_RENDERINGS = [
     ("image without a tag", [_workload({"app": "a"}, "metrics", image="cinder-csi-plugin")]),
     ("dashboard that is not JSON", [{"kind": "ConfigMap", "metadata": {"name": "d", "labels": {"grafana_dashboard": "1"}},
                                      "data": {"d.json": "{"}}]),
+    ("Secret with a content-hash suffix", [{"kind": "Secret", "metadata": {"name": "cloud-config-2h8bk5m6gc"}}]),
+    ("two workloads on one host port", [_workload({"app": "a"}, "metrics"),
+                                        {**_workload({"app": "b"}, "metrics"), "metadata": {"name": "v", "namespace": "ns"}}]),
+]
+BROKEN_IMAGE_SETS = [
+    ("our images from two registry paths", [
+        ("a", {"kind": "Pod", "spec": {"containers": [{"image": "r.example/openstack/barbican-kms-plugin:1"}]}}),
+        ("b", {"kind": "Pod", "spec": {"containers": [{"image": "r.example/openstack-csi/cinder-csi-plugin:1"}]}})]),
+    ("a sidecar pinned to two versions", [
+        ("a", {"kind": "Pod", "spec": {"containers": [{"image": "registry.k8s.io/sig-storage/livenessprobe:v2.17.0"}]}}),
+        ("b", {"kind": "Pod", "spec": {"containers": [{"image": "registry.k8s.io/sig-storage/livenessprobe:v2.19.0"}]}})]),
 ]
 
 
@@ -250,7 +350,7 @@ def validate(docs):
         if doc.get("kind") == "KustomizeError":
             problems.append(f"{where}: {doc['error']}")
             continue
-        for p in [*cinder_rules(doc), *manila_rules(doc)]:
+        for p in [*cinder_rules(doc), *manila_rules(doc), *workload_rules(doc)]:
             problems.append(f"{where}: {p}")
         class_schemas = {"VolumeSnapshotClass": vsc_schema, "VolumeGroupSnapshotClass": vgsc_schema,
                          "PodMonitor": podmonitor_schema}
@@ -282,6 +382,35 @@ def validate(docs):
     return checked, problems
 
 
+def image_rules(docs):
+    """Across everything deploy/ ships: our images live under one
+    registry path, and each sidecar is pinned to one version."""
+    ours, sidecars = {}, {}
+    for where, doc in docs:
+        kind = doc.get("kind")
+        if kind == "Pod":
+            spec = doc.get("spec") or {}
+        elif kind in ("Deployment", "DaemonSet", "StatefulSet"):
+            spec = doc["spec"]["template"]["spec"]
+        else:
+            continue
+        for c in spec.get("containers", []):
+            image = c["image"]
+            repo, _, tag = image.rpartition(":")
+            base = repo.rsplit("/", 1)[-1]
+            if base in OUR_IMAGES:
+                ours.setdefault(repo.rsplit("/", 1)[0], set()).add(where.split(" ")[0])
+            elif repo.startswith("registry.k8s.io/sig-storage/"):
+                sidecars.setdefault(base, {}).setdefault(tag, set()).add(where.split(" ")[0])
+    if len(ours) > 1:
+        yield "our images come from several registry paths: " + "; ".join(
+            f"{p} ({', '.join(sorted(w))})" for p, w in sorted(ours.items()))
+    for base, tags in sorted(sidecars.items()):
+        if len(tags) > 1:
+            yield f"{base} is pinned to several versions: " + "; ".join(
+                f"{t} ({', '.join(sorted(w))})" for t, w in sorted(tags.items()))
+
+
 def main():
     if os.environ.get("_DEPLOY_VALIDATE_INNER") != "1":
         py = ensure_tools()
@@ -289,14 +418,17 @@ def main():
         return subprocess.run([str(py), __file__], env=env).returncode
     missed = [name for name, doc in BROKEN if not validate([(name, doc)])[1]]
     missed += [name for name, docs in BROKEN_RENDERINGS if not list(rendering_rules(docs))]
+    missed += [name for name, docs in BROKEN_IMAGE_SETS if not list(image_rules(docs))]
     if missed:
         print(f"the validator accepted broken documents: {', '.join(missed)}")
         return 1
-    checked, problems = validate(documents())
+    docs = list(documents())
+    checked, problems = validate(docs)
+    problems += list(image_rules(docs))
     for p in problems:
         print(f"INVALID {p}")
     print(f"manifests: {checked} checked, {len(problems)} problems; "
-          f"{len(BROKEN) + len(BROKEN_RENDERINGS)} broken examples rejected")
+          f"{len(BROKEN) + len(BROKEN_RENDERINGS) + len(BROKEN_IMAGE_SETS)} broken examples rejected")
     return 1 if problems else 0
 
 

@@ -5,7 +5,8 @@
 # binary in /usr/local/bin as the entrypoint, written as an OCI layout with
 # umoci. Then checks each image: its binary runs inside its root filesystem
 # (--version, --help), the host tools its node service calls are there,
-# and every container of deploy/suite (and the KMS static pod) that uses
+# and every container of deploy/suite and of the KMS plugin (DaemonSet and
+# static pod) that uses
 # the image names a binary the image holds with flags that binary accepts.
 #
 #   deploy/images/build.sh [OUT_DIR]     (default target/images)
@@ -42,7 +43,7 @@ fi
 
 # plugin binary | Debian packages | host tools the binary calls
 images=(
-  "cinder-csi-plugin|ca-certificates,util-linux,mount,e2fsprogs,xfsprogs|blkid mkfs.ext4 mkfs.xfs resize2fs xfs_growfs"
+  "cinder-csi-plugin|ca-certificates,util-linux,mount,e2fsprogs,xfsprogs,btrfs-progs,udev|blkid mkfs.ext4 mkfs.xfs mkfs.btrfs btrfs resize2fs xfs_growfs udevadm"
   "manila-csi-plugin|ca-certificates,util-linux,mount,ceph-fuse,ceph-common,nfs-common,fuse3|ceph-fuse mount mount.ceph mount.nfs fusermount3"
   "barbican-kms-plugin|ca-certificates|"
 )
@@ -87,6 +88,7 @@ done
 # is in the image, and its flags are accepted (`--help` after them parses
 # them all first)
 kubectl kustomize deploy/suite >"$out/suite.yaml"
+kubectl kustomize deploy/kms/base >"$out/kms.yaml"
 py=python3
 if ! python3 -c 'import yaml' 2>/dev/null; then
   # PyYAML comes with the manifest validator's tools
@@ -100,7 +102,7 @@ out = sys.argv[1]
 ours = {"cinder-csi-plugin", "manila-csi-plugin", "barbican-kms-plugin"}
 checked = 0
 # the whole suite as rendered, and the KMS plugin's static pod
-docs = [*yaml.safe_load_all(open(f"{out}/suite.yaml")),
+docs = [*yaml.safe_load_all(open(f"{out}/suite.yaml")), *yaml.safe_load_all(open(f"{out}/kms.yaml")),
         *yaml.safe_load_all(open("deploy/kms/barbican-kms-plugin.pod.yaml"))]
 for d in docs:
     if not d or d.get("kind") not in ("Deployment", "DaemonSet", "Pod"):
@@ -118,7 +120,7 @@ for d in docs:
         checked += 1
 if checked < 8:
     sys.exit(f"only {checked} containers of deploy/ run our images")
-print(f"images: {checked} containers of deploy/suite and the KMS static pod checked against their images")
+print(f"images: {checked} containers of deploy/suite and of the KMS plugin checked against their images")
 EOF
 rm -rf "$out/bundles"
 echo "OCI layout: $out/oci (tags: $(umoci ls --layout "$out/oci" | tr '\n' ' '))"
