@@ -3,7 +3,9 @@
 # binary and conformance tests against the OpenStack emulator (the
 # root-only ones use real loop devices and mounts, and clean up after
 # themselves), then the real tier against a real OpenStack (with Ceph)
-# brought up on loopback by tests/openstack/cloud.py and taken down again.
+# brought up on loopback by tests/openstack/cloud.py, then the cluster
+# tier (deploy/suite from our images in a real single-node Kubernetes,
+# tests/cluster/cluster.py), and takes both down again.
 #
 # Everything is compiled once: one `cargo test --no-run` of the workspace
 # (the same profile and features as the binaries the tests start), whose
@@ -28,7 +30,11 @@ cloud_profile=${OS_TEST_CLOUD_PROFILE:-all}
 work=$(mktemp -d)
 log=$work/tests.log
 cloud_started=
+cluster_started=
 cleanup() {
+  if [[ -n $cluster_started ]]; then
+    python3 tests/cluster/cluster.py down || true
+  fi
   if [[ -n $cloud_started ]]; then
     python3 tests/openstack/cloud.py down || true
   fi
@@ -119,6 +125,30 @@ tests "preflight of the real cloud (suite-walk)" \
   target/debug/suite-walk --cloud-config .openstack-cloud/cloud-admin.conf \
   --server "$(cat .openstack-cloud/test-server-id)" --share-type default
 unset OPENSTACK_TEST_BACKEND
+
+# the cluster tier: deploy/suite from the images above in a real
+# single-node Kubernetes on this cloud; without Kubernetes binaries
+# (../shared/k8s or KUBE_BIN_DIR) it says so and its scenarios count as
+# skipped
+cluster_up() {
+  local rc=0
+  python3 tests/cluster/cluster.py up || rc=$?
+  if ((rc == 3)); then
+    echo "cluster tier SKIPPED: its inputs are missing (see above); its scenarios count as skipped"
+    return 0
+  fi
+  ((rc == 0)) && touch "$work/cluster-up"
+  return $rc
+}
+cluster_started=1
+tests "cluster tier: Kubernetes v1.36 up, deploy/suite applied" cluster_up
+if [[ -e $work/cluster-up ]]; then
+  tests "cluster tier: scenarios through kubectl and app pods" \
+    run_tests cluster-tests scenarios --ignored --test-threads=1 --nocapture
+fi
+# down fails when anything of the cluster is left on the machine
+tests "cluster tier down (nothing left)" python3 tests/cluster/cluster.py down
+cluster_started=
 phase "real OpenStack down" python3 tests/openstack/cloud.py down
 cloud_started=
 

@@ -1,0 +1,1197 @@
+#!/usr/bin/env python3
+"""A real single-node Kubernetes on this machine, running the suite from
+deploy/ with our images, for the cluster tier of the tests.
+
+    cluster.py up       start etcd, the control plane, containerd and kubelet;
+                        import the images; apply the snapshot CRDs and
+                        controller, the KMS static pod and deploy/suite
+                        through tests/cluster/overlay
+    cluster.py status   exit 0 when the node is Ready and every driver registered
+    cluster.py down     delete what the tests left, stop everything, unmount,
+                        remove containers, network devices and host changes
+    cluster.py env      print the variables the tests read
+    cluster.py restart-kubelet   stop kubelet and start it again (its pods run on)
+    cluster.py kubectl ARGS...   kubectl against the cluster
+
+Needs root, and the real test cloud up (tests/openstack/cloud.py up all):
+the plugins talk to its Keystone, Cinder, Nova, Manila, Barbican and Ceph.
+
+Binaries: Kubernetes v1.36 and the CSI sidecars come from ../shared/k8s
+(unpacked into target/k8s) or from $KUBE_BIN_DIR. Without either, `up`
+exits with status 3 and says so: the tier is skipped, never passed.
+Everything else comes from Debian: etcd-server, containerd, runc,
+containernetworking-plugins, catatonit, busybox-static.
+
+The node is fitted to this machine (root without CAP_SYS_RESOURCE, cgroup
+v1, no systemd, a private /): see ../shared/k8s/README.md's traps, each
+fixed here where it says so. Only loopback is used: every listener binds
+127.0.0.1, pods get an isolated bridge with no route out, and whatever
+talks to a server runs on the host network.
+
+State lives in $K8S_TEST_CLUSTER_DIR (default .k8s-cluster): PKI, etcd,
+containerd's content store (the images, kept between runs), logs. The
+node's directories are the ones deploy/ names: /var/lib/kubelet,
+/var/lib/kms, /etc/kubernetes/cloud-config (created and removed here).
+Only the standard library is used."""
+
+import base64
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import ssl
+import string
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE.parent / "lib"))
+from services import Services, http, port_open  # noqa: E402
+
+STATE = Path(os.environ.get("K8S_TEST_CLUSTER_DIR", REPO / ".k8s-cluster")).resolve()
+CLOUD = Path(os.environ.get("OS_TEST_CLOUD_DIR", REPO / ".openstack-cloud")).resolve()
+SHARED_K8S = Path(os.environ.get("SHARED_K8S_DIR", REPO.parent / "shared" / "k8s"))
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")).resolve()
+IMAGES_OCI = Path(os.environ.get("IMAGES_OCI", TARGET / "images" / "oci"))
+PORT_BASE = int(os.environ.get("K8S_TEST_PORT_BASE", "26000"))
+PORTS = {
+    "etcd": PORT_BASE + 379,
+    "etcd-peer": PORT_BASE + 380,
+    "apiserver": PORT_BASE + 443,
+    "controller-manager": PORT_BASE + 257,
+    "scheduler": PORT_BASE + 259,
+    "kubelet": PORT_BASE + 250,
+    "kubelet-healthz": PORT_BASE + 248,
+    "metadata": PORT_BASE + 254,
+}
+HOST = "127.0.0.1"
+# the node's name; apiserver reaches kubelet by it (logs, exec): it must
+# resolve to loopback, and `localhost` always does (trap 7: a loopback
+# node IP is refused)
+NODE = "localhost"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.88.0.0/16"
+BRIDGE = "k8stest0"
+RUN = Path("/run/k8s-test-cluster")
+CONTAINERD_SOCK = RUN / "containerd.sock"
+KUBELET_DIR = Path("/var/lib/kubelet")
+KMS_DIR = Path("/var/lib/kms")
+KMS_CLOUD_CONF_DIR = Path("/etc/kubernetes/cloud-config")
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+APP_IMAGE = "docker.io/library/busybox:1.35"
+OVERLAY = HERE / "overlay"
+NAMESPACE = "openstack-system"
+TEST_NAMESPACE_LABEL = "csi-cluster-tier=test"
+DEBIAN_PACKAGES = ["etcd-server", "containerd", "runc", "containernetworking-plugins", "catatonit",
+                   "busybox-static", "openssl", "iproute2"]
+# the drivers deploy/suite registers with kubelet
+DRIVERS = ["cinder.csi.openstack.org", "nfs.manila.csi.openstack.org", "cephfs.manila.csi.openstack.org"]
+SIDECARS = ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller",
+            "csi-node-driver-registrar", "livenessprobe"]
+CONTROL_PLANE = ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"]
+PROCESSES = ["kubelet", "containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd",
+             "metadata"]
+
+
+class ClusterError(Exception):
+    pass
+
+
+class Skipped(Exception):
+    """The tier's inputs are missing: said so, counted as skipped."""
+
+
+def log(msg):
+    print(f"[cluster] {msg}", flush=True)
+
+
+SERVICES = Services(STATE, log, ClusterError)
+run = SERVICES.run
+
+
+# ----------------------------------------------------------- binaries
+
+
+def bin_dir():
+    """Where the Kubernetes and sidecar binaries are: $KUBE_BIN_DIR, or
+    target/k8s unpacked from ../shared/k8s."""
+    explicit = os.environ.get("KUBE_BIN_DIR")
+    if explicit:
+        d = Path(explicit).resolve()
+        if not d.is_dir():
+            raise Skipped(f"KUBE_BIN_DIR={d} does not exist")
+        return d
+    d = TARGET / "k8s"
+    archives = {
+        "kubernetes-v1.36.2-linux-amd64.tar.xz": d / "kubernetes" / "bin" / "kubelet",
+        "csi-sidecars-linux-amd64.tar.xz": d / "csi-sidecars" / "bin" / "csi-provisioner",
+    }
+    for archive, marker in archives.items():
+        src = SHARED_K8S / archive
+        if marker.exists() and (not src.exists() or marker.stat().st_mtime >= src.stat().st_mtime):
+            continue
+        if not src.exists():
+            raise Skipped(f"no Kubernetes binaries: {src} is absent and KUBE_BIN_DIR is not set")
+        d.mkdir(parents=True, exist_ok=True)
+        log(f"unpacking {src.name} into {d}")
+        run(["tar", "-xJf", src, "-C", d, "--touch"], timeout=600)
+    return d
+
+
+def binary(name):
+    base = bin_dir()
+    for d in (base, base / "kubernetes" / "bin", base / "csi-sidecars" / "bin"):
+        if (d / name).is_file():
+            return d / name
+    raise Skipped(f"{name} not found under {base}")
+
+
+def sidecar_version(name):
+    """The version a sidecar binary reports, else the one ../shared/k8s's
+    README gives for it (livenessprobe prints none)."""
+    out = subprocess.run([binary(name), "--version"], capture_output=True, text=True, timeout=10)
+    m = re.search(r"\bv\d+\.\d+\.\d+\b", out.stdout + out.stderr)
+    if m:
+        return m.group(0)
+    readme = SHARED_K8S / "README.md"
+    if readme.exists():
+        for line in readme.read_text().splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) >= 2 and name in [c.strip() for c in cells[0].split(",")]:
+                m = re.match(r"v\d+\.\d+\.\d+", cells[1])
+                if m:
+                    return m.group(0)
+    return None
+
+
+# ---------------------------------------------------------------- PKI
+
+
+def openssl(*args):
+    run(["openssl", *args])
+
+
+def issue(name, cn, org=None, sans=(), server=False):
+    """A certificate signed by the cluster CA (EC P-256)."""
+    pki = STATE / "pki"
+    key, csr, crt = pki / f"{name}.key", pki / f"{name}.csr", pki / f"{name}.crt"
+    if crt.exists():
+        return
+    subj = f"/CN={cn}" + (f"/O={org}" if org else "")
+    openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", key, "-out", csr, "-subj", subj)
+    ext = pki / f"{name}.ext"
+    lines = ["basicConstraints=CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment",
+             f"extendedKeyUsage={'serverAuth' if server else 'clientAuth'}"]
+    if sans:
+        lines.append("subjectAltName=" + ",".join(sans))
+    ext.write_text("\n".join(lines) + "\n")
+    openssl("x509", "-req", "-in", csr, "-CA", pki / "ca.crt", "-CAkey", pki / "ca.key", "-CAcreateserial",
+            "-days", "30", "-out", crt, "-extfile", ext)
+    csr.unlink()
+    ext.unlink()
+    key.chmod(0o600)
+
+
+def kubeconfig(name, user):
+    pki = STATE / "pki"
+    path = STATE / f"{name}.kubeconfig"
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    certificate-authority: {pki / 'ca.crt'}
+    server: https://{HOST}:{PORTS['apiserver']}
+users:
+- name: {user}
+  user:
+    client-certificate: {pki / (user + '.crt')}
+    client-key: {pki / (user + '.key')}
+contexts:
+- name: test
+  context:
+    cluster: test
+    user: {user}
+current-context: test
+""")
+    path.chmod(0o600)
+    return path
+
+
+def setup_pki():
+    pki = STATE / "pki"
+    pki.mkdir(parents=True, exist_ok=True)
+    if not (pki / "ca.crt").exists():
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                "-keyout", pki / "ca.key", "-out", pki / "ca.crt", "-days", "30", "-subj", "/CN=k8s-test-ca")
+        (pki / "ca.key").chmod(0o600)
+    issue("apiserver", "kube-apiserver", sans=[
+        "IP:127.0.0.1", "IP:10.96.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default",
+        "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"], server=True)
+    issue("admin", "kubernetes-admin", "system:masters")
+    issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters")
+    issue("kubelet", f"system:node:{NODE}", "system:nodes")
+    issue("kube-controller-manager", "system:kube-controller-manager")
+    issue("kube-scheduler", "system:kube-scheduler")
+    if not (pki / "sa.key").exists():
+        openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", pki / "sa.key")
+        openssl("pkey", "-in", pki / "sa.key", "-pubout", "-out", pki / "sa.pub")
+        (pki / "sa.key").chmod(0o600)
+    for user in ("admin", "kubelet", "kube-controller-manager", "kube-scheduler"):
+        kubeconfig(user, user)
+
+
+def kubectl(*args, check=True, input=None, timeout=300):
+    cmd = ["kubectl", f"--kubeconfig={STATE / 'admin.kubeconfig'}", *args]
+    if check:
+        return run(cmd, input=input, timeout=timeout)
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, input=input, timeout=timeout)
+
+
+def api_ready():
+    ctx = ssl.create_default_context(cafile=str(STATE / "pki" / "ca.crt"))
+    ctx.load_cert_chain(str(STATE / "pki" / "admin.crt"), str(STATE / "pki" / "admin.key"))
+    # kms-providers included: Secrets cannot be written before
+    status, _, _ = http("GET", f"https://{HOST}:{PORTS['apiserver']}/readyz", context=ctx, timeout=3)
+    return status == 200
+
+
+# ------------------------------------------------------ host changes
+
+
+def mountinfo():
+    """(mount point, propagation fields) of every mount, in mount order."""
+    out = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        sep = fields.index("-")
+        point = fields[4].encode().decode("unicode_escape")
+        out.append((point, fields[6:sep], fields[sep + 1]))
+    return out
+
+
+def is_mountpoint(path):
+    return any(p == str(path) for p, _, _ in mountinfo())
+
+
+def is_shared(path):
+    return any(p == str(path) and any(o.startswith("shared:") for o in opts) for p, opts, _ in mountinfo())
+
+
+def host_changes():
+    f = STATE / "host-changes.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
+def record_host_change(key, value):
+    changes = host_changes()
+    changes.setdefault(key, value)
+    (STATE / "host-changes.json").write_text(json.dumps(changes, indent=1))
+
+
+def prepare_host():
+    """The node's directories and mount propagation (traps 3 and 9)."""
+    marker = KUBELET_DIR / ".k8s-test-cluster"
+    if KUBELET_DIR.exists() and any(KUBELET_DIR.iterdir()) and not marker.exists():
+        raise ClusterError(f"{KUBELET_DIR} holds something this script did not create: is a real kubelet here?")
+    if not Path("/etc/kubernetes").exists():
+        record_host_change("created_etc_kubernetes", True)
+    for d, key in ((KUBELET_DIR, "created_kubelet_dir"), (KMS_DIR, "created_kms_dir"),
+                   (KMS_CLOUD_CONF_DIR, "created_kms_cloud_conf_dir")):
+        if not d.exists():
+            d.mkdir(parents=True)
+            record_host_change(key, str(d))
+    marker.touch()
+    # trap 3: a Bidirectional mount needs a shared source
+    if not is_mountpoint(KUBELET_DIR):
+        run(["mount", "--bind", KUBELET_DIR, KUBELET_DIR])
+        record_host_change("bound_kubelet_dir", True)
+    run(["mount", "--make-rshared", KUBELET_DIR])
+    # trap 9: /dev with HostToContainer propagation needs /dev shared
+    if not is_shared("/dev"):
+        record_host_change("dev_was_private", True)
+        run(["mount", "--make-rshared", "/dev"])
+    # the cloud's hypervisor agent links attached volumes here, as udev does
+    Path("/dev/disk/by-id").mkdir(parents=True, exist_ok=True)
+
+
+def restore_host():
+    changes = host_changes()
+    unmount_below(KUBELET_DIR, keep_root=not changes.get("bound_kubelet_dir"))
+    if changes.get("dev_was_private"):
+        subprocess.run(["mount", "--make-rprivate", "/dev"], capture_output=True)
+    if KUBELET_DIR.exists() and (KUBELET_DIR / ".k8s-test-cluster").exists():
+        if is_mountpoint(KUBELET_DIR):
+            log(f"{KUBELET_DIR} is still mounted: not removing what is under it")
+        else:
+            shutil.rmtree(KUBELET_DIR, ignore_errors=True)
+            if not changes.get("created_kubelet_dir"):
+                KUBELET_DIR.mkdir(exist_ok=True)
+    if changes.get("created_kms_dir"):
+        shutil.rmtree(KMS_DIR, ignore_errors=True)
+    else:
+        (KMS_DIR / "kms.sock").unlink(missing_ok=True)
+    (KMS_CLOUD_CONF_DIR / "cloud.conf").unlink(missing_ok=True)
+    if changes.get("created_kms_cloud_conf_dir"):
+        shutil.rmtree(KMS_CLOUD_CONF_DIR, ignore_errors=True)
+    if changes.get("created_etc_kubernetes"):
+        try:
+            Path("/etc/kubernetes").rmdir()
+        except OSError:
+            pass
+    (STATE / "host-changes.json").unlink(missing_ok=True)
+
+
+def unmount_below(root, keep_root=True):
+    """Unmounts everything below `root` (deepest first; a busy or dead FUSE
+    mount is detached)."""
+    root = str(root).rstrip("/")
+    for _ in range(5):
+        points = [p for p, _, _ in mountinfo() if p.startswith(root + "/") or (p == root and not keep_root)]
+        if not points:
+            return
+        for p in sorted(set(points), key=lambda x: (-x.count("/"), x)):
+            r = subprocess.run(["umount", p], capture_output=True, text=True, timeout=30)
+            if r.returncode != 0:
+                subprocess.run(["umount", "-l", p], capture_output=True, timeout=30)
+
+
+# --------------------------------------------------------- control plane
+
+
+def start_etcd():
+    data = STATE / "etcd"
+    # a fresh cluster each run: nothing a previous run wrote can leak in
+    if not SERVICES.alive("etcd"):
+        shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True, exist_ok=True)
+    data.chmod(0o700)
+    client = f"http://{HOST}:{PORTS['etcd']}"
+    peer = f"http://{HOST}:{PORTS['etcd-peer']}"
+    SERVICES.start("etcd", [
+        "etcd", "--name", "test", "--data-dir", data, "--listen-client-urls", client,
+        "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+        "--initial-cluster", f"test={peer}", "--log-level", "warn",
+    ], env={"ETCD_UNSUPPORTED_ARCH": ""})
+    SERVICES.wait_until("etcd", lambda: http("GET", f"{client}/health")[0] == 200, 60)
+
+
+def start_apiserver():
+    pki = STATE / "pki"
+    SERVICES.start("kube-apiserver", [
+        binary("kube-apiserver"),
+        f"--etcd-servers=http://{HOST}:{PORTS['etcd']}",
+        f"--bind-address={HOST}", f"--secure-port={PORTS['apiserver']}", f"--advertise-address={HOST}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        "--kubelet-preferred-address-types=Hostname",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        # trap 6: the node plugins are privileged
+        "--allow-privileged=true",
+        # Secrets through the Barbican KMS v2 plugin, as deploy/kms says
+        f"--encryption-provider-config={REPO / 'deploy' / 'kms' / 'encryption-configuration.yaml'}",
+        "--encryption-provider-config-automatic-reload=true",
+        "--profiling=false",
+        "--v=1",
+    ])
+    SERVICES.wait_until("kube-apiserver", api_ready, 120)
+
+
+def start_controllers():
+    pki = STATE / "pki"
+    SERVICES.start("kube-controller-manager", [
+        binary("kube-controller-manager"),
+        f"--kubeconfig={STATE / 'kube-controller-manager.kubeconfig'}",
+        f"--authentication-kubeconfig={STATE / 'kube-controller-manager.kubeconfig'}",
+        f"--authorization-kubeconfig={STATE / 'kube-controller-manager.kubeconfig'}",
+        f"--bind-address={HOST}", f"--secure-port={PORTS['controller-manager']}",
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--root-ca-file={pki / 'ca.crt'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--use-service-account-credentials=true",
+        "--leader-elect=false",
+        "--profiling=false",
+        "--v=1",
+    ])
+    SERVICES.start("kube-scheduler", [
+        binary("kube-scheduler"),
+        f"--kubeconfig={STATE / 'kube-scheduler.kubeconfig'}",
+        f"--authentication-kubeconfig={STATE / 'kube-scheduler.kubeconfig'}",
+        f"--authorization-kubeconfig={STATE / 'kube-scheduler.kubeconfig'}",
+        f"--bind-address={HOST}", f"--secure-port={PORTS['scheduler']}",
+        "--leader-elect=false",
+        "--profiling=false",
+        "--v=1",
+    ])
+
+
+# ------------------------------------------------------------------ KMS
+
+
+def keystone_token(conf):
+    """A token for the cloud.conf's user (password auth), and the catalog."""
+    body = {"auth": {"identity": {"methods": ["password"], "password": {"user": {
+        "name": conf["username"], "password": conf["password"],
+        "domain": {"name": conf.get("user-domain-name", "Default")}}}},
+        "scope": {"project": {"name": conf["tenant-name"],
+                              "domain": {"name": conf.get("tenant-domain-name", "Default")}}}}}
+    status, headers, reply = http("POST", conf["auth-url"].rstrip("/") + "/auth/tokens", body)
+    if status != 201:
+        raise ClusterError(f"Keystone refused the test cloud's credentials: {status} {reply}")
+    return headers.get("X-Subject-Token") or headers.get("x-subject-token"), reply["token"]["catalog"]
+
+
+def read_conf(path):
+    """The [Global] keys of a cloud.conf written by cloud.py."""
+    values = {}
+    for line in Path(path).read_text().splitlines():
+        if "=" in line and not line.strip().startswith(("#", ";", "[")):
+            k, v = line.split("=", 1)
+            values[k.strip()] = v.strip().strip('"')
+    return values
+
+
+def create_kms_key(conf):
+    """A 32-byte symmetric secret in Barbican, as an operator makes one for
+    [KeyManager] key-id."""
+    token, catalog = keystone_token(conf)
+    barbican = next((e["url"] for s in catalog if s["type"] == "key-manager" for e in s["endpoints"]
+                     if e["interface"] == "public"), None)
+    if not barbican:
+        raise ClusterError("the test cloud has no key-manager endpoint: bring it up with the all profile")
+    body = {"name": f"k8s-test-kek-{int(time.time())}", "payload": base64.b64encode(os.urandom(32)).decode(),
+            "payload_content_type": "application/octet-stream", "payload_content_encoding": "base64",
+            "algorithm": "aes", "bit_length": 256, "mode": "gcm", "secret_type": "symmetric"}
+    status, _, reply = http("POST", barbican.rstrip("/") + "/v1/secrets", body, {"X-Auth-Token": token})
+    if status != 201:
+        raise ClusterError(f"Barbican refused a key: {status} {reply}")
+    return reply["secret_ref"].rstrip("/").rsplit("/", 1)[-1]
+
+
+def kms_cloud_conf(key_id):
+    """The KMS plugin's cloud.conf on the host (deploy/kms: static pods
+    cannot mount Secrets, and a Secret the plugin itself decrypts would
+    deadlock a cold start)."""
+    member = (CLOUD / "cloud-member.conf").read_text()
+    return f"{member}\n[KeyManager]\nkey-id = \"{key_id}\"\n"
+
+
+def install_kms():
+    conf = read_conf(CLOUD / "cloud-member.conf")
+    key_file = STATE / "kms-key-id"
+    if not key_file.exists():
+        key_file.write_text(create_kms_key(conf))
+    target = KMS_CLOUD_CONF_DIR / "cloud.conf"
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(kms_cloud_conf(key_file.read_text().strip()))
+    tmp.chmod(0o600)
+    tmp.rename(target)
+    manifests = STATE / "manifests"
+    manifests.mkdir(exist_ok=True)
+    # the static pod exactly as deploy/kms ships it
+    shutil.copy(REPO / "deploy" / "kms" / "barbican-kms-plugin.pod.yaml", manifests / "barbican-kms-plugin.yaml")
+
+
+# ------------------------------------------------------------- images
+
+
+def layer_from_files(files):
+    """A gzipped tar layer of (path in image, source file or None for a
+    directory, symlink target or None, mode); returns (blob, diff_id)."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path, src, link, mode in files:
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.mtime = 0
+            info.uid = info.gid = 0
+            if link is not None:
+                info.type = tarfile.SYMTYPE
+                info.linkname = link
+                info.mode = 0o777
+                tar.addfile(info)
+            elif src is None:
+                info.type = tarfile.DIRTYPE
+                info.mode = mode
+                tar.addfile(info)
+            else:
+                data = Path(src).read_bytes()
+                info.size = len(data)
+                info.mode = mode
+                tar.addfile(info, io.BytesIO(data))
+    diff_id = "sha256:" + hashlib.sha256(raw.getvalue()).hexdigest()
+    blob = gzip.compress(raw.getvalue(), compresslevel=1, mtime=0)
+    return blob, diff_id
+
+
+def oci_archive(path, images):
+    """An OCI image layout tar holding `images`: name → (layer blob,
+    diff_id, image config dict). Each manifest is named for containerd
+    (`io.containerd.image.name`)."""
+    blobs, manifests = {}, []
+
+    def put(data):
+        digest = hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return {"digest": f"sha256:{digest}", "size": len(data)}
+
+    for name, (layer, diff_id, config) in images.items():
+        cfg = {"architecture": "amd64", "os": "linux", "config": config,
+               "rootfs": {"type": "layers", "diff_ids": [diff_id]}}
+        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                               **put(json.dumps(cfg).encode())},
+                    "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **put(layer)}]}
+        m = put(json.dumps(manifest).encode())
+        manifests.append({"mediaType": "application/vnd.oci.image.manifest.v1+json", **m,
+                          "annotations": {"io.containerd.image.name": name,
+                                          "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1]}})
+    write_layout_tar(path, blobs, {"schemaVersion": 2, "manifests": manifests})
+
+
+def write_layout_tar(path, blobs, index):
+    with tarfile.open(path, "w") as tar:
+        def add(name, data):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+        add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+        add("index.json", json.dumps(index).encode())
+        for digest, data in blobs.items():
+            add(f"blobs/sha256/{digest}", data)
+
+
+def single_binary_image(binary_path, name_in_image, entrypoint_args=()):
+    layer, diff_id = layer_from_files([
+        ("/tmp", None, None, 0o1777),
+        (f"/{name_in_image}", binary_path, None, 0o755),
+    ])
+    config = {"Entrypoint": [f"/{name_in_image}", *entrypoint_args],
+              "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]}
+    return layer, diff_id, config
+
+
+def busybox_image():
+    applets = subprocess.run(["/bin/busybox", "--list"], capture_output=True, text=True, check=True).stdout.split()
+    files = [("/bin", None, None, 0o755), ("/tmp", None, None, 0o1777), ("/bin/busybox", "/bin/busybox", None, 0o755)]
+    files += [(f"/bin/{a}", None, "busybox", 0) for a in applets if a != "busybox"]
+    layer, diff_id = layer_from_files(files)
+    return layer, diff_id, {"Cmd": ["sh"], "Env": ["PATH=/bin"]}
+
+
+def our_images_archive(path, names):
+    """Our three images, from deploy/images/build.sh's OCI layout, named as
+    deploy/ names them."""
+    index = json.loads((IMAGES_OCI / "index.json").read_text())
+    by_tag = {m.get("annotations", {}).get("org.opencontainers.image.ref.name"): m for m in index["manifests"]}
+    manifests = []
+    for tag, full_name in names.items():
+        m = by_tag.get(tag)
+        if m is None:
+            raise ClusterError(f"{IMAGES_OCI} has no image {tag}: run deploy/images/build.sh")
+        manifests.append({**m, "annotations": {"io.containerd.image.name": full_name,
+                                               "org.opencontainers.image.ref.name": full_name.rsplit(":", 1)[-1]}})
+    blobs = {}
+    needed = [m["digest"] for m in manifests]
+    while needed:
+        digest = needed.pop().split(":", 1)[1]
+        if digest in blobs:
+            continue
+        data = (IMAGES_OCI / "blobs" / "sha256" / digest).read_bytes()
+        blobs[digest] = data
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(doc, dict) and "layers" in doc:
+            needed += [doc["config"]["digest"], *(layer["digest"] for layer in doc["layers"])]
+    write_layout_tar(path, blobs, {"schemaVersion": 2, "manifests": manifests})
+
+
+def images_wanted():
+    """Every image the rendered overlay, the add-ons and the KMS static pod
+    name."""
+    texts = [kubectl("kustomize", OVERLAY), addons(),
+             (REPO / "deploy" / "kms" / "barbican-kms-plugin.pod.yaml").read_text()]
+    names = {n for t in texts for n in re.findall(r"^\s*(?:- )?image:\s*(\S+)\s*$", t, re.M)}
+    return {n.strip("'\"") for n in names}
+
+
+def ctr(*args, check=True, timeout=300):
+    cmd = ["ctr", "--address", CONTAINERD_SOCK, "--namespace", "k8s.io", *args]
+    if check:
+        return run(cmd, timeout=timeout)
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout)
+
+
+def import_images():
+    """Builds and imports every image the node runs (trap 5: nothing can be
+    pulled): the pause image (catatonit -P), the CSI sidecars from their
+    binaries, a busybox for test pods, and ours from deploy/images."""
+    if not (IMAGES_OCI / "index.json").exists():
+        log("no OCI layout of our images: building them (deploy/images/build.sh, debug binaries)")
+        run(["cargo", "build", "--locked", "--bins", "-p", "csi-cinder", "-p", "csi-manila", "-p", "kms-barbican"],
+            cwd=REPO, timeout=3600)
+        run(["bash", REPO / "deploy" / "images" / "build.sh", TARGET / "images"], cwd=REPO, timeout=3600,
+            env={**os.environ, "IMAGE_PROFILE": "debug"})
+    out = STATE / "images"
+    out.mkdir(exist_ok=True)
+    wanted = images_wanted() | {PAUSE_IMAGE, APP_IMAGE}
+    built, ours = {}, {}
+    for name in sorted(wanted):
+        repo, _, tag = name.rpartition(":")
+        base = repo.rsplit("/", 1)[-1]
+        if name == PAUSE_IMAGE:
+            built[name] = single_binary_image("/usr/bin/catatonit", "pause", ["-P"])
+        elif name == APP_IMAGE:
+            built[name] = busybox_image()
+        elif repo.startswith("registry.k8s.io/sig-storage/") and base in SIDECARS:
+            have = sidecar_version(base)
+            if have and have != tag:
+                raise ClusterError(f"deploy/ pins {base} {tag}, but the binary tested here is {have}: "
+                                   "pin what is tested")
+            built[name] = single_binary_image(binary(base), base)
+        elif base in ("cinder-csi-plugin", "manila-csi-plugin", "barbican-kms-plugin"):
+            ours[base] = name
+        else:
+            raise ClusterError(f"no way to make image {name} here (nothing can be pulled)")
+    archive = out / "built.tar"
+    oci_archive(archive, built)
+    ours_archive = out / "ours.tar"
+    our_images_archive(ours_archive, ours)
+    for a in (archive, ours_archive):
+        ctr("images", "import", a, timeout=600)
+    for name in [*built, *ours.values()]:
+        # kubelet's image GC never removes a pinned image
+        ctr("images", "label", name, "io.cri-containerd.pinned=pinned")
+    log(f"imported {len(built) + len(ours)} images")
+
+
+# --------------------------------------------------------------- the node
+
+
+def start_containerd():
+    RUN.mkdir(parents=True, exist_ok=True)
+    (STATE / "containerd").mkdir(exist_ok=True)
+    cni = STATE / "cni"
+    cni.mkdir(exist_ok=True)
+    # trap 4: containerd 1.6 wants an eth0 with an address; an isolated
+    # bridge gives one, with no gateway, no masquerade and no route out
+    (cni / "10-k8s-test.conflist").write_text(json.dumps({
+        "cniVersion": "0.4.0", "name": "k8s-test",
+        "plugins": [{"type": "bridge", "bridge": BRIDGE, "isGateway": False, "ipMasq": False,
+                     "hairpinMode": False,
+                     "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]],
+                              "dataDir": str(STATE / "cni-ipam")}}]}, indent=1))
+    config = STATE / "containerd.toml"
+    config.write_text(f"""version = 2
+root = "{STATE / 'containerd'}"
+state = "{RUN / 'containerd-state'}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
+[grpc]
+  address = "{CONTAINERD_SOCK}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # trap 1: runc cannot lower oom_score_adj without CAP_SYS_RESOURCE
+  restrict_oom_score_adj = true
+  enable_cdi = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni}"
+""")
+    SERVICES.start("containerd", ["containerd", "--config", config, "--log-level", "warn"])
+    SERVICES.wait_until("containerd", lambda: ctr("version", check=False).returncode == 0, 60)
+
+
+def start_kubelet():
+    config = STATE / "kubelet.yaml"
+    config.write_text(f"""apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: {HOST}
+port: {PORTS['kubelet']}
+healthzBindAddress: {HOST}
+healthzPort: {PORTS['kubelet-healthz']}
+readOnlyPort: 0
+# trap 2: cgroup v1, no systemd, swap
+failCgroupV1: false
+cgroupDriver: cgroupfs
+failSwapOn: false
+containerRuntimeEndpoint: unix://{CONTAINERD_SOCK}
+staticPodPath: {STATE / 'manifests'}
+fileCheckFrequency: 5s
+syncFrequency: 10s
+podLogsDir: {STATE / 'pod-logs'}
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: {STATE / 'pki' / 'ca.crt'}
+authorization:
+  mode: Webhook
+clusterDomain: cluster.local
+# a shared disk must not evict the test pods, nor collect the imported images
+evictionHard:
+  memory.available: "100Mi"
+  nodefs.available: "1%"
+  nodefs.inodesFree: "1%"
+  imagefs.available: "1%"
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+maxPods: 110
+""")
+    SERVICES.start("kubelet", [
+        binary("kubelet"),
+        f"--config={config}",
+        f"--kubeconfig={STATE / 'kubelet.kubeconfig'}",
+        f"--hostname-override={NODE}",
+        f"--root-dir={KUBELET_DIR}",
+        "--v=2",
+    ])
+    SERVICES.wait_until("kubelet", lambda: http("GET", f"http://{HOST}:{PORTS['kubelet-healthz']}/healthz")[0] == 200,
+                        60)
+
+
+def wait_node_ready():
+    def node_ready():
+        r = kubectl("get", "node", NODE, "-o", "json", check=False)
+        if r.returncode != 0:
+            return False
+        conds = json.loads(r.stdout)["status"].get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+    SERVICES.wait_until("kubelet", node_ready, 120)
+
+
+def start_metadata():
+    server = (CLOUD / "test-server-id").read_text().strip()
+    SERVICES.start("metadata", [sys.executable, HERE / "metadata.py", PORTS["metadata"], server, "k8s-test-node",
+                                "nova"])
+    SERVICES.wait_until("metadata", lambda: port_open(PORTS["metadata"]), 30)
+
+
+# ---------------------------------------------------------------- the suite
+
+
+def write_overlay_inputs():
+    """What an operator writes for deploy/suite: the cloud.conf Secrets
+    (the test cloud's member credentials) and the node's cloud.conf. The
+    overlay itself (tests/cluster/overlay) is committed."""
+    gen = OVERLAY / "generated"
+    gen.mkdir(exist_ok=True)
+    limit = ""
+    if (CLOUD / "max-disk-devices").exists():
+        # the root disk takes one of the server's disks
+        limit = f"node-volume-attach-limit = {int((CLOUD / 'max-disk-devices').read_text()) - 1}\n"
+    # Cinder's controller attaches to the node's server: the test cloud
+    # made it in the admin project; Manila's shares belong to the member
+    admin = (CLOUD / "cloud-admin.conf").read_text()
+    (gen / "cinder-cloud.conf").write_text(f"{admin}\n[BlockStorage]\nignore-volume-az = false\n{limit}")
+    (gen / "manila-cloud.conf").write_text((CLOUD / "cloud-member.conf").read_text())
+    (gen / "node-cloud.conf").write_text(
+        f"[Metadata]\nsearch-order = configDrive,metadataService\n\n[BlockStorage]\n{limit}")
+    (gen / "addresses.env").write_text(
+        f"KUBERNETES_SERVICE_HOST={HOST}\nKUBERNETES_SERVICE_PORT={PORTS['apiserver']}\n"
+        f"METADATA_URL=http://{HOST}:{PORTS['metadata']}/\n")
+    secrets = read_conf(CLOUD / "cloud-member.conf")
+    (gen / "csi-secrets.env").write_text("\n".join([
+        f"os-authURL={secrets['auth-url']}",
+        f"os-region={secrets.get('region', 'RegionOne')}",
+        f"os-userName={secrets['username']}",
+        f"os-password={secrets['password']}",
+        f"os-projectName={secrets['tenant-name']}",
+        f"os-domainName={secrets.get('user-domain-name', 'Default')}",
+    ]) + "\n")
+    for f in gen.iterdir():
+        f.chmod(0o600)
+
+
+def apply_addons():
+    """What a cluster brings before the suite (deploy/README.md): the
+    snapshot CRDs of external-snapshotter v8.6 and its controller."""
+    crds = SHARED_K8S / "crds"
+    if not crds.is_dir():
+        raise Skipped(f"no snapshot CRDs: {crds} is absent")
+    kubectl("apply", "--server-side", "-f", crds)
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    kubectl("apply", "-f", "-", input=addons())
+
+
+def addons():
+    """tests/cluster/addons with this node's apiserver port filled in."""
+    texts = [string.Template(f.read_text()).substitute(APISERVER_PORT=PORTS["apiserver"])
+             for f in sorted((HERE / "addons").glob("*.yaml"))]
+    return "\n---\n".join(texts)
+
+
+def apply_suite():
+    kubectl("apply", "-k", OVERLAY, timeout=300)
+
+
+def drivers_registered():
+    r = kubectl("get", "csinode", NODE, "-o", "json", check=False)
+    if r.returncode != 0:
+        return False
+    names = {d["name"] for d in json.loads(r.stdout)["spec"].get("drivers") or []}
+    return all(d in names for d in DRIVERS)
+
+
+def wait_suite():
+    def rolled_out():
+        for kind, name in deployments():
+            r = kubectl("rollout", "status", f"{kind}/{name}", "-n", NAMESPACE, "--timeout=5s", check=False)
+            if r.returncode != 0:
+                return False
+        return drivers_registered()
+    try:
+        SERVICES.wait_until("the suite", rolled_out, 300, log_file=STATE / "logs" / "kubelet.log")
+    except ClusterError as e:
+        raise ClusterError(f"{e}\n{describe_failures()}")
+
+
+def deployments():
+    r = kubectl("get", "deployments,daemonsets", "-n", NAMESPACE, "-o", "json", check=False)
+    if r.returncode != 0:
+        return []
+    return [(i["kind"].lower(), i["metadata"]["name"]) for i in json.loads(r.stdout)["items"]]
+
+
+def describe_failures():
+    """The pods that are not running, and their containers' last words."""
+    r = kubectl("get", "pods", "-A", "-o", "json", check=False)
+    if r.returncode != 0:
+        return r.stderr
+    lines = []
+    for p in json.loads(r.stdout)["items"]:
+        statuses = p["status"].get("containerStatuses") or []
+        if p["status"].get("phase") == "Running" and all(s.get("ready") for s in statuses):
+            continue
+        lines.append(f"pod {p['metadata']['namespace']}/{p['metadata']['name']}: {p['status'].get('phase')}")
+        for s in statuses:
+            state = s.get("state", {})
+            lines.append(f"  {s['name']}: {json.dumps(state)}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- verbs
+
+
+def cmd_up():
+    if os.geteuid() != 0:
+        raise ClusterError("needs root: mounts, containerd, kubelet")
+    if not (CLOUD / "test-server-id").exists() or not (CLOUD / "cloud-member.conf").exists():
+        raise Skipped(f"the test cloud is not up ({CLOUD}): run tests/openstack/cloud.py up all first")
+    t0 = time.time()
+    bin_dir()
+    for name in CONTROL_PLANE + SIDECARS:
+        binary(name)
+    SERVICES.ensure_debian_packages(DEBIAN_PACKAGES)
+    if shutil.which("kubectl") is None:
+        raise ClusterError("kubectl is needed (it renders deploy/ too)")
+    for sub in ("logs", "pids"):
+        (STATE / sub).mkdir(parents=True, exist_ok=True)
+    setup_pki()
+    prepare_host()
+    start_metadata()
+    start_etcd()
+    # kubelet before the apiserver, as on a control-plane node: it starts
+    # the KMS static pod without the API, so the apiserver finds the
+    # plugin's socket at once (its gRPC channel otherwise backs off for
+    # up to two minutes, and Secrets cannot be written meanwhile)
+    install_kms()
+    write_overlay_inputs()
+    start_containerd()
+    import_images()
+    start_kubelet()
+    start_apiserver()
+    start_controllers()
+    wait_node_ready()
+    apply_addons()
+    apply_suite()
+    wait_suite()
+    log(f"up in {time.time() - t0:.0f}s: node {NODE} Ready, drivers {', '.join(DRIVERS)} registered; "
+        f"KUBECONFIG={STATE / 'admin.kubeconfig'}")
+
+
+def cmd_status():
+    ok = all(SERVICES.alive(p) for p in PROCESSES)
+    for p in PROCESSES:
+        print(f"{p:24} {'up' if SERVICES.alive(p) else 'DOWN'}")
+    reg = ok and drivers_registered()
+    print(f"{'drivers registered':24} {'yes' if reg else 'no'}")
+    return 0 if reg else 1
+
+
+def delete_test_objects(timeout=180):
+    """What the tests left: their namespaces (pods, claims), then every
+    volume deleted by its driver, so that no Cinder volume or Manila
+    share outlives the run."""
+    r = kubectl("get", "ns", "-l", TEST_NAMESPACE_LABEL, "-o", "name", check=False)
+    namespaces = r.stdout.split() if r.returncode == 0 else []
+    if namespaces:
+        log(f"deleting what the tests left: {' '.join(namespaces)}")
+        kubectl("delete", *namespaces, "--wait=false", check=False)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        ns = kubectl("get", "ns", "-l", TEST_NAMESPACE_LABEL, "-o", "name", check=False).stdout.split()
+        pvs = kubectl("get", "pv", "-o", "name", check=False).stdout.split()
+        vs = kubectl("get", "volumesnapshotcontents", "-o", "name", check=False).stdout.split()
+        if not ns and not pvs and not vs:
+            return
+        time.sleep(2)
+    log(f"after {timeout}s still present: namespaces {ns}, volumes {pvs}, snapshots {vs}")
+
+
+def stop_pods(timeout=120):
+    """Lets kubelet stop every pod through the CRI (so that CNI tears the
+    pod networks down): the suite and the add-ons deleted, the static pod
+    removed, then the node's remaining pods."""
+    kubectl("delete", "-k", OVERLAY, "--ignore-not-found", "--wait=false", check=False, timeout=120)
+    kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", check=False, input=addons())
+    (STATE / "manifests" / "barbican-kms-plugin.yaml").unlink(missing_ok=True)
+    kubectl("delete", "pods", "-A", "--all", "--grace-period=5", "--wait=false", check=False)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        r = ctr("tasks", "ls", "-q", check=False)
+        if r.returncode != 0 or not r.stdout.split():
+            return
+        time.sleep(1)
+    log(f"containers still running after {timeout}s: removing them by force")
+
+
+def remove_containers():
+    """Whatever kubelet did not stop: tasks killed, containers and their
+    network namespaces removed."""
+    if not SERVICES.alive("containerd"):
+        return
+    for _ in range(3):
+        tasks = ctr("tasks", "ls", "-q", check=False).stdout.split()
+        for t in tasks:
+            ctr("tasks", "kill", "--signal", "SIGKILL", t, check=False)
+        for t in tasks:
+            ctr("tasks", "delete", "--force", t, check=False, timeout=60)
+        containers = ctr("containers", "ls", "-q", check=False).stdout.split()
+        for c in containers:
+            ctr("containers", "delete", c, check=False)
+        if not tasks and not containers:
+            break
+        time.sleep(1)
+
+
+def kill_strays():
+    """containerd's shims and anything still running from our state."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "containerd-shim" in cmdline and str(CONTAINERD_SOCK) in cmdline:
+            try:
+                os.kill(int(d.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def remove_network():
+    for ns in Path("/run/netns").glob("cni-*") if Path("/run/netns").exists() else []:
+        subprocess.run(["umount", ns], capture_output=True)
+        ns.unlink(missing_ok=True)
+    if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode == 0:
+        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
+    shutil.rmtree(STATE / "cni-ipam", ignore_errors=True)
+
+
+def remove_iptables():
+    """The chains kubelet adds (KUBE-FIREWALL and its canaries) and any a
+    CNI plugin adds, with the rules that jump to them."""
+    for tool in ("iptables", "ip6tables"):
+        if shutil.which(tool) is None:
+            continue
+        for table in ("filter", "nat", "mangle"):
+            r = subprocess.run([tool, "-t", table, "-S"], capture_output=True, text=True)
+            if r.returncode != 0:
+                continue
+            ours = lambda chain: chain.startswith(("KUBE-", "CNI-"))  # noqa: E731
+            for line in r.stdout.splitlines():
+                parts = line.split()
+                # a rule of a built-in chain that jumps into ours
+                if parts[:1] == ["-A"] and not ours(parts[1]) and "-j" in parts \
+                        and ours(parts[parts.index("-j") + 1]):
+                    subprocess.run([tool, "-t", table, "-D", *parts[1:]], capture_output=True)
+            chains = [line.split()[1] for line in r.stdout.splitlines()
+                      if line.startswith("-N ") and ours(line.split()[1])]
+            for chain in chains:
+                subprocess.run([tool, "-t", table, "-F", chain], capture_output=True)
+            for chain in chains:
+                subprocess.run([tool, "-t", table, "-X", chain], capture_output=True)
+
+
+def leftovers():
+    """What of the cluster is still on the machine (empty: nothing)."""
+    left = [f"process {p}" for p in PROCESSES if SERVICES.alive(p)]
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if (str(CONTAINERD_SOCK) in cmdline or str(STATE) in cmdline) and "cluster.py" not in cmdline:
+            left.append(f"process {d.name}: {cmdline[:120]}")
+    for point, _, _ in mountinfo():
+        if point.startswith((str(KUBELET_DIR), str(STATE) + "/", str(RUN), "/run/netns/cni-")):
+            left.append(f"mount {point}")
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    for line in links.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        if name == BRIDGE or name.startswith("veth"):
+            left.append(f"network device {name}")
+    for tool in ("iptables", "ip6tables"):
+        if shutil.which(tool) is None:
+            continue
+        for table in ("filter", "nat", "mangle"):
+            r = subprocess.run([tool, "-t", table, "-S"], capture_output=True, text=True)
+            left += [f"{tool} -t {table}: {line}" for line in r.stdout.splitlines()
+                     if "KUBE-" in line or "CNI-" in line]
+    images = str(CLOUD / "hypervisor-images")
+    for line in subprocess.run(["losetup", "-l", "-n", "-O", "NAME,BACK-FILE"], capture_output=True,
+                               text=True).stdout.splitlines():
+        if images in line:
+            left.append(f"loop device of a volume: {line.strip()}")
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        if (hierarchy / "kubepods").is_dir():
+            left.append(f"cgroup {hierarchy / 'kubepods'}")
+    return left
+
+
+def remove_cgroups():
+    """The pod cgroups kubelet made (cgroupfs driver), leaves first."""
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        root = hierarchy / "kubepods"
+        if not root.is_dir():
+            continue
+        for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        try:
+            root.rmdir()
+        except OSError:
+            pass
+
+
+def cmd_down():
+    if SERVICES.alive("kube-apiserver") and SERVICES.alive("kubelet"):
+        delete_test_objects()
+        stop_pods()
+    SERVICES.stop("kubelet")
+    remove_containers()
+    SERVICES.stop("containerd")
+    kill_strays()
+    # containerd's mounts (rootfs overlays, shm, netns) and the pods'
+    for root in (RUN, STATE / "containerd"):
+        unmount_below(root)
+    remove_network()
+    SERVICES.stop_all(["kube-scheduler", "kube-controller-manager", "kube-apiserver", "metadata"])
+    SERVICES.stop("etcd")
+    restore_host()
+    remove_cgroups()
+    remove_iptables()
+    shutil.rmtree(RUN, ignore_errors=True)
+    shutil.rmtree(OVERLAY / "generated", ignore_errors=True)
+    (STATE / "kms-key-id").unlink(missing_ok=True)
+    left = leftovers()
+    if left:
+        raise ClusterError("down left behind:\n  " + "\n  ".join(left))
+    log("down: no process, container, mount, loop device, network device, iptables rule or cgroup of the "
+        "cluster left")
+
+
+def cmd_restart_kubelet():
+    """kubelet stopped (SIGTERM) and started again, as a node's service
+    manager restarts it: its pods keep running meanwhile."""
+    SERVICES.stop("kubelet")
+    t = time.time()
+    start_kubelet()
+
+    def reported_since():
+        # a Ready heartbeat of the new kubelet: it has synced its pods
+        r = kubectl("get", "node", NODE, "-o", "json", check=False)
+        if r.returncode != 0:
+            return False
+        for c in json.loads(r.stdout)["status"].get("conditions", []):
+            if c["type"] == "Ready" and c["status"] == "True":
+                beat = time.mktime(time.strptime(c["lastHeartbeatTime"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+                return beat >= int(t)
+        return False
+    SERVICES.wait_until("kubelet", reported_since, 120)
+    log(f"kubelet restarted; node Ready again after {time.time() - t:.1f}s")
+
+
+def cmd_env():
+    print(f"K8S_TEST_CLUSTER_DIR={STATE}")
+    print(f"KUBECONFIG={STATE / 'admin.kubeconfig'}")
+    print(f"K8S_TEST_NODE={NODE}")
+
+
+def main(argv):
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    verb, rest = argv[0], argv[1:]
+    try:
+        if verb == "up":
+            cmd_up()
+        elif verb == "status":
+            return cmd_status()
+        elif verb == "down":
+            cmd_down()
+        elif verb == "env":
+            cmd_env()
+        elif verb == "restart-kubelet":
+            cmd_restart_kubelet()
+        elif verb == "kubectl":
+            return subprocess.run(["kubectl", f"--kubeconfig={STATE / 'admin.kubeconfig'}", *rest]).returncode
+        else:
+            print(__doc__)
+            return 2
+    except Skipped as e:
+        print(f"[cluster] SKIPPED: {e}", file=sys.stderr)
+        return 3
+    except ClusterError as e:
+        print(f"[cluster] ERROR: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

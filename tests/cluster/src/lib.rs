@@ -1,0 +1,479 @@
+//! The cluster tier's harness: the single-node Kubernetes that
+//! `tests/cluster/cluster.py up` runs (deploy/suite from our images, on
+//! the real test cloud), driven as users drive it: kubectl, app pods,
+//! and OpenStack's own view of what the drivers did.
+//!
+//! Every test namespace is labelled `csi-cluster-tier=test` and deleted
+//! (with its claims, and so its volumes) when its guard drops; what a
+//! failed run leaves, `cluster.py down` deletes before stopping.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use openstack_client::cinder::BlockStorage;
+use openstack_client::config::{CloudConf, ConfigEnv};
+use openstack_client::manila::SharedFileSystems;
+use openstack_client::{Session, SessionOptions};
+use serde_json::Value;
+
+/// The label of every namespace a test makes.
+pub const TEST_LABEL: &str = "csi-cluster-tier=test";
+/// The image of the test pods.
+pub const APP_IMAGE: &str = "docker.io/library/busybox:1.35";
+/// The namespace deploy/suite installs into.
+pub const SUITE_NAMESPACE: &str = "openstack-system";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("the cluster tier is not up ({0}): run tests/cluster/cluster.py up")]
+    NotUp(String),
+    #[error("{command}: {message}")]
+    Command { command: String, message: String },
+    #[error("{what}: not within {timeout:?}; last seen: {last}")]
+    Timeout {
+        what: String,
+        timeout: Duration,
+        last: String,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type Result<T> = std::result::Result<T, ClusterError>;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap_or_else(|_| PathBuf::from("."))
+}
+
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub cloud_dir: PathBuf,
+    pub node: String,
+}
+
+impl Cluster {
+    /// The cluster `cluster.py up` left running.
+    pub fn from_env() -> Result<Self> {
+        let dir = std::env::var_os("K8S_TEST_CLUSTER_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo().join(".k8s-cluster"));
+        let cloud_dir = std::env::var_os("OS_TEST_CLOUD_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo().join(".openstack-cloud"));
+        let kubeconfig = dir.join("admin.kubeconfig");
+        if !kubeconfig.exists() || !dir.join("pids/kubelet.pid").exists() {
+            return Err(ClusterError::NotUp(dir.display().to_string()));
+        }
+        Ok(Self {
+            dir,
+            kubeconfig,
+            cloud_dir,
+            node: std::env::var("K8S_TEST_NODE").unwrap_or_else(|_| "localhost".into()),
+        })
+    }
+
+    /// Runs kubectl; its stdout, or an error with its stderr.
+    pub async fn kubectl(&self, args: &[&str]) -> Result<String> {
+        self.kubectl_with_input(args, None).await
+    }
+
+    pub async fn kubectl_with_input(&self, args: &[&str], input: Option<&str>) -> Result<String> {
+        use tokio::io::AsyncWriteExt;
+        let mut cmd = tokio::process::Command::new("kubectl");
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args(args)
+            .stdin(if input.is_some() {
+                std::process::Stdio::piped()
+            } else {
+                std::process::Stdio::null()
+            })
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let command = format!("kubectl {}", args.join(" "));
+        let fail = |message: String| ClusterError::Command {
+            command: command.clone(),
+            message,
+        };
+        let mut child = cmd.spawn().map_err(|e| fail(e.to_string()))?;
+        if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+            stdin
+                .write_all(text.as_bytes())
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+        }
+        let out = tokio::time::timeout(Duration::from_secs(300), child.wait_with_output())
+            .await
+            .map_err(|_| fail("did not finish in 300 s".into()))?
+            .map_err(|e| fail(e.to_string()))?;
+        if !out.status.success() {
+            return Err(fail(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `kubectl apply -f -` of a manifest.
+    pub async fn apply(&self, yaml: &str) -> Result<()> {
+        self.kubectl_with_input(&["apply", "-f", "-"], Some(yaml))
+            .await
+            .map(|_| ())
+    }
+
+    /// `kubectl apply -n NS -f -`.
+    pub async fn apply_in(&self, ns: &str, yaml: &str) -> Result<()> {
+        self.kubectl_with_input(&["apply", "-n", ns, "-f", "-"], Some(yaml))
+            .await
+            .map(|_| ())
+    }
+
+    /// An object as JSON; None when it does not exist.
+    pub async fn get(
+        &self,
+        kind: &str,
+        name: &str,
+        namespace: Option<&str>,
+    ) -> Result<Option<Value>> {
+        let mut args = vec!["get", kind, name, "-o", "json", "--ignore-not-found"];
+        if let Some(ns) = namespace {
+            args.extend(["-n", ns]);
+        }
+        let out = self.kubectl(&args).await?;
+        if out.trim().is_empty() {
+            return Ok(None);
+        }
+        serde_json::from_str(&out)
+            .map(Some)
+            .map_err(|e| ClusterError::Other(format!("{kind}/{name}: {e}")))
+    }
+
+    /// Items of a list (`kubectl get KIND -o json` with more arguments).
+    pub async fn list(&self, kind: &str, extra: &[&str]) -> Result<Vec<Value>> {
+        let mut args = vec!["get", kind, "-o", "json"];
+        args.extend_from_slice(extra);
+        let out = self.kubectl(&args).await?;
+        let v: Value =
+            serde_json::from_str(&out).map_err(|e| ClusterError::Other(format!("{kind}: {e}")))?;
+        Ok(v["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// A new namespace for one test, deleted (with everything in it) when
+    /// the guard drops.
+    pub async fn namespace(&self, prefix: &str) -> Result<TestNamespace> {
+        let name = format!(
+            "{prefix}-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..6]
+        );
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:\n    csi-cluster-tier: test\n"
+        ))
+        .await?;
+        Ok(TestNamespace {
+            cluster: self.clone(),
+            name,
+        })
+    }
+
+    /// Calls `f` until it answers Some, for at most `timeout`.
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, mut f: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<std::result::Result<T, String>>>,
+    {
+        let until = Instant::now() + timeout;
+        let mut last: String;
+        loop {
+            match f().await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(seen)) => last = seen,
+                Err(e) => last = e.to_string(),
+            }
+            if Instant::now() >= until {
+                return Err(ClusterError::Timeout {
+                    what: what.to_string(),
+                    timeout,
+                    last,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Waits until the pod runs (fails at once when it failed).
+    pub async fn wait_running(&self, ns: &str, pod: &str, timeout: Duration) -> Result<Value> {
+        self.wait_for(&format!("pod {ns}/{pod} running"), timeout, || async move {
+            let Some(p) = self.get("pod", pod, Some(ns)).await? else {
+                return Ok(Err("no such pod".into()));
+            };
+            match p["status"]["phase"].as_str() {
+                Some("Running") => Ok(Ok(p)),
+                Some("Failed") => Err(ClusterError::Other(format!(
+                    "pod {ns}/{pod} failed: {}",
+                    p["status"]
+                ))),
+                _ => Ok(Err(self.why_pending(ns, pod, &p).await)),
+            }
+        })
+        .await
+    }
+
+    /// Waits until the pod's containers ended successfully.
+    pub async fn wait_succeeded(&self, ns: &str, pod: &str, timeout: Duration) -> Result<()> {
+        self.wait_for(&format!("pod {ns}/{pod} done"), timeout, || async move {
+            let Some(p) = self.get("pod", pod, Some(ns)).await? else {
+                return Ok(Err("no such pod".into()));
+            };
+            match p["status"]["phase"].as_str() {
+                Some("Succeeded") => Ok(Ok(())),
+                Some("Failed") => Err(ClusterError::Other(format!(
+                    "pod {ns}/{pod} failed: {}; logs: {}",
+                    p["status"]["containerStatuses"],
+                    self.logs(ns, pod).await.unwrap_or_default()
+                ))),
+                _ => Ok(Err(self.why_pending(ns, pod, &p).await)),
+            }
+        })
+        .await
+    }
+
+    /// The pod's status and the last events about it.
+    async fn why_pending(&self, ns: &str, pod: &str, p: &Value) -> String {
+        let events = self
+            .kubectl(&[
+                "get",
+                "events",
+                "-n",
+                ns,
+                "--field-selector",
+                &format!("involvedObject.name={pod}"),
+                "-o",
+                "jsonpath={range .items[-3:]}{.reason}: {.message}{\"\\n\"}{end}",
+            ])
+            .await
+            .unwrap_or_default();
+        format!(
+            "phase {}; events: {}",
+            p["status"]["phase"],
+            events.trim().replace('\n', " | ")
+        )
+    }
+
+    pub async fn logs(&self, ns: &str, pod: &str) -> Result<String> {
+        self.kubectl(&["logs", "-n", ns, pod]).await
+    }
+
+    /// Runs a shell command in the pod's (first) container.
+    pub async fn exec(&self, ns: &str, pod: &str, script: &str) -> Result<String> {
+        self.kubectl(&["exec", "-n", ns, pod, "--", "sh", "-c", script])
+            .await
+    }
+
+    /// Deletes and waits until it is gone.
+    pub async fn delete(&self, kind: &str, name: &str, ns: Option<&str>) -> Result<()> {
+        let mut args = vec!["delete", kind, name, "--ignore-not-found", "--timeout=180s"];
+        if let Some(ns) = ns {
+            args.extend(["-n", ns]);
+        }
+        self.kubectl(&args).await.map(|_| ())
+    }
+
+    /// The PV bound to a claim.
+    pub async fn volume_of(&self, ns: &str, claim: &str, timeout: Duration) -> Result<Value> {
+        let pv = self
+            .wait_for(
+                &format!("claim {ns}/{claim} bound"),
+                timeout,
+                || async move {
+                    let c = self.get("pvc", claim, Some(ns)).await?;
+                    match c.as_ref().and_then(|c| c["spec"]["volumeName"].as_str()) {
+                        Some(v) if c.as_ref().is_some_and(|c| c["status"]["phase"] == "Bound") => {
+                            Ok(Ok(v.to_string()))
+                        }
+                        _ => Ok(Err(format!(
+                            "claim: {}",
+                            c.map(|c| c["status"].to_string()).unwrap_or_default()
+                        ))),
+                    }
+                },
+            )
+            .await?;
+        self.get("pv", &pv, None)
+            .await?
+            .ok_or_else(|| ClusterError::Other(format!("PV {pv} vanished")))
+    }
+
+    /// A cloud.conf of the test cloud (`admin` or `member`).
+    pub fn cloud_conf(&self, who: &str) -> PathBuf {
+        self.cloud_dir.join(format!("cloud-{who}.conf"))
+    }
+
+    fn session(&self, who: &str) -> Result<Session> {
+        let conf = CloudConf::load(&[self.cloud_conf(who)], ConfigEnv::from_process())
+            .map_err(|e| ClusterError::Other(e.to_string()))?;
+        let cloud = conf
+            .cloud("")
+            .map_err(|e| ClusterError::Other(e.to_string()))?;
+        Session::new(cloud, SessionOptions::default())
+            .map_err(|e| ClusterError::Other(e.to_string()))
+    }
+
+    /// Cinder as the admin (the test server's project) sees it.
+    pub fn cinder(&self) -> Result<BlockStorage> {
+        Ok(BlockStorage::new(self.session("admin")?))
+    }
+
+    /// Manila as the member (the shares' project) sees it.
+    pub fn manila(&self) -> Result<SharedFileSystems> {
+        Ok(SharedFileSystems::new(self.session("member")?))
+    }
+
+    /// What etcd holds for a key: the bytes as the apiserver stored them.
+    pub async fn etcd_value(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let port = std::env::var("K8S_TEST_PORT_BASE")
+            .ok()
+            .and_then(|p| p.parse::<u16>().ok())
+            .unwrap_or(26000)
+            + 379;
+        let body = serde_json::json!({ "key": b64.encode(key) }).to_string();
+        let out = tokio::process::Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "10",
+                "-X",
+                "POST",
+                &format!("http://127.0.0.1:{port}/v3/kv/range"),
+                "-d",
+                &body,
+            ])
+            .output()
+            .await
+            .map_err(|e| ClusterError::Other(format!("curl: {e}")))?;
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .map_err(|e| ClusterError::Other(format!("etcd's answer: {e}")))?;
+        let Some(kv) = v["kvs"].as_array().and_then(|k| k.first()) else {
+            return Ok(None);
+        };
+        kv["value"]
+            .as_str()
+            .map(|s| b64.decode(s))
+            .transpose()
+            .map_err(|e| ClusterError::Other(format!("etcd value: {e}")))
+    }
+
+    /// `tests/cluster/cluster.py VERB` (restart-kubelet, ...).
+    pub async fn cluster_py(&self, verb: &str) -> Result<String> {
+        let out = tokio::process::Command::new("python3")
+            .arg(repo().join("tests/cluster/cluster.py"))
+            .arg(verb)
+            .output()
+            .await
+            .map_err(|e| ClusterError::Other(format!("cluster.py {verb}: {e}")))?;
+        if !out.status.success() {
+            return Err(ClusterError::Command {
+                command: format!("cluster.py {verb}"),
+                message: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// A namespace of one test.
+#[derive(Debug)]
+pub struct TestNamespace {
+    cluster: Cluster,
+    pub name: String,
+}
+
+impl TestNamespace {
+    /// Deletes the namespace and waits until it (with its claims) is
+    /// gone; also what Drop does, without the wait's verdict.
+    pub async fn close(self) -> Result<()> {
+        let c = self.cluster.clone();
+        let name = self.name.clone();
+        std::mem::forget(self);
+        c.kubectl(&["delete", "namespace", &name, "--timeout=240s"])
+            .await
+            .map(|_| ())
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        // a failed test: delete what it made, without waiting (cluster.py
+        // down waits for every labelled namespace)
+        let _ = std::process::Command::new("kubectl")
+            .arg(format!(
+                "--kubeconfig={}",
+                self.cluster.kubeconfig.display()
+            ))
+            .args(["delete", "namespace", &self.name, "--wait=false"])
+            .output();
+    }
+}
+
+/// A claim.
+pub fn claim(name: &str, class: &str, size: &str, mode: &str, block: bool) -> String {
+    format!(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {name}\nspec:\n  accessModes: [{mode}]\n  storageClassName: {class}\n  volumeMode: {}\n  resources:\n    requests:\n      storage: {size}\n",
+        if block { "Block" } else { "Filesystem" }
+    )
+}
+
+/// A busybox pod running `script` with the claim at /data (or, for a
+/// raw block claim, the device at /dev/xvda).
+pub fn pod(name: &str, claim: &str, script: &str, opts: PodOptions) -> String {
+    let volume = if opts.block {
+        "    volumeDevices:\n      - name: data\n        devicePath: /dev/xvda\n".to_string()
+    } else {
+        "    volumeMounts:\n      - name: data\n        mountPath: /data\n".to_string()
+    };
+    let restart = if opts.run_once { "Never" } else { "Always" };
+    let script = script.replace('\'', "'\"'\"'");
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  restartPolicy: {restart}\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {APP_IMAGE}\n    command: [\"sh\", \"-c\", '{script}']\n{volume}  volumes:\n  - name: data\n    persistentVolumeClaim:\n      claimName: {claim}\n      readOnly: {}\n",
+        opts.read_only
+    )
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PodOptions {
+    pub block: bool,
+    pub read_only: bool,
+    /// The pod ends when its script does.
+    pub run_once: bool,
+}
+
+/// The mounts of this machine whose mount point contains `needle`.
+pub fn host_mounts_containing(needle: &str) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| p.contains(needle))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The labels of pods, as a selector string.
+pub fn selector(labels: &BTreeMap<&str, &str>) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}

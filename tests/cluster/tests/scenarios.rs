@@ -1,0 +1,1278 @@
+//! The suite as users meet it: deploy/suite installed from our images into
+//! a real single-node Kubernetes (kubelet, containerd, the CSI sidecars),
+//! on the real test cloud, driven only through kubectl and app pods, and
+//! checked against what OpenStack and the node say.
+//!
+//! Needs `tests/cluster/cluster.py up` (run by scripts/test.sh after the
+//! real test cloud); run with `--ignored --test-threads=1` (the scenarios
+//! restart the node's plugins, kubelet and the controllers).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use cluster_tests::{
+    APP_IMAGE, Cluster, PodOptions, SUITE_NAMESPACE, claim, host_mounts_containing, pod,
+};
+use openstack_client::cinder::VolumeStatus;
+use serde_json::Value;
+
+const MINUTE: Duration = Duration::from_secs(60);
+const NEEDS: &str =
+    "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)";
+
+fn once() -> PodOptions {
+    PodOptions {
+        run_once: true,
+        ..Default::default()
+    }
+}
+
+fn handle(pv: &Value) -> String {
+    pv["spec"]["csi"]["volumeHandle"]
+        .as_str()
+        .expect("a CSI volume")
+        .to_string()
+}
+
+fn name(v: &Value) -> String {
+    v["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The KiB a pod's `df -k /data` reports in all.
+async fn df_kib(c: &Cluster, ns: &str, pod: &str) -> u64 {
+    let out = c.exec(ns, pod, "df -k /data | tail -1").await.unwrap();
+    out.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("df said {out:?}"))
+}
+
+/// Waits until Cinder says `available` (detached) for the volume.
+async fn wait_detached(c: &Cluster, id: &str) {
+    let cinder = c.cinder().unwrap();
+    c.wait_for(&format!("Cinder volume {id} available"), 3 * MINUTE, || {
+        let cinder = cinder.clone();
+        async move {
+            let v = cinder
+                .get_volume(id)
+                .await
+                .map_err(|e| cluster_tests::ClusterError::Other(e.to_string()))?;
+            Ok(if v.status == VolumeStatus::Available {
+                Ok(())
+            } else {
+                Err(format!("status {}", v.status))
+            })
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// Waits until Cinder answers 404 for the volume.
+async fn wait_volume_gone(c: &Cluster, id: &str) {
+    let cinder = c.cinder().unwrap();
+    c.wait_for(&format!("Cinder volume {id} deleted"), 3 * MINUTE, || {
+        let cinder = cinder.clone();
+        async move {
+            Ok(match cinder.get_volume(id).await {
+                Err(e) if e.is_not_found() => Ok(()),
+                Err(e) => Err(e.to_string()),
+                Ok(v) => Err(format!("status {}", v.status)),
+            })
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// Nothing of the volume is left on the node: no mount, no attachment,
+/// no device link.
+async fn wait_released(c: &Cluster, pv: &str, volume_id: Option<&str>) {
+    c.wait_for(
+        &format!("{pv} released by the node"),
+        3 * MINUTE,
+        || async move {
+            let mounts = host_mounts_containing(pv);
+            let attachments: Vec<String> = c
+                .list("volumeattachments", &[])
+                .await?
+                .into_iter()
+                .filter(|a| a["spec"]["source"]["persistentVolumeName"] == pv)
+                .map(|a| name(&a))
+                .collect();
+            let link = volume_id.map(|id| {
+                std::path::Path::new("/dev/disk/by-id")
+                    .join(format!("virtio-{}", &id[..20.min(id.len())]))
+                    .exists()
+            });
+            Ok(
+                if mounts.is_empty() && attachments.is_empty() && link != Some(true) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "mounts {mounts:?}, attachments {attachments:?}, by-id link {link:?}"
+                    ))
+                },
+            )
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// The node plugin pods of the suite (one per DaemonSet on this node).
+async fn node_plugin_pods(c: &Cluster) -> Vec<Value> {
+    c.list("pods", &["-n", SUITE_NAMESPACE])
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|p| name(p).contains("-nodeplugin-"))
+        .collect()
+}
+
+/// Mount pods (one ceph-fuse each) of the CephFS node plugin.
+async fn mount_pods(c: &Cluster) -> Vec<Value> {
+    c.list(
+        "pods",
+        &[
+            "-n",
+            SUITE_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/component=ceph-fuse-mount",
+        ],
+    )
+    .await
+    .unwrap()
+}
+
+async fn wait_rolled_out(c: &Cluster) {
+    for ds in [
+        "csi-cinder-nodeplugin",
+        "csi-manila-cephfs-nodeplugin",
+        "csi-manila-nfs-nodeplugin",
+    ] {
+        c.kubectl(&[
+            "rollout",
+            "status",
+            &format!("daemonset/{ds}"),
+            "-n",
+            SUITE_NAMESPACE,
+            "--timeout=180s",
+        ])
+        .await
+        .unwrap();
+    }
+    // and registered again with kubelet
+    c.wait_for("drivers registered", 2 * MINUTE, || async move {
+        let n = c.get("csinode", &c.node, None).await?.unwrap_or_default();
+        let names: Vec<&str> = n["spec"]["drivers"]
+            .as_array()
+            .map(|d| d.iter().filter_map(|x| x["name"].as_str()).collect())
+            .unwrap_or_default();
+        Ok(if names.len() == 3 {
+            Ok(())
+        } else {
+            Err(format!("{names:?}"))
+        })
+    })
+    .await
+    .unwrap();
+}
+
+// ------------------------------------------------------------- Cinder
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn cinder_volumes_keep_data_grow_snapshot_restore_serve_raw_block_and_go() {
+    let _ = NEEDS;
+    let c = Cluster::from_env().unwrap();
+    let ns = c.namespace("cinder").await.unwrap();
+    let n = ns.name.clone();
+
+    // pod A writes; after it is gone, pod B reads the file back
+    c.apply_in(
+        &n,
+        &claim("data", "csi-cinder-sc-xfs", "1Gi", "ReadWriteOnce", false),
+    )
+    .await
+    .unwrap();
+    c.apply_in(
+        &n,
+        &pod(
+            "writer",
+            "data",
+            "echo hello-cinder > /data/hello && sync",
+            once(),
+        ),
+    )
+    .await
+    .unwrap();
+    c.wait_succeeded(&n, "writer", 3 * MINUTE).await.unwrap();
+    let pv = c.volume_of(&n, "data", MINUTE).await.unwrap();
+    let (pv_name, volume_id) = (name(&pv), handle(&pv));
+    c.delete("pod", "writer", Some(&n)).await.unwrap();
+    c.apply_in(
+        &n,
+        &pod(
+            "reader",
+            "data",
+            "cat /data/hello; exec sleep 3600",
+            PodOptions::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    c.wait_running(&n, "reader", 3 * MINUTE).await.unwrap();
+    c.wait_for("pod B reads pod A's file", MINUTE, || async {
+        let l = c.logs(&n, "reader").await?;
+        Ok(if l.contains("hello-cinder") {
+            Ok(())
+        } else {
+            Err(l)
+        })
+    })
+    .await
+    .unwrap();
+
+    // expansion by editing the claim: df in the pod grows
+    let before = df_kib(&c, &n, "reader").await;
+    c.kubectl(&[
+        "patch",
+        "pvc",
+        "data",
+        "-n",
+        &n,
+        "-p",
+        r#"{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}"#,
+    ])
+    .await
+    .unwrap();
+    let after = c
+        .wait_for("df grows in the pod", 3 * MINUTE, || async {
+            let now = df_kib(&c, &n, "reader").await;
+            Ok(if now > before + 512 * 1024 {
+                Ok(now)
+            } else {
+                Err(format!("{now} KiB"))
+            })
+        })
+        .await
+        .unwrap();
+    println!(
+        "cinder expansion: df {} MiB -> {} MiB",
+        before / 1024,
+        after / 1024
+    );
+
+    // a snapshot, restored into a new claim, holds the data
+    c.apply_in(
+        &n,
+        "apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata:\n  name: snap\nspec:\n  volumeSnapshotClassName: csi-cinder-snapclass\n  source:\n    persistentVolumeClaimName: data\n",
+    )
+    .await
+    .unwrap();
+    c.wait_for("snapshot ready", 3 * MINUTE, || async {
+        let s = c
+            .get("volumesnapshot", "snap", Some(&n))
+            .await?
+            .unwrap_or_default();
+        Ok(if s["status"]["readyToUse"] == true {
+            Ok(())
+        } else {
+            Err(s["status"].to_string())
+        })
+    })
+    .await
+    .unwrap();
+    c.apply_in(
+        &n,
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: restored\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: csi-cinder-sc-xfs\n  dataSource:\n    apiGroup: snapshot.storage.k8s.io\n    kind: VolumeSnapshot\n    name: snap\n  resources:\n    requests:\n      storage: 2Gi\n",
+    )
+    .await
+    .unwrap();
+    c.apply_in(
+        &n,
+        &pod("restore-reader", "restored", "cat /data/hello", once()),
+    )
+    .await
+    .unwrap();
+    c.wait_succeeded(&n, "restore-reader", 4 * MINUTE)
+        .await
+        .unwrap();
+    assert!(
+        c.logs(&n, "restore-reader")
+            .await
+            .unwrap()
+            .contains("hello-cinder")
+    );
+
+    // a raw block claim
+    c.apply_in(
+        &n,
+        &claim("raw", "csi-cinder-sc-delete", "1Gi", "ReadWriteOnce", true),
+    )
+    .await
+    .unwrap();
+    c.apply_in(
+        &n,
+        &pod(
+            "block",
+            "raw",
+            "printf block-data | dd of=/dev/xvda bs=512 conv=sync,fsync 2>/dev/null && dd if=/dev/xvda bs=10 count=1 2>/dev/null",
+            PodOptions { block: true, run_once: true, ..Default::default() },
+        ),
+    )
+    .await
+    .unwrap();
+    c.wait_succeeded(&n, "block", 3 * MINUTE).await.unwrap();
+    assert_eq!(c.logs(&n, "block").await.unwrap().trim(), "block-data");
+
+    // deleting the pod detaches the volume
+    c.delete("pod", "reader", Some(&n)).await.unwrap();
+    wait_released(&c, &pv_name, Some(&volume_id)).await;
+    wait_detached(&c, &volume_id).await;
+
+    // deleting the claims deletes the volumes
+    let mut volumes = vec![volume_id];
+    for claim_name in ["restored", "raw"] {
+        volumes.push(handle(&c.volume_of(&n, claim_name, MINUTE).await.unwrap()));
+    }
+    ns.close().await.unwrap();
+    for id in &volumes {
+        wait_volume_gone(&c, id).await;
+    }
+}
+
+// ------------------------------------------------------------- Manila
+
+/// Mounts the CephFS path with ceph-fuse on the host, as a client holding
+/// only the cephx key would: Ok(files) when it mounts, Err(why) otherwise.
+async fn mount_with_key(
+    monitors: &str,
+    root: &str,
+    id: &str,
+    key: &str,
+) -> Result<Vec<String>, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    std::fs::write(
+        dir.path().join("ceph.conf"),
+        format!(
+            "[global]\nmon_host = {monitors}\n[client]\nlog_file = /dev/null\nadmin_socket =\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("keyring"),
+        format!("[client.{id}]\n\tkey = {key}\n"),
+    )
+    .unwrap();
+    let out = tokio::process::Command::new("timeout")
+        .arg("30")
+        .arg("ceph-fuse")
+        .arg("--conf")
+        .arg(dir.path().join("ceph.conf"))
+        .args(["--id", id, "--keyring"])
+        .arg(dir.path().join("keyring"))
+        .args(["-r", root])
+        .arg(&mnt)
+        .output()
+        .await
+        .unwrap();
+    let mounted = !host_mounts_containing(&mnt.to_string_lossy()).is_empty();
+    let files = std::fs::read_dir(&mnt)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    if mounted {
+        let _ = std::process::Command::new("umount").arg(&mnt).status();
+        return Ok(files);
+    }
+    Err(format!(
+        "{} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    ))
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn cephfs_shares_are_shared_by_pods_read_only_where_asked_and_their_key_dies_with_them() {
+    let c = Cluster::from_env().unwrap();
+    let ns = c.namespace("cephfs").await.unwrap();
+    let n = ns.name.clone();
+    c.apply_in(
+        &n,
+        &claim("shared", "csi-manila-cephfs", "1Gi", "ReadWriteMany", false),
+    )
+    .await
+    .unwrap();
+    c.apply_in(
+        &n,
+        &pod(
+            "pod-a",
+            "shared",
+            "echo from-a > /data/a && exec sleep 3600",
+            PodOptions::default(),
+        ),
+    )
+    .await
+    .unwrap();
+    c.wait_running(&n, "pod-a", 3 * MINUTE).await.unwrap();
+    c.apply_in(
+        &n,
+        &pod("pod-b", "shared", "until [ -f /data/a ]; do sleep 0.2; done; cat /data/a; echo from-b > /data/b; exec sleep 3600", PodOptions::default()),
+    )
+    .await
+    .unwrap();
+    c.wait_running(&n, "pod-b", 3 * MINUTE).await.unwrap();
+    c.wait_for("pod-a reads pod-b's file", MINUTE, || async {
+        let out = c.exec(&n, "pod-a", "cat /data/b 2>&1").await?;
+        Ok(if out.trim() == "from-b" {
+            Ok(())
+        } else {
+            Err(out)
+        })
+    })
+    .await
+    .unwrap();
+    assert!(c.logs(&n, "pod-b").await.unwrap().contains("from-a"));
+
+    // a third pod, read-only: reads, cannot write
+    c.apply_in(
+        &n,
+        &pod(
+            "pod-ro",
+            "shared",
+            "cat /data/a; if echo x > /data/c 2>/dev/null; then echo WROTE; else echo REFUSED; fi",
+            PodOptions {
+                read_only: true,
+                run_once: true,
+                ..Default::default()
+            },
+        ),
+    )
+    .await
+    .unwrap();
+    c.wait_succeeded(&n, "pod-ro", 3 * MINUTE).await.unwrap();
+    let ro = c.logs(&n, "pod-ro").await.unwrap();
+    assert!(
+        ro.contains("from-a") && ro.contains("REFUSED") && !ro.contains("WROTE"),
+        "{ro}"
+    );
+    assert!(
+        c.exec(&n, "pod-a", "ls /data")
+            .await
+            .unwrap()
+            .split_whitespace()
+            .all(|f| f != "c")
+    );
+
+    // ceph-fuse runs from our image, in a mount pod of its own on this node
+    let pv = c.volume_of(&n, "shared", MINUTE).await.unwrap();
+    let (pv_name, share_id) = (name(&pv), handle(&pv));
+    let mps = mount_pods(&c).await;
+    let ours: Vec<&Value> = mps
+        .iter()
+        .filter(|p| {
+            p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"] == share_id.as_str()
+        })
+        .collect();
+    assert_eq!(ours.len(), 1, "one mount pod for the share: {mps:?}");
+    assert_eq!(ours[0]["status"]["phase"], "Running");
+    assert_eq!(ours[0]["spec"]["nodeName"], c.node.as_str());
+    let plugin_image = node_plugin_pods(&c)
+        .await
+        .into_iter()
+        .find(|p| name(p).starts_with("csi-manila-cephfs-nodeplugin"))
+        .and_then(|p| {
+            p["spec"]["containers"]
+                .as_array()?
+                .iter()
+                .find(|c| c["name"] == "manila-csi-plugin")
+                .map(|c| c["image"].clone())
+        })
+        .unwrap();
+    assert_eq!(ours[0]["spec"]["containers"][0]["image"], plugin_image);
+
+    // the share's cephx key mounts it while the claim lives...
+    let manila = c.manila().unwrap();
+    let rule = manila.list_access_rules(&share_id).await.unwrap().remove(0);
+    let key = rule.access_key.clone().unwrap();
+    let export = manila
+        .list_export_locations(&share_id)
+        .await
+        .unwrap()
+        .remove(0)
+        .path;
+    let (monitors, root) = export
+        .rsplit_once(":/")
+        .map(|(m, r)| (m.to_string(), format!("/{r}")))
+        .unwrap();
+    let files = mount_with_key(&monitors, &root, &rule.access_to, &key)
+        .await
+        .unwrap();
+    assert!(
+        files.contains(&"a".to_string()) && files.contains(&"b".to_string()),
+        "{files:?}"
+    );
+
+    // ...and no longer once it is deleted
+    for p in ["pod-a", "pod-b", "pod-ro"] {
+        c.delete("pod", p, Some(&n)).await.unwrap();
+    }
+    wait_released(&c, &pv_name, None).await;
+    c.wait_for("the mount pod ends with the last pod", MINUTE, || async {
+        let left: Vec<String> = mount_pods(&c)
+            .await
+            .iter()
+            .filter(|p| {
+                p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"]
+                    == share_id.as_str()
+            })
+            .map(name)
+            .collect();
+        Ok(if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        })
+    })
+    .await
+    .unwrap();
+    ns.close().await.unwrap();
+    c.wait_for("the share deleted", 3 * MINUTE, || async {
+        Ok(match manila.get_share(&share_id).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            other => Err(format!("{:?}", other.map(|s| s.status))),
+        })
+    })
+    .await
+    .unwrap();
+    let refused = mount_with_key(&monitors, &root, &rule.access_to, &key).await;
+    assert!(
+        refused.is_err(),
+        "the deleted share's key still mounts: {refused:?}"
+    );
+}
+
+// ---------------------------------------------------------------- KMS
+
+/// The Barbican key the KMS plugin uses now (its host cloud.conf).
+fn current_kms_key() -> String {
+    let conf = std::fs::read_to_string("/etc/kubernetes/cloud-config/cloud.conf").unwrap();
+    conf.lines()
+        .find_map(|l| l.trim().strip_prefix("key-id"))
+        .map(|v| {
+            v.trim_start_matches([' ', '='])
+                .trim()
+                .trim_matches('"')
+                .to_string()
+        })
+        .unwrap()
+}
+
+async fn secret_in_etcd(c: &Cluster, ns: &str, name: &str) -> Vec<u8> {
+    c.etcd_value(&format!("/registry/secrets/{ns}/{name}"))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no secret {ns}/{name} in etcd"))
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+async fn secret_value(c: &Cluster, ns: &str, name: &str) -> String {
+    use base64::Engine;
+    let b64 = c
+        .kubectl(&[
+            "get",
+            "secret",
+            name,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.data.password}",
+        ])
+        .await
+        .unwrap();
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn secrets_are_stored_under_barbican_keys_through_a_plugin_restart_and_a_rotation() {
+    let c = Cluster::from_env().unwrap();
+    let ns = c.namespace("kms").await.unwrap();
+    let n = ns.name.clone();
+    let old_key = current_kms_key();
+    c.kubectl(&[
+        "create",
+        "secret",
+        "generic",
+        "s1",
+        "-n",
+        &n,
+        "--from-literal=password=hunter2-old",
+    ])
+    .await
+    .unwrap();
+    let stored = secret_in_etcd(&c, &n, "s1").await;
+    assert!(
+        stored.starts_with(b"k8s:enc:kms:v2:barbican:"),
+        "{:?}",
+        String::from_utf8_lossy(&stored[..40.min(stored.len())])
+    );
+    assert!(
+        !contains(&stored, b"hunter2"),
+        "the secret is in etcd in clear"
+    );
+    assert!(
+        contains(&stored, old_key.as_bytes()),
+        "sealed under the Barbican key {old_key}"
+    );
+    assert_eq!(secret_value(&c, &n, "s1").await, "hunter2-old");
+
+    // the static pod restarts (its manifest taken away and put back)
+    let manifest = c.dir.join("manifests/barbican-kms-plugin.yaml");
+    let aside = c.dir.join("barbican-kms-plugin.yaml.aside");
+    std::fs::rename(&manifest, &aside).unwrap();
+    c.wait_for("the KMS plugin stopped", 2 * MINUTE, || async {
+        let p = c
+            .list(
+                "pods",
+                &[
+                    "-n",
+                    "kube-system",
+                    "-l",
+                    "app.kubernetes.io/name=barbican-kms-plugin",
+                ],
+            )
+            .await?;
+        Ok(
+            if p.is_empty() && !std::path::Path::new("/var/lib/kms/kms.sock").exists() {
+                Ok(())
+            } else {
+                Err(format!("{} pods", p.len()))
+            },
+        )
+    })
+    .await
+    .unwrap();
+    std::fs::rename(&aside, &manifest).unwrap();
+    c.wait_for("the KMS plugin back", 2 * MINUTE, || async {
+        let p = c
+            .list(
+                "pods",
+                &[
+                    "-n",
+                    "kube-system",
+                    "-l",
+                    "app.kubernetes.io/name=barbican-kms-plugin",
+                ],
+            )
+            .await?;
+        Ok(if p.iter().any(|p| p["status"]["phase"] == "Running") {
+            Ok(())
+        } else {
+            Err(format!("{p:?}"))
+        })
+    })
+    .await
+    .unwrap();
+    c.wait_for("a Secret written after the restart", 2 * MINUTE, || async {
+        Ok(
+            match c
+                .kubectl(&[
+                    "create",
+                    "secret",
+                    "generic",
+                    "s2",
+                    "-n",
+                    &n,
+                    "--from-literal=password=after-restart",
+                ])
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(e) if e.to_string().contains("AlreadyExists") => Ok(()),
+                Err(e) => Err(e.to_string()),
+            },
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(secret_value(&c, &n, "s1").await, "hunter2-old");
+    assert_eq!(secret_value(&c, &n, "s2").await, "after-restart");
+
+    // a rotation: a new key in Barbican, named in the plugin's cloud.conf
+    let barbican = openstack_client::barbican::KeyManager::new(
+        openstack_client::Session::new(
+            openstack_client::config::CloudConf::load(
+                &[c.cloud_conf("member")],
+                openstack_client::config::ConfigEnv::from_process(),
+            )
+            .unwrap()
+            .cloud("")
+            .unwrap(),
+            Default::default(),
+        )
+        .unwrap(),
+    );
+    // 32 random bytes, as an operator's `openssl rand 32` would give
+    let bytes: Vec<u8> = [uuid::Uuid::new_v4(), uuid::Uuid::new_v4()]
+        .iter()
+        .flat_map(|u| *u.as_bytes())
+        .collect();
+    let new_key = barbican
+        .create_secret(&openstack_client::barbican::CreateSecret {
+            name: "k8s-test-kek-rotated".into(),
+            payload: Some(zeroize::Zeroizing::new(bytes)),
+            algorithm: Some("aes".into()),
+            bit_length: Some(256),
+            mode: Some("gcm".into()),
+            secret_type: "symmetric".into(),
+        })
+        .await
+        .unwrap();
+    let conf_path = std::path::Path::new("/etc/kubernetes/cloud-config/cloud.conf");
+    let conf = std::fs::read_to_string(conf_path)
+        .unwrap()
+        .replace(&old_key, &new_key);
+    let tmp = conf_path.with_extension("new");
+    std::fs::write(&tmp, conf).unwrap();
+    std::fs::rename(&tmp, conf_path).unwrap();
+    // the apiserver learns of it from the plugin's Status (it polls)
+    let mut attempt = 0;
+    c.wait_for("new writes sealed under the new key", 4 * MINUTE, || {
+        attempt += 1;
+        let (c, n, new_key) = (&c, n.clone(), new_key.clone());
+        async move {
+            let secret = format!("rotated-{attempt}");
+            c.kubectl(&[
+                "create",
+                "secret",
+                "generic",
+                &secret,
+                "-n",
+                &n,
+                "--from-literal=password=new",
+            ])
+            .await?;
+            let stored = secret_in_etcd(c, &n, &secret).await;
+            Ok(if contains(&stored, new_key.as_bytes()) {
+                Ok(())
+            } else {
+                Err("still the old key".into())
+            })
+        }
+    })
+    .await
+    .unwrap();
+    // old secrets still read, sealed as they were; rewriting moves them
+    assert!(contains(
+        &secret_in_etcd(&c, &n, "s1").await,
+        old_key.as_bytes()
+    ));
+    assert_eq!(secret_value(&c, &n, "s1").await, "hunter2-old");
+    let s1 = c
+        .kubectl(&["get", "secret", "s1", "-n", &n, "-o", "json"])
+        .await
+        .unwrap();
+    c.kubectl_with_input(&["replace", "-f", "-"], Some(&s1))
+        .await
+        .unwrap();
+    assert!(contains(
+        &secret_in_etcd(&c, &n, "s1").await,
+        new_key.as_bytes()
+    ));
+    assert_eq!(secret_value(&c, &n, "s1").await, "hunter2-old");
+    ns.close().await.unwrap();
+}
+
+// --------------------------------------------------- restarts and kills
+
+/// A pod that writes a line every 100 ms and says FAIL when a write fails.
+fn prober(name: &str, claim: &str) -> String {
+    pod(
+        name,
+        claim,
+        "i=0; while true; do i=$((i+1)); t=$(cut -d\" \" -f1 /proc/uptime); if echo \"$i $t\" >> /data/probe-$HOSTNAME && tail -n 1 /data/probe-$HOSTNAME > /dev/null; then :; else echo \"FAIL $t\"; fi; sleep 0.1; done",
+        PodOptions::default(),
+    )
+}
+
+/// The longest gap between two successful writes of a prober, and its
+/// failures.
+async fn probe_report(c: &Cluster, ns: &str, pod: &str) -> (Duration, usize, usize) {
+    let text = c
+        .exec(ns, pod, "cat /data/probe-$HOSTNAME")
+        .await
+        .unwrap_or_else(|e| panic!("{pod}: its volume no longer answers: {e}"));
+    // the node's uptime in seconds (busybox's date has no sub-second format)
+    let times: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    let gap = times.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+    let fails = c
+        .logs(ns, pod)
+        .await
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("FAIL"))
+        .count();
+    (Duration::from_secs_f64(gap.max(0.0)), times.len(), fails)
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn a_node_plugin_restart_never_breaks_a_mounted_volume() {
+    let c = Cluster::from_env().unwrap();
+    let ns = c.namespace("restart").await.unwrap();
+    let n = ns.name.clone();
+    c.apply_in(
+        &n,
+        &claim("blk", "csi-cinder-sc-xfs", "1Gi", "ReadWriteOnce", false),
+    )
+    .await
+    .unwrap();
+    c.apply_in(
+        &n,
+        &claim("fs", "csi-manila-cephfs", "1Gi", "ReadWriteMany", false),
+    )
+    .await
+    .unwrap();
+    c.apply_in(&n, &prober("probe-cinder", "blk"))
+        .await
+        .unwrap();
+    c.apply_in(&n, &prober("probe-cephfs", "fs")).await.unwrap();
+    for p in ["probe-cinder", "probe-cephfs"] {
+        c.wait_running(&n, p, 3 * MINUTE).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // as in an upgrade: the node plugins' pods deleted and replaced
+    let old: Vec<String> = node_plugin_pods(&c).await.iter().map(name).collect();
+    let restarted = Instant::now();
+    let mut args = vec!["delete", "pods", "-n", SUITE_NAMESPACE, "--timeout=120s"];
+    args.extend(old.iter().map(String::as_str));
+    c.kubectl(&args).await.unwrap();
+    wait_rolled_out(&c).await;
+    let took = restarted.elapsed();
+    // the probes go on through and after the restart
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut worst = Duration::ZERO;
+    for p in ["probe-cinder", "probe-cephfs"] {
+        let (gap, writes, fails) = probe_report(&c, &n, p).await;
+        println!(
+            "{p}: {writes} writes, {fails} failed, longest gap {gap:?} (node plugins replaced in {took:?})"
+        );
+        assert_eq!(
+            fails, 0,
+            "{p}: writes failed while the node plugin restarted"
+        );
+        assert!(writes > 50, "{p}: {writes} writes");
+        worst = worst.max(gap);
+    }
+    assert!(worst < Duration::from_secs(3), "a mount stalled {worst:?}");
+    assert!(
+        node_plugin_pods(&c)
+            .await
+            .iter()
+            .all(|p| !old.contains(&name(p)))
+    );
+
+    // the new plugins take the volumes down: pods deleted, nothing left
+    let pvs: Vec<(String, String)> = {
+        let mut v = Vec::new();
+        for cl in ["blk", "fs"] {
+            let pv = c.volume_of(&n, cl, MINUTE).await.unwrap();
+            v.push((name(&pv), handle(&pv)));
+        }
+        v
+    };
+    for p in ["probe-cinder", "probe-cephfs"] {
+        c.delete("pod", p, Some(&n)).await.unwrap();
+    }
+    wait_released(&c, &pvs[0].0, Some(&pvs[0].1)).await;
+    wait_released(&c, &pvs[1].0, None).await;
+    wait_detached(&c, &pvs[0].1).await;
+    assert!(mount_pods(&c).await.iter().all(
+        |p| p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"] != pvs[1].1.as_str()
+    ));
+    ns.close().await.unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn after_a_kubelet_restart_deleting_the_pods_releases_every_volume() {
+    let c = Cluster::from_env().unwrap();
+    let ns = c.namespace("kubelet").await.unwrap();
+    let n = ns.name.clone();
+    c.apply_in(
+        &n,
+        &claim("blk", "csi-cinder-sc-xfs", "1Gi", "ReadWriteOnce", false),
+    )
+    .await
+    .unwrap();
+    c.apply_in(
+        &n,
+        &claim("fs", "csi-manila-cephfs", "1Gi", "ReadWriteMany", false),
+    )
+    .await
+    .unwrap();
+    c.apply_in(&n, &prober("probe-cinder", "blk"))
+        .await
+        .unwrap();
+    c.apply_in(&n, &prober("probe-cephfs", "fs")).await.unwrap();
+    for p in ["probe-cinder", "probe-cephfs"] {
+        c.wait_running(&n, p, 3 * MINUTE).await.unwrap();
+    }
+    let blk = c.volume_of(&n, "blk", MINUTE).await.unwrap();
+    let fs = c.volume_of(&n, "fs", MINUTE).await.unwrap();
+
+    c.cluster_py("restart-kubelet").await.unwrap();
+    // the pods kept running, their volumes answering (once the new
+    // kubelet serves exec again)
+    c.wait_for("kubelet serving the pods again", MINUTE, || async {
+        Ok(c.exec(&n, "probe-cinder", "true")
+            .await
+            .map_err(|e| e.to_string()))
+    })
+    .await
+    .unwrap();
+    for p in ["probe-cinder", "probe-cephfs"] {
+        let (_, writes, fails) = probe_report(&c, &n, p).await;
+        assert_eq!(fails, 0, "{p}");
+        assert!(writes > 10, "{p}");
+    }
+    for p in ["probe-cinder", "probe-cephfs"] {
+        c.delete("pod", p, Some(&n)).await.unwrap();
+    }
+    wait_released(&c, &name(&blk), Some(&handle(&blk))).await;
+    wait_released(&c, &name(&fs), None).await;
+    wait_detached(&c, &handle(&blk)).await;
+    assert!(mount_pods(&c).await.iter().all(
+        |p| p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"]
+            != handle(&fs).as_str()
+    ));
+    ns.close().await.unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn a_controller_killed_while_provisioning_leaves_exactly_one_volume_per_claim() {
+    let c = Cluster::from_env().unwrap();
+    let ns = c.namespace("burst").await.unwrap();
+    let n = ns.name.clone();
+    let class = format!("burst-{n}");
+    c.apply(&format!(
+        "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: {class}\nprovisioner: cinder.csi.openstack.org\nreclaimPolicy: Delete\nvolumeBindingMode: Immediate\n"
+    ))
+    .await
+    .unwrap();
+    let claims: String = (0..10)
+        .map(|i| claim(&format!("c{i}"), &class, "1Gi", "ReadWriteOnce", false))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    c.apply_in(&n, &claims).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    c.kubectl(&[
+        "delete",
+        "pod",
+        "-n",
+        SUITE_NAMESPACE,
+        "-l",
+        "app=csi-cinder-controllerplugin",
+        "--grace-period=0",
+        "--force",
+    ])
+    .await
+    .unwrap();
+    let mut pvs = Vec::new();
+    for i in 0..10 {
+        pvs.push(c.volume_of(&n, &format!("c{i}"), 6 * MINUTE).await.unwrap());
+    }
+    let cinder = c.cinder().unwrap();
+    let mut all = Vec::new();
+    let mut marker = None;
+    loop {
+        let page = cinder
+            .list_volumes(&openstack_client::cinder::ListVolumes {
+                name: None,
+                limit: Some(500),
+                marker: marker.clone(),
+            })
+            .await
+            .unwrap();
+        all.extend(page.items);
+        marker = page.next_marker;
+        if marker.is_none() {
+            break;
+        }
+    }
+    for pv in &pvs {
+        let named: Vec<&str> = all
+            .iter()
+            .filter(|v| v.name == name(pv))
+            .map(|v| v.id.as_str())
+            .collect();
+        assert_eq!(
+            named,
+            vec![handle(pv).as_str()],
+            "exactly one volume for {}",
+            name(pv)
+        );
+    }
+    ns.close().await.unwrap();
+    for pv in &pvs {
+        wait_volume_gone(&c, &handle(pv)).await;
+    }
+    c.kubectl(&["delete", "storageclass", &class])
+        .await
+        .unwrap();
+    // no volume of these claims outlived them
+    let left = cinder
+        .list_volumes(&openstack_client::cinder::ListVolumes {
+            name: None,
+            limit: Some(500),
+            marker: None,
+        })
+        .await
+        .unwrap();
+    let orphans: Vec<&str> = left
+        .items
+        .iter()
+        .filter(|v| pvs.iter().any(|pv| name(pv) == v.name))
+        .map(|v| v.id.as_str())
+        .collect();
+    assert!(orphans.is_empty(), "orphaned volumes: {orphans:?}");
+}
+
+// ------------------------------------------------------- deploy as shipped
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn a_changed_cloud_conf_reaches_the_controllers_without_rolling_a_pod() {
+    let c = Cluster::from_env().unwrap();
+    let before: Vec<(String, String)> = c
+        .list("pods", &["-n", SUITE_NAMESPACE])
+        .await
+        .unwrap()
+        .iter()
+        .filter(|p| name(p).contains("plugin"))
+        .map(|p| {
+            (
+                name(p),
+                p["metadata"]["uid"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let reloads = || async {
+        let out = tokio::process::Command::new("curl")
+            .args(["-sS", "--max-time", "5", "http://127.0.0.1:9828/metrics"])
+            .output()
+            .await
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.starts_with("config_reloads_total{result=\"applied\"}"))
+            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let applied = reloads().await;
+    // the operator edits the Cinder controller's cloud.conf beside the
+    // overlay and applies it, as deploy/suite says
+    let overlay = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("overlay");
+    let conf = overlay.join("generated/cinder-cloud.conf");
+    let original = std::fs::read_to_string(&conf).unwrap();
+    // the same user, named otherwise: new credentials Keystone accepts
+    let edited = original.replace(
+        "user-domain-name = \"Default\"",
+        "user-domain-id = \"default\"",
+    );
+    assert_ne!(edited, original, "{original}");
+    std::fs::write(&conf, edited).unwrap();
+    let applied_out = c
+        .kubectl(&["apply", "-k", &overlay.to_string_lossy()])
+        .await;
+    std::fs::write(&conf, &original).unwrap();
+    let out = applied_out.unwrap();
+    assert!(out.contains("secret/cloud-config configured"), "{out}");
+    assert!(
+        !out.lines().any(
+            |l| (l.starts_with("daemonset") || l.starts_with("deployment"))
+                && l.ends_with("configured")
+        ),
+        "{out}"
+    );
+    c.wait_for(
+        "the controller reloads its configuration",
+        3 * MINUTE,
+        || async {
+            let now = reloads().await;
+            Ok(if now > applied {
+                Ok(())
+            } else {
+                Err(format!("{now} reloads applied"))
+            })
+        },
+    )
+    .await
+    .unwrap();
+    let after: Vec<(String, String)> = c
+        .list("pods", &["-n", SUITE_NAMESPACE])
+        .await
+        .unwrap()
+        .iter()
+        .filter(|p| name(p).contains("plugin"))
+        .map(|p| {
+            (
+                name(p),
+                p["metadata"]["uid"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(before, after, "a pod was replaced");
+    c.kubectl(&["apply", "-k", &overlay.to_string_lossy()])
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn the_node_plugins_run_with_what_they_need_and_mount_pods_stay_confined() {
+    let c = Cluster::from_env().unwrap();
+    let pods = node_plugin_pods(&c).await;
+    let cinder = pods
+        .iter()
+        .find(|p| name(p).starts_with("csi-cinder-nodeplugin"))
+        .unwrap();
+    // a read-only root, and a temporary directory for the config drive
+    let tmp = c
+        .kubectl(&[
+            "exec",
+            "-n",
+            SUITE_NAMESPACE,
+            &name(cinder),
+            "-c",
+            "cinder-csi-plugin",
+            "--",
+            "sh",
+            "-c",
+            "d=$(mktemp -d) && rmdir $d && echo ok; touch /usr/x 2>&1 || true",
+        ])
+        .await
+        .unwrap();
+    assert!(tmp.starts_with("ok") && tmp.contains("Read-only"), "{tmp}");
+    let tools = c
+        .kubectl(&[
+            "exec",
+            "-n",
+            SUITE_NAMESPACE,
+            &name(cinder),
+            "-c",
+            "cinder-csi-plugin",
+            "--",
+            "sh",
+            "-c",
+            "for t in udevadm mkfs.btrfs mkfs.xfs; do command -v $t; done",
+        ])
+        .await
+        .unwrap();
+    assert_eq!(tools.lines().count(), 3, "{tools}");
+
+    // the CephFS node plugin's own token may start mount pods on its node
+    // and nothing else
+    let cephfs = pods
+        .iter()
+        .find(|p| name(p).starts_with("csi-manila-cephfs-nodeplugin"))
+        .unwrap();
+    let uid = cephfs["metadata"]["uid"].as_str().unwrap();
+    let token_dir = std::path::Path::new("/var/lib/kubelet/pods")
+        .join(uid)
+        .join("volumes/kubernetes.io~projected");
+    let token = std::fs::read_dir(&token_dir)
+        .unwrap()
+        .flatten()
+        .find_map(|e| std::fs::read_to_string(e.path().join("token")).ok())
+        .unwrap();
+    let as_plugin = |yaml: String| {
+        let (c, token) = (c.clone(), token.clone());
+        async move {
+            let server = std::fs::read_to_string(&c.kubeconfig).unwrap();
+            let server = server
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("server: "))
+                .unwrap()
+                .to_string();
+            let ca = c.dir.join("pki/ca.crt");
+            let out = tokio::process::Command::new("kubectl")
+                .args([
+                    "--kubeconfig=/dev/null",
+                    &format!("--server={server}"),
+                    &format!("--certificate-authority={}", ca.display()),
+                    &format!("--token={}", token.trim()),
+                    "create",
+                    "--dry-run=server",
+                    "-n",
+                    SUITE_NAMESPACE,
+                    "-f",
+                    "-",
+                ])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut out = out;
+            use tokio::io::AsyncWriteExt;
+            out.stdin
+                .take()
+                .unwrap()
+                .write_all(yaml.as_bytes())
+                .await
+                .unwrap();
+            let o = out.wait_with_output().await.unwrap();
+            (
+                o.status.success(),
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+            )
+        }
+    };
+    let mount_pod = |node: &str, command: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: ceph-fuse-probe\n  labels:\n    app.kubernetes.io/component: ceph-fuse-mount\nspec:\n  nodeName: {node}\n  automountServiceAccountToken: false\n  restartPolicy: Never\n  containers:\n  - name: ceph-fuse\n    image: {APP_IMAGE}\n    command: [\"{command}\"]\n    volumeMounts:\n    - name: k\n      mountPath: /var/lib/kubelet\n  volumes:\n  - name: k\n    hostPath:\n      path: /var/lib/kubelet\n"
+        )
+    };
+    let (ok, out) = as_plugin(mount_pod(&c.node, "ceph-fuse")).await;
+    assert!(ok, "a mount pod on its own node is allowed: {out}");
+    let (ok, out) = as_plugin(mount_pod("another-node", "ceph-fuse")).await;
+    assert!(
+        !ok && out.contains("only on the node the plugin runs on"),
+        "{out}"
+    );
+    let (ok, out) = as_plugin(mount_pod(&c.node, "sh")).await;
+    assert!(!ok && out.contains("runs ceph-fuse alone"), "{out}");
+    let (ok, out) = as_plugin(format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: anything\nspec:\n  nodeName: {}\n  containers:\n  - name: c\n    image: {APP_IMAGE}\n", c.node)).await;
+    assert!(!ok && out.contains("only mount pods"), "{out}");
+}
