@@ -1,0 +1,121 @@
+//! Figures of the suite in Kubernetes, printed and never asserted:
+//!
+//! - the time from a claim's creation to its pod running, p50 and max
+//!   over 10 pods one after the other, for Cinder and for Manila (CephFS);
+//! - a burst of claims and pods made at once: the wall time until every
+//!   pod runs, against the sum of the time the controllers spent in
+//!   CreateVolume and ControllerPublishVolume (OpenStack's own waits as
+//!   the plugins saw them, from their gRPC metrics).
+//!
+//! Needs the cluster tier up (`tests/cluster/cluster.py up`):
+//! `cargo bench -p cluster-tests --bench figures`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::time::{Duration, Instant};
+
+use cluster_tests::{Cluster, PodOptions, claim, pod};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// The sum of a controller's time in these RPCs (seconds), from its
+/// metrics on the host network.
+async fn rpc_seconds(port: u16, methods: &[&str]) -> f64 {
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "5", &format!("http://127.0.0.1:{port}/metrics")])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    methods
+        .iter()
+        .map(|m| {
+            let key = format!("grpc_server_handling_seconds_sum{{method=\"/csi.v1.Controller/{m}\"}}");
+            text.lines()
+                .find(|l| l.starts_with(&key))
+                .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        })
+        .sum()
+}
+
+fn quantiles(mut v: Vec<Duration>) -> (Duration, Duration) {
+    v.sort();
+    (v[v.len() / 2], *v.last().unwrap())
+}
+
+/// Claim → running pod, one after the other.
+async fn latency(c: &Cluster, what: &str, class: &str, mode: &str) {
+    let ns = c.namespace(&format!("fig-{what}")).await.unwrap();
+    let n = ns.name.clone();
+    let mut took = Vec::new();
+    for i in 0..10 {
+        let t = Instant::now();
+        let yaml = format!(
+            "{}---\n{}",
+            claim(&format!("c{i}"), class, "1Gi", mode, false),
+            pod(&format!("p{i}"), &format!("c{i}"), "exec sleep 3600", PodOptions::default())
+        );
+        c.apply_in(&n, &yaml).await.unwrap();
+        c.wait_running(&n, &format!("p{i}"), 3 * MINUTE).await.unwrap();
+        took.push(t.elapsed());
+        c.delete("pod", &format!("p{i}"), Some(&n)).await.unwrap();
+        c.delete("pvc", &format!("c{i}"), Some(&n)).await.unwrap();
+    }
+    let (p50, max) = quantiles(took.clone());
+    println!(
+        "{what}: claim created -> pod running, 10 pods one after the other: p50 {:.2} s, max {:.2} s (all: {})",
+        p50.as_secs_f64(),
+        max.as_secs_f64(),
+        took.iter().map(|d| format!("{:.2}", d.as_secs_f64())).collect::<Vec<_>>().join(" ")
+    );
+    ns.close().await.unwrap();
+}
+
+/// `count` claims and pods at once.
+async fn burst(c: &Cluster, what: &str, class: &str, mode: &str, count: usize, metrics_port: u16) {
+    let ns = c.namespace(&format!("burst-{what}")).await.unwrap();
+    let n = ns.name.clone();
+    let methods = ["CreateVolume", "ControllerPublishVolume"];
+    let before = rpc_seconds(metrics_port, &methods).await;
+    let yaml: Vec<String> = (0..count)
+        .flat_map(|i| {
+            [
+                claim(&format!("c{i}"), class, "1Gi", mode, false),
+                pod(&format!("p{i}"), &format!("c{i}"), "exec sleep 3600", PodOptions::default()),
+            ]
+        })
+        .collect();
+    let t = Instant::now();
+    c.apply_in(&n, &yaml.join("---\n")).await.unwrap();
+    for i in 0..count {
+        c.wait_running(&n, &format!("p{i}"), 10 * MINUTE).await.unwrap();
+    }
+    let total = t.elapsed();
+    let waits = rpc_seconds(metrics_port, &methods).await - before;
+    println!(
+        "{what}: {count} claims and {count} pods at once: all running after {:.1} s; the controller's CreateVolume + ControllerPublishVolume took {:.1} s in all ({:.1}x the wall time)",
+        total.as_secs_f64(),
+        waits,
+        waits / total.as_secs_f64()
+    );
+    let t = Instant::now();
+    ns.close().await.unwrap();
+    println!("{what}: the {count} pods and claims deleted (volumes gone) in {:.1} s", t.elapsed().as_secs_f64());
+}
+
+#[tokio::main]
+async fn main() {
+    let c = match Cluster::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            println!("figures skipped: {e}");
+            return;
+        }
+    };
+    latency(&c, "cinder", "csi-cinder-sc-xfs", "ReadWriteOnce").await;
+    latency(&c, "manila-cephfs", "csi-manila-cephfs", "ReadWriteMany").await;
+    // the test node takes 8 Cinder volumes (Nova's limit less the root disk)
+    burst(&c, "cinder", "csi-cinder-sc-xfs", "ReadWriteOnce", 8, 9828).await;
+    burst(&c, "manila-cephfs", "csi-manila-cephfs", "ReadWriteMany", 20, 9833).await;
+}
