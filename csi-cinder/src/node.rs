@@ -360,7 +360,7 @@ fn stage_filesystem(
         let number = devices
             .device_number(&device)
             .context(format!("device {}", device.display()))?;
-        if top.device == number {
+        if top.block_device() == Some(number) {
             tracing::info!(volume_id = id, "already staged");
             return Ok(());
         }
@@ -401,7 +401,11 @@ fn stage_filesystem(
             })?;
             if !fs_type.is_empty() {
                 let wanted = Filesystem::parse(&fs_type).context("fs_type")?;
-                let family = |f: Filesystem| if f == Filesystem::Xfs { "xfs" } else { "ext" };
+                let family = |f: Filesystem| match f {
+                    Filesystem::Xfs => "xfs",
+                    Filesystem::Btrfs => "btrfs",
+                    _ => "ext",
+                };
                 if family(wanted) != family(existing) {
                     return Err(DriverError::FailedPrecondition(format!(
                         "volume {id} already holds an {existing} filesystem but {wanted} was requested; refusing to reformat it"
@@ -577,14 +581,17 @@ fn expansion_target(
         let number = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
         return Ok((host_ops::device_path_of(number).unwrap_or(device), None));
     }
-    let device = host_ops::device_path_of(top.device).ok_or_else(|| {
-        DriverError::Internal(format!(
-            "no device node for {}:{} mounted at {}",
-            top.device.0,
-            top.device.1,
-            path.display()
-        ))
-    })?;
+    let device = top
+        .block_device()
+        .and_then(host_ops::device_path_of)
+        .ok_or_else(|| {
+            DriverError::Internal(format!(
+                "no device node for {}:{} mounted at {}",
+                top.device.0,
+                top.device.1,
+                path.display()
+            ))
+        })?;
     let fs = Filesystem::parse(&top.fs_type).map_err(|_| {
         DriverError::FailedPrecondition(format!(
             "{} holds {}, which this driver does not grow",

@@ -93,7 +93,7 @@ impl VolumeParameters {
                 k if k.eq_ignore_ascii_case("fstype") || k == PREFIXED_FS_TYPE => {
                     if !v.is_empty() {
                         p.fs_type = Some(Filesystem::parse(v).map_err(|_| {
-                            invalid(k, v, "this driver formats ext2, ext3, ext4 and xfs")
+                            invalid(k, v, "this driver formats ext2, ext3, ext4, xfs and btrfs")
                         })?);
                     }
                 }
@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_filesystem_the_node_cannot_make_is_refused() {
-        let e = VolumeParameters::parse(&m(&[("fsType", "btrfs")]), &HashMap::new()).unwrap_err();
+        let e = VolumeParameters::parse(&m(&[("fsType", "zfs")]), &HashMap::new()).unwrap_err();
         assert!(matches!(e, DriverError::InvalidArgument(ref s) if s.contains("fsType")));
     }
 

@@ -322,7 +322,7 @@ async fn create_volume_validates_before_calling_openstack() {
         e.c.create_volume({
             let mut r = create_req("p9", mount_cap("ext4", Mode::SingleNodeWriter), 1);
             // a legacy fsType the node cannot make
-            r.parameters.insert("fsType".into(), "btrfs".into());
+            r.parameters.insert("fsType".into(), "zfs".into());
             r
         })
         .await
@@ -862,6 +862,69 @@ async fn restore_to_a_larger_volume_grows_the_filesystem_and_keeps_data() {
         "filesystem not grown: {usage:?}"
     );
     e.unstage(&restored.volume_id).await;
+}
+
+#[tokio::test]
+async fn btrfs_volumes_are_formatted_grown_online_and_never_reformatted() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let btrfs = mount_cap("btrfs", Mode::SingleNodeWriter);
+    let v = e.create("btrfs", btrfs.clone(), 1).await;
+    e.publish(&v.volume_id, btrfs.clone()).await;
+    e.stage(&v, btrfs.clone()).await.unwrap();
+    // staged already: the same answer (btrfs names an anonymous device
+    // in mountinfo, not the volume's)
+    e.stage(&v, btrfs.clone()).await.unwrap();
+    let (staging, _) = e.h.paths(&v.volume_id);
+    let mounted = host_ops::Mounter::mounts_at(&host_ops::LinuxMounter, &staging).unwrap();
+    assert_eq!(mounted.last().unwrap().fs_type, "btrfs", "{mounted:?}");
+    std::fs::write(staging.join("kept"), b"btrfs data").unwrap();
+    let before = host_ops::volume_usage(&staging).unwrap().total_bytes;
+
+    // online expansion: Cinder grows the volume, the node the filesystem
+    e.c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 2 * GIB,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(btrfs.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    e.n.node_expand_volume(csi::NodeExpandVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        volume_path: staging.to_string_lossy().into(),
+        staging_target_path: staging.to_string_lossy().into(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 2 * GIB,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(btrfs.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let after = host_ops::volume_usage(&staging).unwrap().total_bytes;
+    assert!(
+        after > before + (GIB as u64) / 2,
+        "btrfs not grown: {before} -> {after}"
+    );
+
+    // staged again as another filesystem: refused, the data stays
+    e.unstage(&v.volume_id).await;
+    let err = e
+        .stage(&v, mount_cap("xfs", Mode::SingleNodeWriter))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    e.stage(&v, btrfs.clone()).await.unwrap();
+    assert_eq!(std::fs::read(staging.join("kept")).unwrap(), b"btrfs data");
+    e.unstage(&v.volume_id).await;
+    e.unpublish(&v.volume_id).await;
 }
 
 fn snapshot_req(source: &str, name: &str, params: &[(&str, &str)]) -> csi::CreateSnapshotRequest {

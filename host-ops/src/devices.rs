@@ -15,6 +15,7 @@ pub enum Filesystem {
     Ext3,
     Ext4,
     Xfs,
+    Btrfs,
 }
 
 impl Filesystem {
@@ -24,6 +25,7 @@ impl Filesystem {
             "ext3" => Ok(Self::Ext3),
             "ext4" => Ok(Self::Ext4),
             "xfs" => Ok(Self::Xfs),
+            "btrfs" => Ok(Self::Btrfs),
             other => Err(HostError::UnsupportedFilesystem(other.to_string())),
         }
     }
@@ -34,6 +36,7 @@ impl Filesystem {
             Self::Ext3 => "ext3",
             Self::Ext4 => "ext4",
             Self::Xfs => "xfs",
+            Self::Btrfs => "btrfs",
         }
     }
 }
@@ -246,7 +249,7 @@ impl BlockDevices for LinuxBlockDevices {
         match fs {
             // no blocks reserved for root, as Kubernetes' mount-utils
             // formats: a volume's users get all of its capacity
-            Filesystem::Xfs => run(&program, &["-q", &dev])?,
+            Filesystem::Xfs | Filesystem::Btrfs => run(&program, &["-q", &dev])?,
             _ => run(&program, &["-q", "-m0", &dev])?,
         };
         Ok(())
@@ -260,6 +263,15 @@ impl BlockDevices for LinuxBlockDevices {
     fn grow_filesystem(&self, device: &Path, mount_point: &Path, fs: Filesystem) -> Result<()> {
         match fs {
             Filesystem::Xfs => run("xfs_growfs", &[&mount_point.to_string_lossy()])?,
+            Filesystem::Btrfs => run(
+                "btrfs",
+                &[
+                    "filesystem",
+                    "resize",
+                    "max",
+                    &mount_point.to_string_lossy(),
+                ],
+            )?,
             _ => run("resize2fs", &[&device.to_string_lossy()])?,
         };
         Ok(())
@@ -300,6 +312,7 @@ mod tests {
     #[test]
     fn filesystems_parse() {
         assert_eq!(Filesystem::parse("xfs").unwrap(), Filesystem::Xfs);
+        assert_eq!(Filesystem::parse("btrfs").unwrap(), Filesystem::Btrfs);
         assert!(Filesystem::parse("ntfs").is_err());
     }
 

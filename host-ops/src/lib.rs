@@ -39,7 +39,7 @@ pub enum HostError {
         path: PathBuf,
         errno: nix::Error,
     },
-    #[error("unsupported filesystem type {0:?} (ext2, ext3, ext4 and xfs are)")]
+    #[error("unsupported filesystem type {0:?} (ext2, ext3, ext4, xfs and btrfs are)")]
     UnsupportedFilesystem(String),
     #[error("{0}")]
     Refused(String),

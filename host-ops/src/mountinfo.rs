@@ -24,6 +24,25 @@ impl MountEntry {
     pub fn read_only(&self) -> bool {
         self.mount_options.iter().any(|o| o == "ro")
     }
+
+    /// The block device this filesystem lives on, by number: mountinfo's
+    /// own for most, but btrfs reports an anonymous device (major 0), so
+    /// then the device node named as the mount's source.
+    pub fn block_device(&self) -> Option<(u64, u64)> {
+        if self.device.0 != 0 {
+            return Some(self.device);
+        }
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        if !self.source.starts_with("/dev/") {
+            return None;
+        }
+        let m = std::fs::metadata(&self.source).ok()?;
+        if !m.file_type().is_block_device() {
+            return None;
+        }
+        let rdev = m.rdev();
+        Some((nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev)))
+    }
 }
 
 /// Undoes the kernel's octal escaping of spaces, tabs, newlines and
