@@ -165,6 +165,20 @@ impl Env {
         self.n.node_stage_volume(r).await.map(drop)
     }
 
+    /// A new volume, attached and staged: the volume and its staging path.
+    async fn staged(
+        &mut self,
+        name: &str,
+        cap: csi::VolumeCapability,
+        gib: i64,
+    ) -> (csi::Volume, std::path::PathBuf) {
+        let v = self.create(name, cap.clone(), gib).await;
+        self.publish(&v.volume_id, cap.clone()).await;
+        self.stage(&v, cap).await.unwrap();
+        let (staging, _) = self.h.paths(&v.volume_id);
+        (v, staging)
+    }
+
     async fn unstage(&mut self, id: &str) {
         let (staging, _) = self.h.paths(id);
         self.n
@@ -707,10 +721,7 @@ async fn staging_never_reformats_and_keeps_data() {
     }
     let mut e = env().await;
     let ext4 = mount_cap("ext4", Mode::SingleNodeWriter);
-    let v = e.create("safe", ext4.clone(), 1).await;
-    e.publish(&v.volume_id, ext4.clone()).await;
-    e.stage(&v, ext4.clone()).await.unwrap();
-    let (staging, _) = e.h.paths(&v.volume_id);
+    let (v, staging) = e.staged("safe", ext4.clone(), 1).await;
     std::fs::write(staging.join("precious"), b"keep me").unwrap();
     e.unstage(&v.volume_id).await;
     // restaging finds the filesystem and mounts it as it is
@@ -809,10 +820,7 @@ async fn restore_to_a_larger_volume_grows_the_filesystem_and_keeps_data() {
     // xfs: growing ext4 online needs CAP_SYS_RESOURCE, which this
     // machine's root lacks (resize2fs: "Permission denied")
     let xfs = mount_cap("xfs", Mode::SingleNodeWriter);
-    let v = e.create("origin", xfs.clone(), 1).await;
-    e.publish(&v.volume_id, xfs.clone()).await;
-    e.stage(&v, xfs.clone()).await.unwrap();
-    let (staging, _) = e.h.paths(&v.volume_id);
+    let (v, staging) = e.staged("origin", xfs.clone(), 1).await;
     std::fs::write(staging.join("snapshotted"), b"v1").unwrap();
     nix::unistd::sync();
     e.unstage(&v.volume_id).await;
@@ -871,13 +879,10 @@ async fn btrfs_volumes_are_formatted_grown_online_and_never_reformatted() {
     }
     let mut e = env().await;
     let btrfs = mount_cap("btrfs", Mode::SingleNodeWriter);
-    let v = e.create("btrfs", btrfs.clone(), 1).await;
-    e.publish(&v.volume_id, btrfs.clone()).await;
-    e.stage(&v, btrfs.clone()).await.unwrap();
+    let (v, staging) = e.staged("btrfs", btrfs.clone(), 1).await;
     // staged already: the same answer (btrfs names an anonymous device
     // in mountinfo, not the volume's)
     e.stage(&v, btrfs.clone()).await.unwrap();
-    let (staging, _) = e.h.paths(&v.volume_id);
     let mounted = host_ops::Mounter::mounts_at(&host_ops::LinuxMounter, &staging).unwrap();
     assert_eq!(mounted.last().unwrap().fs_type, "btrfs", "{mounted:?}");
     std::fs::write(staging.join("kept"), b"btrfs data").unwrap();
@@ -956,10 +961,7 @@ async fn backup_snapshots_restore_outlive_their_volume_and_delete_cleanly() {
     }
     let mut e = env().await;
     let xfs = mount_cap("xfs", Mode::SingleNodeWriter);
-    let v = e.create("backed-up", xfs.clone(), 1).await;
-    e.publish(&v.volume_id, xfs.clone()).await;
-    e.stage(&v, xfs.clone()).await.unwrap();
-    let (staging, _) = e.h.paths(&v.volume_id);
+    let (v, staging) = e.staged("backed-up", xfs.clone(), 1).await;
     std::fs::write(staging.join("kept"), b"in the backup").unwrap();
     nix::unistd::sync();
 

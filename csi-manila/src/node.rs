@@ -291,10 +291,11 @@ impl NodeService {
     }
 
     /// Mounts a recorded share again (its FUSE daemon died, the cluster
-    /// was away): the record holds everything, the key included.
-    async fn restage(&self, rec: &StageRecord, deadline: Instant) -> DriverResult<()> {
+    /// was away): the record holds everything, the key included. True
+    /// when it had to.
+    async fn restage(&self, rec: &StageRecord, deadline: Instant) -> DriverResult<bool> {
         if self.staged_and_healthy(rec).await? {
-            return Ok(());
+            return Ok(false);
         }
         mounts::mount(
             &self.state,
@@ -306,7 +307,7 @@ impl NodeService {
         )
         .await?;
         tracing::info!(volume_id = %rec.volume_id, staging = %rec.staging.display(), "staged share mounted again");
-        Ok(())
+        Ok(true)
     }
 
     async fn unstage(
@@ -520,20 +521,7 @@ impl NodeService {
     /// Mounts one recorded share and its binds again where they are dead;
     /// true when something was repaired.
     async fn repair_one(&self, rec: &StageRecord, deadline: Instant) -> DriverResult<bool> {
-        let mut repaired = false;
-        if !self.staged_and_healthy(rec).await? {
-            mounts::mount(
-                &self.state,
-                &self.daemons,
-                &*self.mounter,
-                rec,
-                None,
-                deadline,
-            )
-            .await?;
-            repaired = true;
-            tracing::info!(volume_id = %rec.volume_id, staging = %rec.staging.display(), "staged share mounted again");
-        }
+        let mut repaired = self.restage(rec, deadline).await?;
         for target in &rec.targets {
             if !target.exists() {
                 continue;

@@ -54,7 +54,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE.parent / "lib"))
-from services import Services, http, port_open  # noqa: E402
+from services import Services, http, port_open, run_cli  # noqa: E402
 
 STATE = Path(os.environ.get("K8S_TEST_CLUSTER_DIR", REPO / ".k8s-cluster")).resolve()
 CLOUD = Path(os.environ.get("OS_TEST_CLOUD_DIR", REPO / ".openstack-cloud")).resolve()
@@ -832,13 +832,20 @@ def write_overlay_inputs():
         f.chmod(0o600)
 
 
+def snapshot_crds():
+    """The snapshot CRDs of external-snapshotter v8.6: $KUBE_BIN_DIR/crds,
+    else ../shared/k8s/crds."""
+    explicit = os.environ.get("KUBE_BIN_DIR")
+    for d in ([Path(explicit) / "crds"] if explicit else []) + [SHARED_K8S / "crds"]:
+        if d.is_dir():
+            return d
+    raise Skipped(f"no snapshot CRDs: neither $KUBE_BIN_DIR/crds nor {SHARED_K8S / 'crds'} exists")
+
+
 def apply_addons():
     """What a cluster brings before the suite (deploy/README.md): the
     snapshot CRDs of external-snapshotter v8.6 and its controller."""
-    crds = SHARED_K8S / "crds"
-    if not crds.is_dir():
-        raise Skipped(f"no snapshot CRDs: {crds} is absent")
-    kubectl("apply", "--server-side", "-f", crds)
+    kubectl("apply", "--server-side", "-f", snapshot_crds())
     kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
     kubectl("apply", "-f", "-", input=addons())
 
@@ -902,15 +909,27 @@ def describe_failures():
 # ---------------------------------------------------------------- verbs
 
 
+def cloud_up():
+    """The test cloud's files are there and its Keystone answers."""
+    if not (CLOUD / "test-server-id").exists() or not (CLOUD / "cloud-member.conf").exists():
+        return False
+    try:
+        return http("GET", read_conf(CLOUD / "cloud-member.conf")["auth-url"], timeout=5)[0] == 200
+    except OSError:
+        return False
+
+
 def cmd_up():
     if os.geteuid() != 0:
         raise ClusterError("needs root: mounts, containerd, kubelet")
-    if not (CLOUD / "test-server-id").exists() or not (CLOUD / "cloud-member.conf").exists():
-        raise Skipped(f"the test cloud is not up ({CLOUD}): run tests/openstack/cloud.py up all first")
     t0 = time.time()
+    # the tier's own inputs first: without them it is skipped
     bin_dir()
     for name in CONTROL_PLANE + SIDECARS:
         binary(name)
+    snapshot_crds()
+    if not cloud_up():
+        raise ClusterError(f"the test cloud is not up ({CLOUD}): run tests/openstack/cloud.py up all first")
     SERVICES.ensure_debian_packages(DEBIAN_PACKAGES)
     if shutil.which("kubectl") is None:
         raise ClusterError("kubectl is needed (it renders deploy/ too)")
@@ -1164,33 +1183,15 @@ def cmd_env():
 
 
 def main(argv):
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0
-    verb, rest = argv[0], argv[1:]
-    try:
-        if verb == "up":
-            cmd_up()
-        elif verb == "status":
-            return cmd_status()
-        elif verb == "down":
-            cmd_down()
-        elif verb == "env":
-            cmd_env()
-        elif verb == "restart-kubelet":
-            cmd_restart_kubelet()
-        elif verb == "kubectl":
-            return subprocess.run(["kubectl", f"--kubeconfig={STATE / 'admin.kubeconfig'}", *rest]).returncode
-        else:
-            print(__doc__)
-            return 2
-    except Skipped as e:
-        print(f"[cluster] SKIPPED: {e}", file=sys.stderr)
-        return 3
-    except ClusterError as e:
-        print(f"[cluster] ERROR: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_cli(argv, __doc__, {
+        "up": lambda rest: cmd_up(),
+        "status": lambda rest: cmd_status(),
+        "down": lambda rest: cmd_down(),
+        "env": lambda rest: cmd_env(),
+        "restart-kubelet": lambda rest: cmd_restart_kubelet(),
+        "kubectl": lambda rest: subprocess.run(
+            ["kubectl", f"--kubeconfig={STATE / 'admin.kubeconfig'}", *rest]).returncode,
+    }, "cluster", {Skipped: ("SKIPPED", 3), ClusterError: ("ERROR", 1)})
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ in its own process group, its PID and log under a state directory, so that
 
 import json
 import os
+import sys
 import signal
 import socket
 import subprocess
@@ -185,3 +186,26 @@ def _parsed(raw):
         return json.loads(raw) if raw else None
     except ValueError:
         return raw.decode(errors="replace")
+
+
+# ---------------------------------------------------------------- command
+
+
+def run_cli(argv, doc, verbs, prefix, outcomes):
+    """A script's command line: `verbs` maps a verb to a function of the
+    remaining arguments (its return value, if any, is the exit status);
+    `outcomes` maps an exception class to (word, exit status), e.g.
+    {Skipped: ("SKIPPED", 3), CloudError: ("ERROR", 1)}."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(doc)
+        return 0
+    verb = verbs.get(argv[0])
+    if verb is None:
+        print(doc)
+        return 2
+    try:
+        return verb(argv[1:]) or 0
+    except tuple(outcomes) as e:
+        word, status = next(v for k, v in outcomes.items() if isinstance(e, k))
+        print(f"[{prefix}] {word}: {e}", file=sys.stderr)
+        return status

@@ -101,7 +101,7 @@ class CloudError(Exception):
 # ---------------------------------------------------------------- helpers
 
 sys.path.insert(0, str(HERE.parent / "lib"))
-from services import Services, http, port_open as _port_open  # noqa: E402
+from services import Services, http, port_open as _port_open, run_cli  # noqa: E402
 
 SERVICES = Services(STATE, log, CloudError)
 run = SERVICES.run
@@ -1297,26 +1297,12 @@ def cmd_env():
 
 
 def main(argv):
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0
-    verb, rest = argv[0], argv[1:]
-    try:
-        if verb == "up":
-            cmd_up(rest[0] if rest else "all")
-        elif verb == "status":
-            return cmd_status(rest[0] if rest else None)
-        elif verb == "down":
-            cmd_down("--purge" in rest)
-        elif verb == "env":
-            cmd_env()
-        else:
-            print(__doc__)
-            return 2
-    except CloudError as e:
-        print(f"[cloud] ERROR: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_cli(argv, __doc__, {
+        "up": lambda rest: cmd_up(rest[0] if rest else "all"),
+        "status": lambda rest: cmd_status(rest[0] if rest else None),
+        "down": lambda rest: cmd_down("--purge" in rest),
+        "env": lambda rest: cmd_env(),
+    }, "cloud", {CloudError: ("ERROR", 1)})
 
 
 if __name__ == "__main__":

@@ -22,7 +22,12 @@ const MINUTE: Duration = Duration::from_secs(60);
 /// metrics on the host network.
 async fn rpc_seconds(port: u16, methods: &[&str]) -> f64 {
     let out = tokio::process::Command::new("curl")
-        .args(["-sS", "--max-time", "5", &format!("http://127.0.0.1:{port}/metrics")])
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            &format!("http://127.0.0.1:{port}/metrics"),
+        ])
         .output()
         .await
         .unwrap();
@@ -30,7 +35,8 @@ async fn rpc_seconds(port: u16, methods: &[&str]) -> f64 {
     methods
         .iter()
         .map(|m| {
-            let key = format!("grpc_server_handling_seconds_sum{{method=\"/csi.v1.Controller/{m}\"}}");
+            let key =
+                format!("grpc_server_handling_seconds_sum{{method=\"/csi.v1.Controller/{m}\"}}");
             text.lines()
                 .find(|l| l.starts_with(&key))
                 .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
@@ -54,10 +60,17 @@ async fn latency(c: &Cluster, what: &str, class: &str, mode: &str) {
         let yaml = format!(
             "{}---\n{}",
             claim(&format!("c{i}"), class, "1Gi", mode, false),
-            pod(&format!("p{i}"), &format!("c{i}"), "exec sleep 3600", PodOptions::default())
+            pod(
+                &format!("p{i}"),
+                &format!("c{i}"),
+                "exec sleep 3600",
+                PodOptions::default()
+            )
         );
         c.apply_in(&n, &yaml).await.unwrap();
-        c.wait_running(&n, &format!("p{i}"), 3 * MINUTE).await.unwrap();
+        c.wait_running(&n, &format!("p{i}"), 3 * MINUTE)
+            .await
+            .unwrap();
         took.push(t.elapsed());
         c.delete("pod", &format!("p{i}"), Some(&n)).await.unwrap();
         c.delete("pvc", &format!("c{i}"), Some(&n)).await.unwrap();
@@ -67,7 +80,10 @@ async fn latency(c: &Cluster, what: &str, class: &str, mode: &str) {
         "{what}: claim created -> pod running, 10 pods one after the other: p50 {:.2} s, max {:.2} s (all: {})",
         p50.as_secs_f64(),
         max.as_secs_f64(),
-        took.iter().map(|d| format!("{:.2}", d.as_secs_f64())).collect::<Vec<_>>().join(" ")
+        took.iter()
+            .map(|d| format!("{:.2}", d.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     ns.close().await.unwrap();
 }
@@ -82,14 +98,21 @@ async fn burst(c: &Cluster, what: &str, class: &str, mode: &str, count: usize, m
         .flat_map(|i| {
             [
                 claim(&format!("c{i}"), class, "1Gi", mode, false),
-                pod(&format!("p{i}"), &format!("c{i}"), "exec sleep 3600", PodOptions::default()),
+                pod(
+                    &format!("p{i}"),
+                    &format!("c{i}"),
+                    "exec sleep 3600",
+                    PodOptions::default(),
+                ),
             ]
         })
         .collect();
     let t = Instant::now();
     c.apply_in(&n, &yaml.join("---\n")).await.unwrap();
     for i in 0..count {
-        c.wait_running(&n, &format!("p{i}"), 10 * MINUTE).await.unwrap();
+        c.wait_running(&n, &format!("p{i}"), 10 * MINUTE)
+            .await
+            .unwrap();
     }
     let total = t.elapsed();
     let waits = rpc_seconds(metrics_port, &methods).await - before;
@@ -101,7 +124,10 @@ async fn burst(c: &Cluster, what: &str, class: &str, mode: &str, count: usize, m
     );
     let t = Instant::now();
     ns.close().await.unwrap();
-    println!("{what}: the {count} pods and claims deleted (volumes gone) in {:.1} s", t.elapsed().as_secs_f64());
+    println!(
+        "{what}: the {count} pods and claims deleted (volumes gone) in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
 }
 
 #[tokio::main]
@@ -117,5 +143,13 @@ async fn main() {
     latency(&c, "manila-cephfs", "csi-manila-cephfs", "ReadWriteMany").await;
     // the test node takes 8 Cinder volumes (Nova's limit less the root disk)
     burst(&c, "cinder", "csi-cinder-sc-xfs", "ReadWriteOnce", 8, 9828).await;
-    burst(&c, "manila-cephfs", "csi-manila-cephfs", "ReadWriteMany", 20, 9833).await;
+    burst(
+        &c,
+        "manila-cephfs",
+        "csi-manila-cephfs",
+        "ReadWriteMany",
+        20,
+        9833,
+    )
+    .await;
 }

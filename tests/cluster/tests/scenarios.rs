@@ -839,31 +839,28 @@ async fn probe_report(c: &Cluster, ns: &str, pod: &str) -> (Duration, usize, usi
     (Duration::from_secs_f64(gap.max(0.0)), times.len(), fails)
 }
 
+/// A Cinder claim `blk` and a CephFS claim `fs`, each with a prober pod
+/// (`probe-cinder`, `probe-cephfs`) running.
+async fn start_probers(c: &Cluster, n: &str) {
+    let claims = [
+        claim("blk", "csi-cinder-sc-xfs", "1Gi", "ReadWriteOnce", false),
+        claim("fs", "csi-manila-cephfs", "1Gi", "ReadWriteMany", false),
+        prober("probe-cinder", "blk"),
+        prober("probe-cephfs", "fs"),
+    ];
+    c.apply_in(n, &claims.join("---\n")).await.unwrap();
+    for p in ["probe-cinder", "probe-cephfs"] {
+        c.wait_running(n, p, 3 * MINUTE).await.unwrap();
+    }
+}
+
 #[tokio::test]
 #[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
 async fn a_node_plugin_restart_never_breaks_a_mounted_volume() {
     let c = Cluster::from_env().unwrap();
     let ns = c.namespace("restart").await.unwrap();
     let n = ns.name.clone();
-    c.apply_in(
-        &n,
-        &claim("blk", "csi-cinder-sc-xfs", "1Gi", "ReadWriteOnce", false),
-    )
-    .await
-    .unwrap();
-    c.apply_in(
-        &n,
-        &claim("fs", "csi-manila-cephfs", "1Gi", "ReadWriteMany", false),
-    )
-    .await
-    .unwrap();
-    c.apply_in(&n, &prober("probe-cinder", "blk"))
-        .await
-        .unwrap();
-    c.apply_in(&n, &prober("probe-cephfs", "fs")).await.unwrap();
-    for p in ["probe-cinder", "probe-cephfs"] {
-        c.wait_running(&n, p, 3 * MINUTE).await.unwrap();
-    }
+    start_probers(&c, &n).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     // as in an upgrade: the node plugins' pods deleted and replaced
@@ -924,25 +921,7 @@ async fn after_a_kubelet_restart_deleting_the_pods_releases_every_volume() {
     let c = Cluster::from_env().unwrap();
     let ns = c.namespace("kubelet").await.unwrap();
     let n = ns.name.clone();
-    c.apply_in(
-        &n,
-        &claim("blk", "csi-cinder-sc-xfs", "1Gi", "ReadWriteOnce", false),
-    )
-    .await
-    .unwrap();
-    c.apply_in(
-        &n,
-        &claim("fs", "csi-manila-cephfs", "1Gi", "ReadWriteMany", false),
-    )
-    .await
-    .unwrap();
-    c.apply_in(&n, &prober("probe-cinder", "blk"))
-        .await
-        .unwrap();
-    c.apply_in(&n, &prober("probe-cephfs", "fs")).await.unwrap();
-    for p in ["probe-cinder", "probe-cephfs"] {
-        c.wait_running(&n, p, 3 * MINUTE).await.unwrap();
-    }
+    start_probers(&c, &n).await;
     let blk = c.volume_of(&n, "blk", MINUTE).await.unwrap();
     let fs = c.volume_of(&n, "fs", MINUTE).await.unwrap();
 

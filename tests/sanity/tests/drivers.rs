@@ -73,6 +73,10 @@ async fn manila_plugin_identity_conforms() {
                     "--drivername={}.manila.csi.openstack.org",
                     proto.to_lowercase()
                 ),
+                // the node keeps its records here, not in the machine's
+                // kubelet directory
+                format!("--path-root={}", dir.path().display()),
+                format!("--state-dir={}", dir.path().join("state").display()),
             ],
             &sock,
         )
