@@ -144,7 +144,7 @@ cluster_started=1
 tests "cluster tier: Kubernetes v1.36 up, deploy/suite applied" cluster_up
 if [[ -e $work/cluster-up ]]; then
   tests "cluster tier: scenarios through kubectl and app pods" \
-    run_tests cluster-tests scenarios --ignored --test-threads=1 --nocapture
+    run_tests cluster-tests scenarios --ignored --test-threads=1 --show-output
 fi
 # down fails when anything of the cluster is left on the machine
 tests "cluster tier down (nothing left)" python3 tests/cluster/cluster.py down
