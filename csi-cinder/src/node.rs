@@ -13,9 +13,9 @@ use proto::csi::v1 as csi;
 use proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
 
 use csi_common::node_ops::{
-    NodeIdentity, PublishArgs, StageArgs, abnormal_response, bind_staged, blocking, io_ctx,
-    sanitize_label, unmount_and_remove, unpublish_args, unstage_args, usage_response,
-    volume_path_arg,
+    NodeIdentity, PublishArgs, StageArgs, abnormal_response, bind_staged, binds_of_device,
+    binds_of_staged, blocking, io_ctx, sanitize_label, single_writer_alone, unmount_and_remove,
+    unpublish_args, unstage_args, usage_response, volume_path_arg,
 };
 use csi_common::request::{is_uuid, require};
 use csi_common::{Context, DriverError, DriverResult, KeyedLocks, csi_node_service};
@@ -203,16 +203,27 @@ impl NodeService {
         }
         let options = MountOptions::parse(&cap.mount_flags)
             .map_err(|e| DriverError::InvalidArgument(e.to_string()))?;
-        let _guard = self.locks.lock(&target.to_string_lossy(), deadline).await?;
+        // per volume: two publishes of one single-writer volume must see
+        // each other
+        let _guard = self.locks.lock(&id, deadline).await?;
         let mounter = self.mounter.clone();
         let devices = self.devices.clone();
+        let roots = self.opts.path_roots.clone();
         if cap.access_type == AccessType::Block {
             let device = self.find_device(&id, deadline).await?;
-            blocking(move || publish_block(&*mounter, &*devices, &device, &target, read_only))
-                .await?;
+            blocking(move || {
+                let elsewhere = binds_of_device(&*mounter, &roots, &device, &target)?;
+                single_writer_alone(&id, &cap, &target, &elsewhere)?;
+                publish_block(&*mounter, &*devices, &device, &target, read_only)
+            })
+            .await?;
         } else {
-            blocking(move || bind_staged(&*mounter, &staging, &target, read_only, &options))
-                .await?;
+            blocking(move || {
+                let elsewhere = binds_of_staged(&*mounter, &roots, &staging, &target)?;
+                single_writer_alone(&id, &cap, &target, &elsewhere)?;
+                bind_staged(&*mounter, &staging, &target, read_only, &options)
+            })
+            .await?;
         }
         Ok(csi::NodePublishVolumeResponse {})
     }
@@ -222,8 +233,8 @@ impl NodeService {
         r: csi::NodeUnpublishVolumeRequest,
         deadline: Instant,
     ) -> DriverResult<csi::NodeUnpublishVolumeResponse> {
-        let (_, target) = unpublish_args(&r, &self.opts.path_roots)?;
-        let _guard = self.locks.lock(&target.to_string_lossy(), deadline).await?;
+        let (id, target) = unpublish_args(&r, &self.opts.path_roots)?;
+        let _guard = self.locks.lock(&id, deadline).await?;
         let mounter = self.mounter.clone();
         blocking(move || unmount_and_remove(&*mounter, &target)).await?;
         Ok(csi::NodeUnpublishVolumeResponse {})

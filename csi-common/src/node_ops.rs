@@ -9,6 +9,7 @@ use proto::csi::v1 as csi;
 
 use crate::errors::{Context, DriverError, DriverResult};
 use crate::request::{Capability, require};
+use proto::csi::v1::volume_capability::access_mode::Mode;
 
 /// Who this node is, from instance metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,6 +147,86 @@ pub fn unpublish_args(
 
 pub fn io_ctx<T>(r: std::io::Result<T>, what: String) -> DriverResult<T> {
     r.map_err(|e| DriverError::Internal(format!("{what}: {e}")))
+}
+
+/// SINGLE_NODE_SINGLE_WRITER (ReadWriteOncePod): a volume published so
+/// is published at one target path of the node only. `elsewhere` names
+/// the other target paths it is published at now; a publish in that mode
+/// next to them is FailedPrecondition, and nothing is mounted.
+pub fn single_writer_alone(
+    id: &str,
+    capability: &Capability,
+    target: &Path,
+    elsewhere: &[PathBuf],
+) -> DriverResult<()> {
+    if capability.mode != Mode::SingleNodeSingleWriter {
+        return Ok(());
+    }
+    match elsewhere.iter().find(|p| p.as_path() != target) {
+        None => Ok(()),
+        Some(other) => Err(DriverError::FailedPrecondition(format!(
+            "volume {id} is SINGLE_NODE_SINGLE_WRITER and already published at {}: it is not published at {} too",
+            other.display(),
+            target.display()
+        ))),
+    }
+}
+
+/// The target paths below `roots` where the filesystem staged at
+/// `staging` is bound, other than the staging path and `target`.
+pub fn binds_of_staged(
+    mounter: &dyn Mounter,
+    roots: &[PathBuf],
+    staging: &Path,
+    target: &Path,
+) -> DriverResult<Vec<PathBuf>> {
+    let staged = mounter.mounts_at(staging).context("reading mounts")?;
+    let Some(staged) = staged.last() else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for root in roots {
+        for m in mounter.mounts_below(root).context("reading mounts")? {
+            if m.device == staged.device
+                && m.root == staged.root
+                && m.mount_point != staging
+                && m.mount_point != target
+            {
+                out.push(m.mount_point);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The target paths below `roots` where the block device `device` is
+/// bound (raw block publications), other than `target`.
+pub fn binds_of_device(
+    mounter: &dyn Mounter,
+    roots: &[PathBuf],
+    device: &Path,
+    target: &Path,
+) -> DriverResult<Vec<PathBuf>> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let rdev = io_ctx(
+        std::fs::metadata(device),
+        format!("reading {}", device.display()),
+    )?
+    .rdev();
+    let mut out = Vec::new();
+    for root in roots {
+        for m in mounter.mounts_below(root).context("reading mounts")? {
+            if m.mount_point == target {
+                continue;
+            }
+            let same = std::fs::metadata(&m.mount_point)
+                .is_ok_and(|md| md.file_type().is_block_device() && md.rdev() == rdev);
+            if same {
+                out.push(m.mount_point);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Binds the filesystem staged at `staging` onto `target` (a pod's

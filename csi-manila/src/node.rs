@@ -17,8 +17,8 @@ use std::time::Instant;
 use csi_common::credentials::Credentials;
 use csi_common::node_ops::{
     NodeIdentity, PublishArgs, StageArgs, abnormal_response, bind_staged, blocking,
-    remove_mount_point, sanitize_label, unpublish_args, unstage_args, usage_response,
-    volume_path_arg,
+    remove_mount_point, sanitize_label, single_writer_alone, unpublish_args, unstage_args,
+    usage_response, volume_path_arg,
 };
 use csi_common::request::require;
 use csi_common::{Context, DriverError, DriverResult, KeyedLocks, csi_node_service};
@@ -348,7 +348,11 @@ impl NodeService {
         deadline: Instant,
     ) -> DriverResult<csi::NodePublishVolumeResponse> {
         let args = PublishArgs::parse(&r, &self.opts.path_roots, parse_capability)?;
-        let (id, staging, target) = (args.volume_id, args.staging, args.target);
+        let (id, staging, target) = (
+            args.volume_id.clone(),
+            args.staging.clone(),
+            args.target.clone(),
+        );
         let read_only = args.read_only;
         let _guard = self.locks.lock(&id, deadline).await?;
         let Some(mut rec) = self.state.load(&staging) else {
@@ -365,6 +369,13 @@ impl NodeService {
             )));
         }
         self.restage(&rec, deadline).await?;
+        let elsewhere: Vec<PathBuf> = rec
+            .targets
+            .iter()
+            .filter(|t| self.mounted(t).unwrap_or(false))
+            .cloned()
+            .collect();
+        single_writer_alone(&id, &args.capability, &target, &elsewhere)?;
         if let Some(existing) = self
             .mounter
             .mounts_at(&target)

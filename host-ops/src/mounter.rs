@@ -107,6 +107,8 @@ pub trait Mounter: Send + Sync + fmt::Debug {
     fn unmount(&self, target: &Path) -> Result<bool>;
     /// What is mounted at exactly `target` (bottom first).
     fn mounts_at(&self, target: &Path) -> Result<Vec<MountEntry>>;
+    /// Every mount below `root`.
+    fn mounts_below(&self, root: &Path) -> Result<Vec<MountEntry>>;
 }
 
 #[derive(Debug, Clone, Default)]
@@ -177,6 +179,10 @@ impl Mounter for LinuxMounter {
 
     fn mounts_at(&self, target: &Path) -> Result<Vec<MountEntry>> {
         mountinfo::mounts_at(target)
+    }
+
+    fn mounts_below(&self, root: &Path) -> Result<Vec<MountEntry>> {
+        mountinfo::mounts_below(root)
     }
 }
 

@@ -109,6 +109,16 @@ pub fn mounts_at(path: &Path) -> Result<Vec<MountEntry>> {
         .collect())
 }
 
+/// Every mount whose mount point lies below `root` (not `root` itself).
+pub fn mounts_below(root: &Path) -> Result<Vec<MountEntry>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(io_err("reading", "/proc/self/mountinfo"))?;
+    Ok(parse(&text)
+        .into_iter()
+        .filter(|m| m.mount_point != root && m.mount_point.starts_with(root))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -667,6 +667,15 @@ impl Suite {
             lifecycle_shared
         );
         check!(
+            "NodePublishVolume: SINGLE_NODE_SINGLE_WRITER at one target path only -> FailedPrecondition at a second, nothing mounted; SINGLE_NODE_MULTI_WRITER at two",
+            match self.lifecycle_skip() {
+                Skip::No if !self.node_caps.contains(&NRpc::SingleNodeMultiWriter) =>
+                    Skip::Because("node capability SINGLE_NODE_MULTI_WRITER not advertised".into(),),
+                s => s,
+            },
+            single_writer_publish
+        );
+        check!(
             "Lifecycle with expansion: controller (then node), data kept",
             match self.lifecycle_skip() {
                 Skip::No => self.controller_skip(CRpc::ExpandVolume),
@@ -2385,6 +2394,56 @@ impl Suite {
         self.node_unpublish(&v, &b).await?;
         self.node_unpublish(&v, &ro).await?;
         self.tear_down(&v, &staging, &a).await
+    }
+
+    /// ReadWriteOncePod's guarantee on the node (csi-test #602): a volume
+    /// published SINGLE_NODE_SINGLE_WRITER at one target path is refused
+    /// at another, and nothing is mounted there; the same path again is
+    /// fine. SINGLE_NODE_MULTI_WRITER publishes at several paths.
+    async fn single_writer_publish(&mut self) -> Check {
+        for (mode, second_allowed) in [
+            (Mode::SingleNodeSingleWriter, false),
+            (Mode::SingleNodeMultiWriter, true),
+        ] {
+            let cap = mount_cap(&self.cfg.fs_type, mode);
+            let (v, staging, a, pc) = self.bring_up(cap.clone(), "onewriter").await?;
+            let b = self
+                .cfg
+                .mount_dir
+                .join(format!("pods/{}/second", v.volume_id));
+            let publish = csi::NodePublishVolumeRequest {
+                volume_id: v.volume_id.clone(),
+                publish_context: pc.clone(),
+                staging_target_path: staging.to_string_lossy().into_owned(),
+                target_path: b.to_string_lossy().into_owned(),
+                volume_capability: Some(cap.clone()),
+                readonly: false,
+                secrets: self.cfg.secrets.clone(),
+                volume_context: v.volume_context.clone(),
+            };
+            let r = self.node.node_publish_volume(self.req(publish)).await;
+            if second_allowed {
+                ok(
+                    r,
+                    "NodePublishVolume at a second path (SINGLE_NODE_MULTI_WRITER)",
+                )?;
+                self.node_unpublish(&v, &b).await?;
+            } else {
+                expect_code(
+                    r,
+                    Code::FailedPrecondition,
+                    "NodePublishVolume at a second path of a SINGLE_NODE_SINGLE_WRITER volume",
+                )?;
+                ensure(!self.mounted(&b), || {
+                    format!("{} mounted although refused", b.display())
+                })?;
+                // the first path again: still fine
+                self.node_publish(&v, &pc, &staging, &a, cap.clone(), false)
+                    .await?;
+            }
+            self.tear_down(&v, &staging, &a).await?;
+        }
+        Ok(())
     }
 
     async fn lifecycle_expand(&mut self) -> Check {
