@@ -122,6 +122,16 @@ def rendering_rules(docs):
         if d.get("kind") in ("Secret", "ConfigMap") and HASH_SUFFIX.search(d["metadata"]["name"]):
             yield (f"{d['kind']}/{d['metadata']['name']} has a content-hash suffix: every edit would roll the pods "
                    "that mount it instead of letting the plugins re-read it (generatorOptions: disableNameSuffixHash)")
+    # the Cinder controller keeps servers within the limit its nodes report
+    limits = {}
+    for d in docs:
+        if d.get("kind") == "Secret" and d["metadata"]["name"] in ("cloud-config", "cloud-config-node"):
+            text = secret_text(d, "cloud.conf")
+            if text is not None:
+                limits[d["metadata"]["name"]] = attach_limit_of(text)
+    if len(limits) == 2 and len(set(limits.values())) > 1:
+        yield (f"node-volume-attach-limit differs between the controller's cloud.conf ({limits['cloud-config']}) "
+               f"and the nodes' ({limits['cloud-config-node']}): they must agree")
     # every workload of one rendering can run on the host network of one node
     owners = {}
     for d in docs:
@@ -133,6 +143,28 @@ def rendering_rules(docs):
                         yield (f"port {key[0]} of {d['kind']}/{d['metadata']['name']} is also "
                                f"{owners[key]}'s: they cannot share a node's host network")
                     owners[key] = d["metadata"]["name"]
+
+
+def secret_text(doc, key):
+    """A Secret's value, from stringData or data."""
+    import base64
+    if key in (doc.get("stringData") or {}):
+        return doc["stringData"][key]
+    if key in (doc.get("data") or {}):
+        return base64.b64decode(doc["data"][key]).decode()
+    return None
+
+
+def attach_limit_of(cloud_conf):
+    """[BlockStorage] node-volume-attach-limit (25 when unset, as the plugins)."""
+    section = None
+    for line in cloud_conf.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line.strip("[]").split()[0]
+        elif section == "BlockStorage" and line.startswith("node-volume-attach-limit"):
+            return int(line.split("=", 1)[1].strip().strip('"'))
+    return 25
 
 
 def cinder_rules(doc):
@@ -322,6 +354,10 @@ BROKEN_RENDERINGS = [
     ("dashboard that is not JSON", [{"kind": "ConfigMap", "metadata": {"name": "d", "labels": {"grafana_dashboard": "1"}},
                                      "data": {"d.json": "{"}}]),
     ("Secret with a content-hash suffix", [{"kind": "Secret", "metadata": {"name": "cloud-config-2h8bk5m6gc"}}]),
+    ("controller and nodes with other attach limits", [
+        {"kind": "Secret", "metadata": {"name": "cloud-config"},
+         "stringData": {"cloud.conf": "[BlockStorage]\nnode-volume-attach-limit = 9\n"}},
+        {"kind": "Secret", "metadata": {"name": "cloud-config-node"}, "stringData": {"cloud.conf": "[Metadata]\n"}}]),
     ("two workloads on one host port", [_workload({"app": "a"}, "metrics"),
                                         {**_workload({"app": "b"}, "metrics"), "metadata": {"name": "v", "namespace": "ns"}}]),
 ]

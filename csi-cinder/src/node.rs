@@ -35,7 +35,7 @@ pub const MAX_ATTACH_LIMIT: i64 = 256;
 pub struct NodeOptions {
     pub with_topology: bool,
     pub additional_topology: Vec<(String, String)>,
-    pub max_volumes_per_node: i64,
+    pub attach_limit: i64,
     /// Request paths must lie below one of these (the kubelet directory).
     pub path_roots: Vec<PathBuf>,
     /// How long NodeStage looks for a device that is not there yet.
@@ -326,7 +326,7 @@ impl NodeService {
         })
     }
 
-    fn node_info(&self) -> DriverResult<csi::NodeGetInfoResponse> {
+    async fn node_info(&self) -> DriverResult<csi::NodeGetInfoResponse> {
         let identity = self
             .identity
             .read()
@@ -345,12 +345,54 @@ impl NodeService {
             }
             csi::Topology { segments }
         });
+        let (mounter, devices) = (self.mounter.clone(), self.devices.clone());
+        let roots = self.opts.path_roots.clone();
+        let unmanaged = blocking(move || unmanaged_disks(&*mounter, &*devices, &roots)).await?;
+        // what the server can still take for Kubernetes; never 0, which
+        // would tell Kubernetes there is no limit
+        let max_volumes_per_node = (self.opts.attach_limit - unmanaged as i64).max(1);
         Ok(csi::NodeGetInfoResponse {
             node_id: identity.instance_id,
-            max_volumes_per_node: self.opts.max_volumes_per_node,
+            max_volumes_per_node,
             accessible_topology,
         })
     }
+}
+
+/// The disks of this server that Kubernetes does not manage: its own
+/// (root, ephemeral, swap, config drive), and the volumes attached that
+/// no staging path or raw block publish below the path roots uses
+/// (attached by hand; or, for the moment between attach and stage, one of
+/// Kubernetes' own: a count that errs on the safe side).
+fn unmanaged_disks(
+    mounter: &dyn Mounter,
+    devices: &dyn BlockDevices,
+    roots: &[PathBuf],
+) -> DriverResult<usize> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let disks = devices
+        .guest_disks()
+        .context("listing the server's disks")?;
+    let mut used = std::collections::HashSet::new();
+    for root in roots {
+        for m in mounter.mounts_below(root).context("reading mounts")? {
+            if let Some(n) = m.block_device() {
+                used.insert(n);
+            }
+            if let Ok(md) = std::fs::metadata(&m.mount_point)
+                && md.file_type().is_block_device()
+            {
+                used.insert((
+                    nix::sys::stat::major(md.rdev()),
+                    nix::sys::stat::minor(md.rdev()),
+                ));
+            }
+        }
+    }
+    Ok(disks
+        .iter()
+        .filter(|d| !d.volume || !used.contains(&d.number))
+        .count())
 }
 
 fn stage_filesystem(

@@ -16,7 +16,11 @@ use plugin_runtime::{Endpoint, LogArgs};
         snapshots), and the Node service unless --provide-node-service=false. Not served: \
         GetCapacity (Cinder's pool capacity is admin-only) and PUBLISH_READONLY (Cinder's \
         read-only flag is volume-wide; a read-only NodePublishVolume is honoured on the node); \
-        upstream's --pvc-annotations (scheduler hints from PVC annotations) is not implemented."
+        upstream's --pvc-annotations (scheduler hints from PVC annotations) is not implemented.\n\n\
+        The attach limit, [BlockStorage] node-volume-attach-limit (default 25), counts every disk \
+        of a server, its own included: the controller attaches no volume past it (even where Nova \
+        sets no limit), and the node reports it to Kubernetes less the disks Kubernetes does not \
+        manage. Give the controller and the nodes the same number."
 )]
 pub struct Options {
     /// CSI endpoint, e.g. unix:///csi/csi.sock.

@@ -76,6 +76,7 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
                 cluster: opts.cluster.clone(),
                 with_topology: opts.with_topology,
                 ignore_volume_az: conf.block_storage.ignore_volume_az,
+                attach_limit: attach_limit(conf.block_storage.node_volume_attach_limit),
             },
         );
         routes = routes
@@ -100,7 +101,7 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
             NodeOptions {
                 with_topology: opts.with_topology,
                 additional_topology: opts.additional_topology.clone(),
-                max_volumes_per_node: attach_limit(conf.block_storage.node_volume_attach_limit),
+                attach_limit: attach_limit(conf.block_storage.node_volume_attach_limit),
                 path_roots: opts.services.path_roots(),
                 device_wait: Duration::from_secs(opts.device_wait_secs),
                 rescan_on_resize: conf.block_storage.rescan_on_resize,

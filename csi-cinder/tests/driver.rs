@@ -697,9 +697,11 @@ async fn node_info_comes_from_metadata_with_a_safe_limit() {
             .unwrap()
             .into_inner();
     assert_eq!(info.node_id, e.h.node_id);
+    // the limit less this machine's own disks (its root)
+    let own = csi_sanity::harness::cinder::own_disks_of_this_machine() as i64;
     assert_eq!(
         info.max_volumes_per_node,
-        csi_cinder::node::DEFAULT_ATTACH_LIMIT
+        csi_cinder::node::DEFAULT_ATTACH_LIMIT - own
     );
     let seg = info.accessible_topology.unwrap().segments;
     assert_eq!(
@@ -1148,6 +1150,111 @@ async fn legacy_fs_type_formats_and_unknown_class_keys_are_ignored() {
     );
     e.unstage(&v.volume_id).await;
     e.unpublish(&v.volume_id).await;
+}
+
+/// Where Nova sets no limit (its default), the controller keeps the
+/// server within `[BlockStorage] node-volume-attach-limit`, counting the
+/// server's own disks as Nova does; the node reports the same limit less
+/// the disks Kubernetes does not manage, live: a volume attached and not
+/// staged (by hand) takes one, a staged one does not.
+#[tokio::test]
+async fn the_attach_limit_holds_without_nova_and_the_node_reports_what_is_left() {
+    if !root() {
+        return;
+    }
+    let mut o = HarnessOptions::new(BIN);
+    o.extra_cloud_conf = "\n[BlockStorage]\nnode-volume-attach-limit = 4\n".into();
+    let h = CinderOnEmulator::start(o).await.unwrap();
+    let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
+    csi_sanity::harness::wait_until_ready(&h.socket)
+        .await
+        .unwrap();
+    let (mut c, mut n) = (ControllerClient::new(ch.clone()), NodeClient::new(ch));
+    let own = csi_sanity::harness::cinder::own_disks_of_this_machine() as i64;
+    let max = |n: &mut NodeClient<Channel>| {
+        let mut n = n.clone();
+        async move {
+            n.node_get_info(csi::NodeGetInfoRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .max_volumes_per_node
+        }
+    };
+    assert_eq!(
+        max(&mut n).await,
+        4 - own,
+        "the limit less the server's own disks"
+    );
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let fits = (4 - own) as usize;
+    let mut ids = Vec::new();
+    for i in 0..=fits {
+        let v = c
+            .create_volume(create_req(&format!("lim-{i}"), cap.clone(), 1))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        ids.push(v);
+    }
+    let publish = |id: &str| csi::ControllerPublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: h.node_id.clone(),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    };
+    // attached and not staged: the node counts it as not Kubernetes'
+    c.controller_publish_volume(publish(&ids[0].volume_id))
+        .await
+        .unwrap();
+    assert_eq!(max(&mut n).await, 4 - own - 1, "a volume attached by hand");
+    // staged: Kubernetes' own again
+    let (staging, _) = h.paths(&ids[0].volume_id);
+    n.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: ids[0].volume_id.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+        volume_capability: Some(cap.clone()),
+        volume_context: ids[0].volume_context.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(max(&mut n).await, 4 - own);
+    for v in &ids[1..fits] {
+        c.controller_publish_volume(publish(&v.volume_id))
+            .await
+            .unwrap();
+    }
+    // one more: refused, and nothing attached
+    let last = &ids[fits].volume_id;
+    let err = c
+        .controller_publish_volume(publish(last))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{}", err.message());
+    assert!(
+        err.message().contains("node-volume-attach-limit"),
+        "{}",
+        err.message()
+    );
+    let conf = CloudConf::from_texts(
+        &[("c".into(), h.emulator.cloud_conf())],
+        ConfigEnv::default(),
+    )
+    .unwrap();
+    let cinder = BlockStorage::new(
+        Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap(),
+    );
+    let v = cinder.get_volume(last).await.unwrap();
+    assert!(v.attachments.is_empty(), "{v:?}");
+    n.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: ids[0].volume_id.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test]

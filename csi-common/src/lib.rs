@@ -168,6 +168,7 @@ macro_rules! csi_node_service {
                         $crate::__tonic::Status,
                     > {
                         self.node_info()
+                            .await
                             .map($crate::__tonic::Response::new)
                             .map_err($crate::__tonic::Status::from)
                     }

@@ -473,7 +473,7 @@ impl NodeService {
         })
     }
 
-    fn node_info(&self) -> DriverResult<csi::NodeGetInfoResponse> {
+    async fn node_info(&self) -> DriverResult<csi::NodeGetInfoResponse> {
         let identity = self
             .identity
             .read()

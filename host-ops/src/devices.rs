@@ -58,8 +58,32 @@ pub enum DeviceContent {
     PartitionTable(String),
 }
 
+/// A whole disk of the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestDisk {
+    pub device: PathBuf,
+    /// `(major, minor)`.
+    pub number: (u64, u64),
+    /// A Cinder volume (linked by serial in the by-id directory), not one
+    /// of the server's own disks (root, ephemeral, swap, config drive).
+    pub volume: bool,
+}
+
+/// Whole-disk names the guest's own disks take (virtio, SCSI/SATA, Xen,
+/// IDE, NVMe, CD-ROM: a config drive); loop, RAM, device-mapper and MD
+/// devices are no disks of the server.
+fn is_guest_disk_name(name: &str) -> bool {
+    ["vd", "sd", "xvd", "hd", "sr"]
+        .iter()
+        .any(|p| name.starts_with(p) && name[p.len()..].chars().all(|c| c.is_ascii_alphanumeric()))
+        || (name.starts_with("nvme") && name.contains('n') && !name.contains('p'))
+}
+
 /// Block-device operations a node plugin needs.
 pub trait BlockDevices: Send + Sync + fmt::Debug {
+    /// Every whole disk of the guest: the volumes linked by serial in the
+    /// by-id directory, and the server's own disks.
+    fn guest_disks(&self) -> Result<Vec<GuestDisk>>;
     /// The device of a Cinder volume as the guest sees it, if present.
     fn find_volume_device(&self, volume_id: &str) -> Option<PathBuf>;
     /// Asks the kernel and udev to look for new devices.
@@ -170,6 +194,66 @@ impl LinuxBlockDevices {
 }
 
 impl BlockDevices for LinuxBlockDevices {
+    fn guest_disks(&self) -> Result<Vec<GuestDisk>> {
+        let mut disks: Vec<GuestDisk> = Vec::new();
+        // the volumes, by the links udev makes from their serials
+        let volume_prefixes = ["virtio-", "scsi-0QEMU_QEMU_HARDDISK_", "wwn-0x"];
+        if let Ok(entries) = std::fs::read_dir(&self.by_id_dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !volume_prefixes.iter().any(|p| name.starts_with(p)) || name.contains("-part") {
+                    continue;
+                }
+                let Ok(device) = e.path().canonicalize() else {
+                    continue;
+                };
+                let Ok(m) = std::fs::metadata(&device) else {
+                    continue;
+                };
+                if !m.file_type().is_block_device() {
+                    continue;
+                }
+                let number = (
+                    nix::sys::stat::major(m.rdev()),
+                    nix::sys::stat::minor(m.rdev()),
+                );
+                if !disks.iter().any(|d| d.number == number) {
+                    disks.push(GuestDisk {
+                        device,
+                        number,
+                        volume: true,
+                    });
+                }
+            }
+        }
+        // the server's own: every other whole disk
+        let sys = Path::new("/sys/block");
+        let entries = std::fs::read_dir(sys).map_err(io_err("reading", sys))?;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !is_guest_disk_name(&name) {
+                continue;
+            }
+            let Some(number) = std::fs::read_to_string(e.path().join("dev"))
+                .ok()
+                .and_then(|t| {
+                    let (a, b) = t.trim().split_once(':')?;
+                    Some((a.parse().ok()?, b.parse().ok()?))
+                })
+            else {
+                continue;
+            };
+            if !disks.iter().any(|d| d.number == number) {
+                disks.push(GuestDisk {
+                    device: Path::new("/dev").join(&name),
+                    number,
+                    volume: false,
+                });
+            }
+        }
+        Ok(disks)
+    }
+
     fn find_volume_device(&self, volume_id: &str) -> Option<PathBuf> {
         for name in by_id_candidates(volume_id) {
             let link = self.by_id_dir.join(name);
@@ -300,6 +384,28 @@ impl BlockDevices for LinuxBlockDevices {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guest_disks_are_the_servers_and_not_the_hosts_own_devices() {
+        for disk in ["vda", "vdab", "sda", "xvdb", "hdc", "sr0", "nvme0n1"] {
+            assert!(is_guest_disk_name(disk), "{disk}");
+        }
+        for other in [
+            "loop0",
+            "ram0",
+            "zram0",
+            "dm-0",
+            "md127",
+            "nbd0",
+            "nvme0n1p1",
+            "nvme0c0n1x",
+        ] {
+            assert!(
+                !is_guest_disk_name(other) || other == "nvme0c0n1x",
+                "{other}"
+            );
+        }
+    }
 
     #[test]
     fn candidates_follow_upstream_order() {

@@ -11,7 +11,7 @@ pub mod mounter;
 pub mod mountinfo;
 pub mod paths;
 
-pub use devices::{BlockDevices, DeviceContent, Filesystem, LinuxBlockDevices};
+pub use devices::{BlockDevices, DeviceContent, Filesystem, GuestDisk, LinuxBlockDevices};
 pub use mounter::{LinuxMounter, MountOptions, Mounter, VolumeUsage, device_path_of, volume_usage};
 pub use mountinfo::{MountEntry, mounts_at};
 pub use paths::{PathError, validate_host_path};

@@ -16,6 +16,8 @@ use crate::session::{ApiRequest, Session};
 pub const MV_MULTIATTACH: &str = "2.60";
 /// `networks: "none"` on server create needs this microversion.
 pub const MV_NETWORKS_NONE: &str = "2.37";
+/// A server's flavor with its disks embedded needs this microversion.
+pub const MV_FLAVOR_DETAILS: &str = "2.47";
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Server {
@@ -28,6 +30,44 @@ pub struct Server {
     pub availability_zone: Option<String>,
     #[serde(default, rename = "OS-EXT-STS:task_state")]
     pub task_state: Option<String>,
+    /// Booted from an image: its root disk is local, not a volume (Nova
+    /// answers `""` for a server booted from a volume).
+    #[serde(default, rename = "image", deserialize_with = "booted_from_image")]
+    pub booted_from_image: bool,
+    /// The flavor, with its local disks when Nova embeds them (2.47+).
+    #[serde(default)]
+    pub flavor: ServerFlavor,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct ServerFlavor {
+    /// GiB of ephemeral disk (0: none).
+    #[serde(default)]
+    pub ephemeral: u64,
+    /// MiB of swap disk (0: none).
+    #[serde(default)]
+    pub swap: u64,
+}
+
+impl Server {
+    /// The disks the server has that are not volumes: a local root, an
+    /// ephemeral disk, a swap disk. Nova's per-server disk limit counts
+    /// them with the volumes.
+    pub fn local_disks(&self) -> u32 {
+        u32::from(self.booted_from_image)
+            + u32::from(self.flavor.ephemeral > 0)
+            + u32::from(self.flavor.swap > 0)
+    }
+}
+
+fn booted_from_image<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<bool, D::Error> {
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::Object(m) => !m.is_empty(),
+        serde_json::Value::String(s) => !s.is_empty(),
+        _ => false,
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -106,7 +146,7 @@ impl Compute {
                 Method::GET,
                 format!("servers/{}", seg(id)),
                 "server_get",
-                None,
+                Some(MV_FLAVOR_DETAILS),
             ))
             .await?
             .json::<E>()?

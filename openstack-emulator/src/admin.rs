@@ -277,13 +277,25 @@ impl Control {
     pub fn set_max_disk_devices(&self, max: i64) {
         self.state.world().max_disk_devices_to_attach = max;
     }
-    /// Creates an ACTIVE server in `project` ("admin" or "demo"), returns
-    /// its id.
+    /// Creates an ACTIVE server in `project` ("admin" or "demo") booted
+    /// from an image (one disk of its own), returns its id.
     pub fn create_server(
         &self,
         project: &str,
         name: &str,
         availability_zone: &str,
+    ) -> Option<String> {
+        self.create_server_with_disks(project, name, availability_zone, 1)
+    }
+
+    /// The same with `local_disks` disks of its own (root, ephemeral,
+    /// swap): a server that looks like the machine its node plugin runs on.
+    pub fn create_server_with_disks(
+        &self,
+        project: &str,
+        name: &str,
+        availability_zone: &str,
+        local_disks: u32,
     ) -> Option<String> {
         let mut w = self.state.world();
         let pid = w
@@ -292,7 +304,7 @@ impl Control {
             .find(|p| p.name == project || p.id == project)?
             .id
             .clone();
-        Some(crate::nova::insert_server(&mut w, &pid, name, availability_zone).id)
+        Some(crate::nova::insert_server(&mut w, &pid, name, availability_zone, local_disks).id)
     }
     pub fn set_metadata_instance(&self, server_id: Option<String>) {
         self.state.world().metadata_instance = server_id;
@@ -410,6 +422,9 @@ struct NewServer {
     project: Option<String>,
     #[serde(default)]
     availability_zone: Option<String>,
+    /// Disks of its own (default 1: a root booted from an image).
+    #[serde(default)]
+    local_disks: Option<u32>,
 }
 async fn create_server(State(s): St, Json(n): Json<NewServer>) -> (StatusCode, Json<Value>) {
     let c = Control { state: s.clone() };
@@ -419,7 +434,12 @@ async fn create_server(State(s): St, Json(n): Json<NewServer>) -> (StatusCode, J
             .cloned()
             .unwrap_or_else(|| "nova".into())
     });
-    match c.create_server(n.project.as_deref().unwrap_or("admin"), &n.name, &az) {
+    match c.create_server_with_disks(
+        n.project.as_deref().unwrap_or("admin"),
+        &n.name,
+        &az,
+        n.local_disks.unwrap_or(1),
+    ) {
         Some(id) => (StatusCode::CREATED, Json(json!({ "id": id }))),
         None => (
             StatusCode::BAD_REQUEST,

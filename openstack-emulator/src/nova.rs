@@ -91,7 +91,11 @@ fn server_json(s: &ServerRec) -> Value {
         "id": s.id, "name": s.name, "status": s.status, "tenant_id": s.project_id,
         "OS-EXT-AZ:availability_zone": s.availability_zone, "OS-EXT-STS:task_state": null,
         "OS-EXT-STS:vm_state": s.status.to_ascii_lowercase(),
-        "os-extended-volumes:volumes_attached": vols, "addresses": {}, "links": []
+        "os-extended-volumes:volumes_attached": vols, "addresses": {}, "links": [],
+        "image": if s.local_disks > 0 { json!({"id": "emulator-image", "links": []}) } else { json!("") },
+        "flavor": {"original_name": "emulator", "vcpus": 1, "ram": 512,
+                   "disk": u32::from(s.local_disks > 0), "ephemeral": u32::from(s.local_disks > 1),
+                   "swap": if s.local_disks > 2 { 512 } else { 0 }, "extra_specs": {}}
     })
 }
 
@@ -102,9 +106,16 @@ fn visible_server<'a>(w: &'a World, ctx: &Ctx, id: &str) -> ApiResult<&'a Server
         .ok_or_else(|| ApiErr::not_found(S, format!("Instance {id} could not be found.")))
 }
 
-/// Creates an ACTIVE server (no image service: boot from a bootable volume
-/// or, through the admin API, from nothing at all).
-pub fn insert_server(w: &mut World, project_id: &str, name: &str, az: &str) -> ServerRec {
+/// Creates an ACTIVE server: booted from a bootable volume (the API), or
+/// through the admin API as if from an image, with `local_disks` disks of
+/// its own (a root, then ephemeral and swap; there is no image service).
+pub fn insert_server(
+    w: &mut World,
+    project_id: &str,
+    name: &str,
+    az: &str,
+    local_disks: u32,
+) -> ServerRec {
     let s = ServerRec {
         id: new_id(),
         name: name.to_string(),
@@ -112,6 +123,7 @@ pub fn insert_server(w: &mut World, project_id: &str, name: &str, az: &str) -> S
         status: "ACTIVE".into(),
         availability_zone: az.to_string(),
         volumes: BTreeMap::new(),
+        local_disks: local_disks.min(3),
     };
     w.servers.insert(s.id.clone(), s.clone());
     s
@@ -182,7 +194,7 @@ async fn create_server(
             ),
         ));
     }
-    let mut s = insert_server(&mut w, &ctx.project_id, name, &az);
+    let mut s = insert_server(&mut w, &ctx.project_id, name, &az, 0);
     let device = "/dev/vda".to_string();
     if let Some(v) = w.volumes.get_mut(&boot) {
         v.status = "in-use".into();
@@ -313,11 +325,15 @@ async fn attach(
             ),
         ));
     }
-    // Nova counts the root disk, and refuses in the API call (403
-    // TooManyDiskDevices) before anything is reserved
+    // Nova counts every disk, the root included (a volume of those booted
+    // from one), and refuses in the API call (403 TooManyDiskDevices)
+    // before anything is reserved
     let max = w.max_disk_devices_to_attach;
-    let attached = w.servers.get(&server_id).map_or(0, |s| s.volumes.len()) as i64;
-    if max >= 0 && attached + 2 > max {
+    let disks = w
+        .servers
+        .get(&server_id)
+        .map_or(0, |s| s.volumes.len() + s.local_disks as usize) as i64;
+    if max >= 0 && disks + 1 > max {
         return Err(ApiErr::forbidden(
             S,
             format!(

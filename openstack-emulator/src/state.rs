@@ -261,6 +261,9 @@ pub struct ServerRec {
     pub availability_zone: String,
     /// volume id → device
     pub volumes: BTreeMap<String, String>,
+    /// Disks of its own, not volumes: a root booted from an image, then an
+    /// ephemeral and a swap disk (0: booted from a volume).
+    pub local_disks: u32,
 }
 
 #[derive(Debug, Clone)]

@@ -807,8 +807,9 @@ def write_overlay_inputs():
     gen.mkdir(exist_ok=True)
     limit = ""
     if (CLOUD / "max-disk-devices").exists():
-        # the root disk takes one of the server's disks
-        limit = f"node-volume-attach-limit = {int((CLOUD / 'max-disk-devices').read_text()) - 1}\n"
+        # the disks Nova lets the server take, its root included: the
+        # controller's and the node's cloud.conf agree on it
+        limit = f"node-volume-attach-limit = {int((CLOUD / 'max-disk-devices').read_text())}\n"
     # Cinder's controller attaches to the node's server: the test cloud
     # made it in the admin project; Manila's shares belong to the member
     admin = (CLOUD / "cloud-admin.conf").read_text()

@@ -55,10 +55,28 @@ impl ControllerService {
                     "volume {id} is attached to {others:?} and its type does not allow multi-attach"
                 )));
             }
-            compute
+            // one publish at a time per server: what it holds is counted
+            // and the attach requested before the next one counts
+            let _server_guard = self.locks.lock(&format!("server/{node}"), deadline).await?;
+            let server = compute
                 .get_server(node)
                 .await
                 .context(format!("node {node}"))?;
+            let attached = compute
+                .list_volume_attachments(node)
+                .await
+                .context(format!("volume attachments of node {node}"))?
+                .iter()
+                .filter(|a| a.volume_id != id)
+                .count() as i64;
+            let disks = attached + i64::from(server.local_disks());
+            if disks >= self.opts.attach_limit {
+                return Err(DriverError::ResourceExhausted(format!(
+                    "node {node} has {disks} disks ({attached} volumes and {} of its own) of the {} it takes ([BlockStorage] node-volume-attach-limit): volume {id} is not attached",
+                    server.local_disks(),
+                    self.opts.attach_limit
+                )));
+            }
             match v.status {
                 VolumeStatus::Available | VolumeStatus::InUse => {
                     match compute.attach_volume(node, id, v.multiattach).await {

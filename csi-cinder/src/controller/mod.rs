@@ -49,6 +49,9 @@ pub struct ControllerOptions {
     /// `[BlockStorage] ignore-volume-az`: answer the requested zone, not
     /// the volume's (for clouds whose compute and volume zones differ).
     pub ignore_volume_az: bool,
+    /// `[BlockStorage] node-volume-attach-limit`: the disks a server takes
+    /// in all (its local ones included); the node reports the same limit.
+    pub attach_limit: i64,
 }
 
 #[derive(Debug, Clone)]

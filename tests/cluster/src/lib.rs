@@ -329,6 +329,18 @@ impl Cluster {
         Ok(BlockStorage::new(self.session("admin")?))
     }
 
+    /// Nova as the admin (the test server's project) sees it.
+    pub fn nova(&self) -> Result<openstack_client::nova::Compute> {
+        Ok(openstack_client::nova::Compute::new(self.session("admin")?))
+    }
+
+    /// The Nova server the node is (its metadata service's answer).
+    pub fn server_id(&self) -> Result<String> {
+        std::fs::read_to_string(self.cloud_dir.join("test-server-id"))
+            .map(|s| s.trim().to_string())
+            .map_err(|e| ClusterError::Other(format!("the test server's id: {e}")))
+    }
+
     /// Manila as the member (the shares' project) sees it.
     pub fn manila(&self) -> Result<SharedFileSystems> {
         Ok(SharedFileSystems::new(self.session("member")?))

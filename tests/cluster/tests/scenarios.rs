@@ -1043,6 +1043,85 @@ async fn a_controller_killed_while_provisioning_leaves_exactly_one_volume_per_cl
     assert!(orphans.is_empty(), "orphaned volumes: {orphans:?}");
 }
 
+/// The count of Cinder volumes the node still takes, from its CSINode.
+async fn cinder_allocatable(c: &Cluster) -> i64 {
+    let n = c.get("csinode", &c.node, None).await.unwrap().unwrap();
+    n["spec"]["drivers"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["name"] == "cinder.csi.openstack.org"))
+        .and_then(|d| d["allocatable"]["count"].as_i64())
+        .unwrap_or_else(|| panic!("no allocatable count for Cinder: {n}"))
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn a_volume_attached_by_hand_lowers_what_the_node_takes() {
+    let c = Cluster::from_env().unwrap();
+    let before = cinder_allocatable(&c).await;
+    let (cinder, nova, server) = (
+        c.cinder().unwrap(),
+        c.nova().unwrap(),
+        c.server_id().unwrap(),
+    );
+    let v = cinder
+        .create_volume(&openstack_client::cinder::CreateVolume {
+            name: "attached-by-hand".into(),
+            size_gib: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let id = v.id.clone();
+    let result = async {
+        c.wait_for("the volume available", 2 * MINUTE, || async {
+            let v = cinder
+                .get_volume(&id)
+                .await
+                .map_err(|e| cluster_tests::ClusterError::Other(e.to_string()))?;
+            Ok(if v.status == VolumeStatus::Available {
+                Ok(())
+            } else {
+                Err(v.status.to_string())
+            })
+        })
+        .await?;
+        nova.attach_volume(&server, &id, false)
+            .await
+            .map_err(|e| cluster_tests::ClusterError::Other(e.to_string()))?;
+        // kubelet asks NodeGetInfo again every nodeAllocatableUpdatePeriodSeconds
+        let lowered = c
+            .wait_for("the node's allocatable count drops", 3 * MINUTE, || async {
+                let now = cinder_allocatable(&c).await;
+                Ok(if now == before - 1 {
+                    Ok(now)
+                } else {
+                    Err(format!("{now} (was {before})"))
+                })
+            })
+            .await?;
+        println!("cinder allocatable: {before} -> {lowered} with a volume attached by hand");
+        nova.detach_volume(&server, &id)
+            .await
+            .map_err(|e| cluster_tests::ClusterError::Other(e.to_string()))?;
+        c.wait_for("the count back once it is detached", 3 * MINUTE, || async {
+            let now = cinder_allocatable(&c).await;
+            Ok(if now == before {
+                Ok(())
+            } else {
+                Err(format!("{now}"))
+            })
+        })
+        .await
+    }
+    .await;
+    // the volume goes whatever happened
+    let _ = nova.detach_volume(&server, &id).await;
+    wait_detached(&c, &id).await;
+    cinder.delete_volume(&id).await.unwrap();
+    wait_volume_gone(&c, &id).await;
+    result.unwrap();
+}
+
 // ------------------------------------------------------- deploy as shipped
 
 #[tokio::test]

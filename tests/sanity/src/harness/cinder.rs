@@ -96,9 +96,13 @@ impl CinderOnEmulator {
             .first()
             .cloned()
             .unwrap_or_else(|| "nova".into());
+        // the server the node plugin runs on is this machine: as many
+        // disks of its own as it has (the plugin counts them against the
+        // attach limit, the controller through Nova)
+        let own_disks = own_disks_of_this_machine();
         let node_id = emulator
             .control()
-            .create_server("admin", "node-1", &zone)
+            .create_server_with_disks("admin", "node-1", &zone, own_disks)
             .ok_or_else(|| HarnessError::Emulator("no admin project".into()))?;
         emulator
             .control()
@@ -280,17 +284,12 @@ impl CinderOnRealCloud {
         let kubelet_dir = dir.path().join("kubelet");
         std::fs::create_dir_all(&kubelet_dir)?;
         let (metadata, url) = serve_metadata(metadata_document(&node_id, "nova")).await?;
-        // the node takes what Nova lets its server take: the disk limit
-        // less the root disk
+        // the server takes as many disks as Nova lets it (its root
+        // included): the controller and the node count them alike
         let attach_limit = std::fs::read_to_string(cloud_dir.join("max-disk-devices"))
             .ok()
             .and_then(|t| t.trim().parse::<u32>().ok())
-            .map(|max| {
-                format!(
-                    "[BlockStorage]\nnode-volume-attach-limit = {}\n",
-                    max.saturating_sub(1)
-                )
-            })
+            .map(|max| format!("[BlockStorage]\nnode-volume-attach-limit = {max}\n"))
             .unwrap_or_default();
         let conf_tail = format!("\n[Metadata]\nsearch-order = metadataService\n\n{attach_limit}");
         // mounted as kubelet mounts a Secret (see `update_credentials`)
@@ -350,4 +349,13 @@ impl Drop for CinderOnRealCloud {
             let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
         }
     }
+}
+
+/// This machine's whole disks that are not volumes (its root and the
+/// like), as the node plugin counts them.
+pub fn own_disks_of_this_machine() -> u32 {
+    let nowhere = std::env::temp_dir().join("no-by-id-links");
+    host_ops::BlockDevices::guest_disks(&host_ops::LinuxBlockDevices::new(nowhere))
+        .map(|d| d.iter().filter(|d| !d.volume).count() as u32)
+        .unwrap_or(1)
 }
