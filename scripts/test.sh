@@ -106,6 +106,25 @@ phase "build the tests once" build_tests
 export CSI_SANITY_PLUGIN_DIR=$PWD/target/debug
 tests "emulator tier (every test program)" run_tests all all
 tests "doc tests" bash -o pipefail -c 'cargo test --workspace --locked --doc 2>&1 | tee -a "$0"' "$log"
+# the community's csi-sanity, v5.4.0 and master, against each driver on
+# the emulator; each of their specs is counted in the summary below
+community_csi_sanity() {
+  local archive=../shared/k8s/csi-sanity-linux-amd64.tar.xz
+  if [[ -z ${CSI_SANITY_DIR:-} ]]; then
+    if [[ ! -f $archive ]]; then
+      echo "community csi-sanity SKIPPED: $archive is absent (and CSI_SANITY_DIR is not set)"
+      return 0
+    fi
+    mkdir -p target/k8s
+    [[ target/k8s/csi-sanity/csi-sanity-master -nt $archive ]] || tar -xJf "$archive" -C target/k8s --touch
+  fi
+  local rc=0
+  CSI_SANITY_RESULTS=$work/community.results \
+    run_tests csi-sanity community --ignored --test-threads=1 --show-output || rc=$?
+  [[ -f $work/community.results ]] && cat "$work/community.results" >>"$log"
+  return $rc
+}
+tests "community csi-sanity v5.4.0 and master (Cinder, Manila NFS, Manila CephFS; emulator)" community_csi_sanity
 tests "container images (deploy/images), checked against deploy/suite" \
   env IMAGE_PROFILE=debug bash deploy/images/build.sh target/images
 
@@ -157,10 +176,10 @@ cloud_started=
 awk '
   /^test .* \.\.\. ok$/      { s[$2] = (s[$2] == "failed") ? "failed" : "passed" }
   /^test .* \.\.\. FAILED$/  { s[$2] = "failed" }
-  /^test .* \.\.\. ignored/  { if (!($2 in s)) s[$2] = "skipped" }
+  /^test .* \.\.\. ignored/  { if (!($2 in s)) { s[$2] = "skipped"; i = index($0, "... ignored"); r[$2] = substr($0, i + 13) } }
   END {
     for (t in s) n[s[t]]++
-    for (t in s) if (s[t] == "skipped") printf "skipped: %s\n", t
+    for (t in s) if (s[t] == "skipped") printf "skipped: %s%s\n", t, (r[t] == "" ? "" : " (" r[t] ")")
     printf "tests: %d passed, %d failed, %d skipped\n", n["passed"], n["failed"], n["skipped"]
   }' "$log"
 if ((${#failed_phases[@]})); then

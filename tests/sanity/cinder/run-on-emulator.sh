@@ -5,7 +5,7 @@
 # stopped, unmounted and detached at the end, also on failure.
 #
 #   tests/sanity/cinder/run-on-emulator.sh            # our csi-sanity, full suite
-#   tests/sanity/cinder/run-on-emulator.sh upstream   # upstream csi-sanity from $PATH
+#   tests/sanity/cinder/run-on-emulator.sh upstream   # the community's csi-sanity ($CSI_SANITY)
 #   tests/sanity/cinder/run-on-emulator.sh -- CMD...  # any command; it gets
 #       CSI_ENDPOINT, CSI_MOUNT_DIR, CSI_STAGING_DIR, CSI_PARAMETERS, CSI_SECRETS
 set -euo pipefail
@@ -14,10 +14,13 @@ repo=$(cd "$here/../../.." && pwd)
 cd "$repo"
 
 [[ $(id -u) == 0 ]] || { echo "needs root (loop devices, mounts)" >&2; exit 2; }
-if [[ ${1:-} == upstream ]] && ! command -v csi-sanity-upstream >/dev/null; then
-  echo "upstream csi-sanity is not on PATH as csi-sanity-upstream; build it with" >&2
-  echo "  git clone --depth 1 -b v5.4.0 https://github.com/kubernetes-csi/csi-test && make -C csi-test/cmd/csi-sanity" >&2
-  echo "and copy csi-test/cmd/csi-sanity/csi-sanity to /usr/local/bin/csi-sanity-upstream" >&2
+# the community's csi-sanity: $CSI_SANITY, else master from ../shared/k8s
+# (unpacked by scripts/test.sh into target/k8s), else csi-sanity-upstream on PATH
+upstream_bin=${CSI_SANITY:-$repo/target/k8s/csi-sanity/csi-sanity-master}
+[[ -x $upstream_bin ]] || upstream_bin=$(command -v csi-sanity-upstream || true)
+if [[ ${1:-} == upstream && -z $upstream_bin ]]; then
+  echo "no community csi-sanity: set CSI_SANITY, unpack ../shared/k8s/csi-sanity-linux-amd64.tar.xz" >&2
+  echo "into target/k8s, or put a build of kubernetes-csi/csi-test's cmd/csi-sanity on PATH as csi-sanity-upstream" >&2
   exit 2
 fi
 # the same profile and packages as scripts/run-local.sh and the tests: built once
@@ -71,7 +74,7 @@ case "${1:-}" in
       --expansion-fs-type "${EXPANSION_FS_TYPE:-xfs}" || status=$?
     ;;
   upstream)
-    csi-sanity-upstream --csi.endpoint="$CSI_ENDPOINT" --csi.mountdir="$CSI_MOUNT_DIR/target" \
+    "$upstream_bin" --csi.endpoint="$CSI_ENDPOINT" --csi.mountdir="$CSI_MOUNT_DIR/target" \
       --csi.stagingdir="$CSI_STAGING_DIR/target" --csi.testvolumeparameters="$CSI_PARAMETERS" \
       --csi.testnodevolumeattachlimit || status=$?
     ;;

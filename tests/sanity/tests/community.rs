@@ -1,0 +1,357 @@
+//! The community's csi-sanity (kubernetes-csi/csi-test), at its latest
+//! release (v5.4.0) and at its master (the v5.5.0 changelog commit), run
+//! as users run it against each driver on the emulator: Cinder with real
+//! loop devices (the attach-limit and mutable-parameter specs on), Manila
+//! NFS and CephFS with stand-in mount helpers in a private mount namespace.
+//!
+//! Every spec of every run becomes one line of the test summary
+//! (`test csi-sanity-<version>/<driver>::<spec> ... ok | FAILED | ignored,
+//! <reason>`), written where `CSI_SANITY_RESULTS` says (scripts/test.sh
+//! adds them to its count). A failed spec fails the test, and so does a
+//! skip that is not among the driver's known ones below (each with its
+//! reason; the README lists them).
+//!
+//! The binaries come from `../shared/k8s/csi-sanity-linux-amd64.tar.xz`,
+//! unpacked into `target/k8s/csi-sanity` (or `CSI_SANITY_DIR`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+const VERSIONS: [&str; 2] = ["v5.4.0", "master"];
+
+/// v5.4.0 rejects GET_SNAPSHOT among the controller capabilities, which
+/// the CSI spec has had since v1.10: the only spec skipped on purpose.
+const CONTRADICTS_THE_SPEC: &str = "should return appropriate capabilities";
+
+fn binaries() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| csi_sanity::harness::workspace_binaries().expect("building the plugins"))
+}
+
+fn csi_sanity(version: &str) -> PathBuf {
+    let dir = std::env::var_os("CSI_SANITY_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../target/k8s/csi-sanity"
+            ))
+        });
+    let bin = dir.join(format!("csi-sanity-{version}"));
+    assert!(
+        bin.exists(),
+        "{} is missing: unpack ../shared/k8s/csi-sanity-linux-amd64.tar.xz into target/k8s (scripts/test.sh does)",
+        bin.display()
+    );
+    bin
+}
+
+/// One spec's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Passed,
+    Failed(String),
+    Skipped(String),
+}
+
+/// Runs one csi-sanity binary (without blocking the runtime, which
+/// serves the emulator); the outcome of each spec by name.
+async fn run(
+    version: &str,
+    endpoint: &Path,
+    dir: &Path,
+    args: &[String],
+) -> BTreeMap<String, State> {
+    let report = dir.join(format!("csi-sanity-{version}.json"));
+    let mount = dir.join(format!("{version}-target"));
+    let staging = dir.join(format!("{version}-staging"));
+    let mut cmd = tokio::process::Command::new(csi_sanity(version));
+    cmd.arg(format!("--csi.endpoint=unix://{}", endpoint.display()))
+        .arg(format!("--csi.mountdir={}", mount.display()))
+        .arg(format!("--csi.stagingdir={}", staging.display()))
+        .arg(format!("--ginkgo.json-report={}", report.display()))
+        .arg("--ginkgo.no-color")
+        .args(args);
+    if version == "v5.4.0" {
+        cmd.arg(format!("--ginkgo.skip={CONTRADICTS_THE_SPEC}"));
+    }
+    let out = cmd.output().await.unwrap();
+    let text = std::fs::read_to_string(&report).unwrap_or_else(|e| {
+        panic!(
+            "csi-sanity {version} wrote no report ({e}): {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    let suites: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut specs = BTreeMap::new();
+    for s in suites[0]["SpecReports"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+    {
+        let leaf = s["LeafNodeText"].as_str().unwrap_or_default();
+        if leaf.is_empty() {
+            // a suite-level node (BeforeSuite, ...): failures count below
+            if s["State"] != "passed" && s["State"] != "skipped" {
+                specs.insert(
+                    format!("suite {}", s["LeafNodeType"]),
+                    State::Failed(s["Failure"]["Message"].to_string()),
+                );
+            }
+            continue;
+        }
+        let containers: Vec<&str> = s["ContainerHierarchyTexts"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|t| t.as_str()).collect())
+            .unwrap_or_default();
+        let name = format!("{} {leaf}", containers.join(" "));
+        let message = s["Failure"]["Message"]
+            .as_str()
+            .unwrap_or_default()
+            .trim()
+            .replace('\n', " ");
+        let state = match s["State"].as_str().unwrap_or_default() {
+            "passed" => State::Passed,
+            "skipped" if leaf.contains(CONTRADICTS_THE_SPEC) && version == "v5.4.0" => {
+                State::Skipped(
+                    "v5.4.0 rejects the GET_SNAPSHOT capability the CSI spec has (--ginkgo.skip)"
+                        .into(),
+                )
+            }
+            "skipped" => State::Skipped(message),
+            "pending" => State::Skipped("pending in csi-sanity itself".into()),
+            other => State::Failed(format!("{other}: {message}")),
+        };
+        specs.insert(name, state);
+    }
+    specs
+}
+
+/// The summary lines, and a verdict: no failure, and no skip beyond the
+/// driver's known ones (by reason).
+fn judge(driver: &str, results: &[(String, BTreeMap<String, State>)], known_skips: &[&str]) {
+    let mut lines = Vec::new();
+    let mut problems = Vec::new();
+    for (version, specs) in results {
+        let (mut passed, mut failed, mut skipped) = (0, 0, BTreeMap::<String, usize>::new());
+        for (name, state) in specs {
+            let id = format!("csi-sanity-{version}/{driver}::{}", name.replace(' ', "_"));
+            match state {
+                State::Passed => {
+                    passed += 1;
+                    lines.push(format!("test {id} ... ok"));
+                }
+                State::Failed(why) => {
+                    failed += 1;
+                    lines.push(format!("test {id} ... FAILED"));
+                    problems.push(format!("{version}: {name}: {why}"));
+                }
+                State::Skipped(why) => {
+                    *skipped.entry(why.clone()).or_default() += 1;
+                    lines.push(format!("test {id} ... ignored, {why}"));
+                    if !known_skips.iter().any(|k| why.contains(k)) {
+                        problems.push(format!(
+                            "{version}: {name}: skipped for an unknown reason: {why}"
+                        ));
+                    }
+                }
+            }
+        }
+        println!(
+            "csi-sanity {version} against {driver}: {passed} passed, {failed} failed, {} skipped",
+            skipped.values().sum::<usize>()
+        );
+        for (why, n) in &skipped {
+            println!("  skipped {n}: {why}");
+        }
+    }
+    if let Some(path) = std::env::var_os("CSI_SANITY_RESULTS") {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        for l in &lines {
+            writeln!(f, "{l}").unwrap();
+        }
+    }
+    assert!(problems.is_empty(), "{driver}:\n{}", problems.join("\n"));
+}
+
+fn yaml_map(path: &Path, values: &HashMap<String, String>) {
+    let mut s = String::new();
+    let mut keys: Vec<_> = values.keys().collect();
+    keys.sort();
+    for k in keys {
+        s.push_str(&format!("{k}: {:?}\n", values[k]));
+    }
+    std::fs::write(path, s).unwrap();
+}
+
+/// csi-sanity's secrets file: the same secrets for every call.
+fn secrets_file(path: &Path, secrets: &HashMap<String, String>) {
+    let mut s = String::new();
+    for call in [
+        "CreateVolumeSecret",
+        "DeleteVolumeSecret",
+        "ControllerPublishVolumeSecret",
+        "ControllerUnpublishVolumeSecret",
+        "ControllerValidateVolumeCapabilitiesSecret",
+        "NodeStageVolumeSecret",
+        "NodePublishVolumeSecret",
+        "CreateSnapshotSecret",
+        "DeleteSnapshotSecret",
+        "ControllerExpandVolumeSecret",
+        "ListSnapshotsSecret",
+        "NodeExpandVolumeSecret",
+        "ControllerModifyVolumeSecret",
+    ] {
+        s.push_str(&format!("{call}:\n"));
+        let mut keys: Vec<_> = secrets.keys().collect();
+        keys.sort();
+        for k in keys {
+            s.push_str(&format!("  {k}: {:?}\n", secrets[k]));
+        }
+    }
+    std::fs::write(path, s).unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs root and the community's csi-sanity binaries (scripts/test.sh unpacks them)"]
+async fn community_csi_sanity_passes_against_cinder() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root: loop devices and mounts"
+    );
+    let mut opts = csi_sanity::harness::HarnessOptions::new(binaries().join("cinder-csi-plugin"));
+    opts.log_file =
+        Some(std::env::temp_dir().join(format!("cinder-community-{}.log", std::process::id())));
+    // Nova sets no limit here: the attach-limit spec is the plugin's own
+    let h = csi_sanity::harness::CinderOnEmulator::start(opts)
+        .await
+        .unwrap();
+    csi_sanity::harness::wait_until_ready(&h.socket)
+        .await
+        .unwrap();
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("cinder");
+    let dir = h.kubelet_dir.join("csi-sanity");
+    std::fs::create_dir_all(&dir).unwrap();
+    let args = vec![
+        format!(
+            "--csi.testvolumeparameters={}",
+            here.join("parameters.yaml").display()
+        ),
+        format!(
+            "--csi.testvolumemutableparameters={}",
+            here.join("mutable-parameters.yaml").display()
+        ),
+        "--csi.testnodevolumeattachlimit".to_string(),
+    ];
+    let mut results = Vec::new();
+    for v in VERSIONS {
+        results.push((v.to_string(), run(v, &h.socket, &dir, &args).await));
+    }
+    judge(
+        "cinder",
+        &results,
+        &[
+            // Cinder's pool capacity is admin-only (README, Conformance)
+            "GetCapacity not supported",
+            // Cinder's read-only flag is volume-wide (README, Conformance)
+            "readonly field not supported",
+            "pending in csi-sanity itself",
+            "GET_SNAPSHOT",
+        ],
+    );
+    assert!(
+        csi_sanity::harness::mounts_below(h.dir.path()).is_empty(),
+        "mounts left behind"
+    );
+}
+
+async fn manila(protocol: &str, parameters: &[(&str, &str)]) {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root: mount namespaces and mounts"
+    );
+    let mut o =
+        csi_sanity::harness::ManilaOptions::new(binaries().join("manila-csi-plugin"), protocol);
+    o.log_file = Some(std::env::temp_dir().join(format!(
+        "manila-community-{protocol}-{}.log",
+        std::process::id()
+    )));
+    let h = csi_sanity::harness::ManilaOnEmulator::start(o)
+        .await
+        .unwrap();
+    csi_sanity::harness::wait_until_ready(&h.socket)
+        .await
+        .unwrap();
+    // Manila's default share quota: GetCapacity answers what is left of it
+    // (a member may not read the pools)
+    h.emulator.control().set_quotas(openstack_emulator::Quotas {
+        share_gigabytes: 1000,
+        ..Default::default()
+    });
+    let dir = h.kubelet_dir.join("csi-sanity");
+    std::fs::create_dir_all(&dir).unwrap();
+    let params: HashMap<String, String> = parameters
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    yaml_map(&dir.join("parameters.yaml"), &params);
+    secrets_file(&dir.join("secrets.yaml"), &h.member_secrets());
+    let args = vec![
+        format!(
+            "--csi.testvolumeparameters={}",
+            dir.join("parameters.yaml").display()
+        ),
+        format!("--csi.secrets={}", dir.join("secrets.yaml").display()),
+    ];
+    let mut results = Vec::new();
+    for v in VERSIONS {
+        results.push((v.to_string(), run(v, &h.socket, &dir, &args).await));
+    }
+    judge(
+        &format!("manila-{}", protocol.to_lowercase()),
+        &results,
+        &[
+            // shares are not attached: no ControllerPublish/Unpublish
+            "ControllerPublishVolume not supported",
+            "ControllerUnpublishVolume not supported",
+            "Controller Publish, UnpublishVolume not supported",
+            // a share's type changes only by an admin's migration: no
+            // mutable parameters
+            "ControllerModifyVolume not supported",
+            "Modify volume not supported",
+            "Modify Volume not supported",
+            // Manila has no group snapshots
+            "GroupControllerService not supported",
+            // a share's size is its quota: nothing to grow on the node
+            "NodeExpandVolume not supported",
+            "pending in csi-sanity itself",
+            "GET_SNAPSHOT",
+        ],
+    );
+    assert!(
+        h.mounts_below_dir().is_empty(),
+        "mounts left behind: {:?}",
+        h.mounts_below_dir()
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs root and the community's csi-sanity binaries (scripts/test.sh unpacks them)"]
+async fn community_csi_sanity_passes_against_manila_nfs() {
+    manila("NFS", &[("nfs-shareClient", "10.0.0.0/8")]).await;
+}
+
+#[tokio::test]
+#[ignore = "needs root and the community's csi-sanity binaries (scripts/test.sh unpacks them)"]
+async fn community_csi_sanity_passes_against_manila_cephfs() {
+    manila("CEPHFS", &[("type", "cephfs")]).await;
+}
