@@ -47,20 +47,23 @@ async fn env_with(extra_args: &[&str]) -> Env {
     csi_sanity::harness::wait_until_ready(&h.socket)
         .await
         .unwrap();
-    let conf = CloudConf::from_texts(
-        &[("c".into(), h.emulator.cloud_conf())],
-        ConfigEnv::default(),
-    )
-    .unwrap();
-    let cinder = BlockStorage::new(
-        Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap(),
-    );
+    let cinder = cinder_of(&h);
     Env {
         c: ControllerClient::new(ch.clone()),
         n: NodeClient::new(ch),
         h,
         cinder,
     }
+}
+
+/// Cinder of the emulator, as the plugin's credentials see it.
+fn cinder_of(h: &CinderOnEmulator) -> BlockStorage {
+    let conf = CloudConf::from_texts(
+        &[("c".into(), h.emulator.cloud_conf())],
+        ConfigEnv::default(),
+    )
+    .unwrap();
+    BlockStorage::new(Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap())
 }
 
 async fn env() -> Env {
@@ -1239,15 +1242,7 @@ async fn the_attach_limit_holds_without_nova_and_the_node_reports_what_is_left()
         "{}",
         err.message()
     );
-    let conf = CloudConf::from_texts(
-        &[("c".into(), h.emulator.cloud_conf())],
-        ConfigEnv::default(),
-    )
-    .unwrap();
-    let cinder = BlockStorage::new(
-        Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap(),
-    );
-    let v = cinder.get_volume(last).await.unwrap();
+    let v = cinder_of(&h).get_volume(last).await.unwrap();
     assert!(v.attachments.is_empty(), "{v:?}");
     n.node_unstage_volume(csi::NodeUnstageVolumeRequest {
         volume_id: ids[0].volume_id.clone(),

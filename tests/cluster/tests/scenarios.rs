@@ -183,34 +183,52 @@ async fn wait_rolled_out(c: &Cluster) {
     .unwrap();
 }
 
+/// The cluster, and a namespace of its own for a scenario (deleted with
+/// what it holds when dropped).
+async fn scenario(prefix: &str) -> (Cluster, cluster_tests::TestNamespace, String) {
+    let c = Cluster::from_env().unwrap();
+    let ns = c.namespace(prefix).await.unwrap();
+    let n = ns.name.clone();
+    (c, ns, n)
+}
+
+/// Applies these manifests in the namespace, at once.
+async fn make(c: &Cluster, n: &str, docs: &[String]) {
+    c.apply_in(n, &docs.join("---\n")).await.unwrap();
+}
+
 // ------------------------------------------------------------- Cinder
 
 #[tokio::test]
 #[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
 async fn cinder_volumes_keep_data_grow_snapshot_restore_serve_raw_block_and_go() {
     let _ = NEEDS;
-    let c = Cluster::from_env().unwrap();
-    let ns = c.namespace("cinder").await.unwrap();
-    let n = ns.name.clone();
+    let (c, ns, n) = scenario("cinder").await;
 
     // pod A writes; after it is gone, pod B reads the file back
-    c.apply_in(
+    make(
+        &c,
         &n,
-        &claim("data", "csi-cinder-sc-xfs", "1Gi", "ReadWriteOnce", false),
+        &[claim(
+            "data",
+            "csi-cinder-sc-xfs",
+            "1Gi",
+            "ReadWriteOnce",
+            false,
+        )],
     )
-    .await
-    .unwrap();
-    c.apply_in(
+    .await;
+    make(
+        &c,
         &n,
-        &pod(
+        &[pod(
             "writer",
             "data",
             "echo hello-cinder > /data/hello && sync",
             once(),
-        ),
+        )],
     )
-    .await
-    .unwrap();
+    .await;
     c.wait_succeeded(&n, "writer", 3 * MINUTE).await.unwrap();
     let pv = c.volume_of(&n, "data", MINUTE).await.unwrap();
     let (pv_name, volume_id) = (name(&pv), handle(&pv));
@@ -294,12 +312,12 @@ async fn cinder_volumes_keep_data_grow_snapshot_restore_serve_raw_block_and_go()
     )
     .await
     .unwrap();
-    c.apply_in(
+    make(
+        &c,
         &n,
-        &pod("restore-reader", "restored", "cat /data/hello", once()),
+        &[pod("restore-reader", "restored", "cat /data/hello", once())],
     )
-    .await
-    .unwrap();
+    .await;
     c.wait_succeeded(&n, "restore-reader", 4 * MINUTE)
         .await
         .unwrap();
@@ -311,23 +329,24 @@ async fn cinder_volumes_keep_data_grow_snapshot_restore_serve_raw_block_and_go()
     );
 
     // a raw block claim
-    c.apply_in(
+    make(
+        &c,
         &n,
-        &claim("raw", "csi-cinder-sc-delete", "1Gi", "ReadWriteOnce", true),
+        &[claim(
+            "raw",
+            "csi-cinder-sc-delete",
+            "1Gi",
+            "ReadWriteOnce",
+            true,
+        )],
     )
-    .await
-    .unwrap();
-    c.apply_in(
-        &n,
-        &pod(
+    .await;
+    make(&c, &n, &[pod(
             "block",
             "raw",
             "printf block-data | dd of=/dev/xvda bs=512 conv=sync,fsync 2>/dev/null && dd if=/dev/xvda bs=10 count=1 2>/dev/null",
             PodOptions { block: true, run_once: true, ..Default::default() },
-        ),
-    )
-    .await
-    .unwrap();
+        )]).await;
     c.wait_succeeded(&n, "block", 3 * MINUTE).await.unwrap();
     assert_eq!(c.logs(&n, "block").await.unwrap().trim(), "block-data");
 
@@ -406,26 +425,30 @@ async fn mount_with_key(
 #[tokio::test]
 #[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
 async fn cephfs_shares_are_shared_by_pods_read_only_where_asked_and_their_key_dies_with_them() {
-    let c = Cluster::from_env().unwrap();
-    let ns = c.namespace("cephfs").await.unwrap();
-    let n = ns.name.clone();
-    c.apply_in(
+    let (c, ns, n) = scenario("cephfs").await;
+    make(
+        &c,
         &n,
-        &claim("shared", "csi-manila-cephfs", "1Gi", "ReadWriteMany", false),
+        &[claim(
+            "shared",
+            "csi-manila-cephfs",
+            "1Gi",
+            "ReadWriteMany",
+            false,
+        )],
     )
-    .await
-    .unwrap();
-    c.apply_in(
+    .await;
+    make(
+        &c,
         &n,
-        &pod(
+        &[pod(
             "pod-a",
             "shared",
             "echo from-a > /data/a && exec sleep 3600",
             PodOptions::default(),
-        ),
+        )],
     )
-    .await
-    .unwrap();
+    .await;
     c.wait_running(&n, "pod-a", 3 * MINUTE).await.unwrap();
     c.apply_in(
         &n,
@@ -616,9 +639,7 @@ async fn secret_value(c: &Cluster, ns: &str, name: &str) -> String {
 #[tokio::test]
 #[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
 async fn secrets_are_stored_under_barbican_keys_through_a_plugin_restart_and_a_rotation() {
-    let c = Cluster::from_env().unwrap();
-    let ns = c.namespace("kms").await.unwrap();
-    let n = ns.name.clone();
+    let (c, ns, n) = scenario("kms").await;
     let old_key = current_kms_key();
     c.kubectl(&[
         "create",
@@ -857,9 +878,7 @@ async fn start_probers(c: &Cluster, n: &str) {
 #[tokio::test]
 #[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
 async fn a_node_plugin_restart_never_breaks_a_mounted_volume() {
-    let c = Cluster::from_env().unwrap();
-    let ns = c.namespace("restart").await.unwrap();
-    let n = ns.name.clone();
+    let (c, ns, n) = scenario("restart").await;
     start_probers(&c, &n).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
@@ -918,9 +937,7 @@ async fn a_node_plugin_restart_never_breaks_a_mounted_volume() {
 #[tokio::test]
 #[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
 async fn after_a_kubelet_restart_deleting_the_pods_releases_every_volume() {
-    let c = Cluster::from_env().unwrap();
-    let ns = c.namespace("kubelet").await.unwrap();
-    let n = ns.name.clone();
+    let (c, ns, n) = scenario("kubelet").await;
     start_probers(&c, &n).await;
     let blk = c.volume_of(&n, "blk", MINUTE).await.unwrap();
     let fs = c.volume_of(&n, "fs", MINUTE).await.unwrap();
@@ -956,9 +973,7 @@ async fn after_a_kubelet_restart_deleting_the_pods_releases_every_volume() {
 #[tokio::test]
 #[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
 async fn a_controller_killed_while_provisioning_leaves_exactly_one_volume_per_claim() {
-    let c = Cluster::from_env().unwrap();
-    let ns = c.namespace("burst").await.unwrap();
-    let n = ns.name.clone();
+    let (c, ns, n) = scenario("burst").await;
     let class = format!("burst-{n}");
     c.apply(&format!(
         "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: {class}\nprovisioner: cinder.csi.openstack.org\nreclaimPolicy: Delete\nvolumeBindingMode: Immediate\n"
