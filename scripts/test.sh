@@ -51,13 +51,21 @@ phase() {
 }
 
 # A test phase: a failure is recorded and the run goes on, so that one
-# failing test does not hide the others; the run fails at the end.
+# failing test does not hide the others; the run fails at the end, and
+# repeats the last lines of each failed phase there (a CI log that keeps
+# only its head and tail still shows why).
 failed_phases=()
+phases=0
 tests() {
   local name=$1; shift
-  local start=$SECONDS
+  local start=$SECONDS out=$work/phase-$((++phases)).out
   echo "== $name"
-  "$@" || failed_phases+=("$name")
+  rm -f "$out.failed"
+  { "$@" || touch "$out.failed"; } 2>&1 | tee "$out"
+  if [[ -e $out.failed ]]; then
+    failed_phases+=("$name")
+    cp "$out" "$work/failed-$((${#failed_phases[@]})).out"
+  fi
   echo "== $name: $((SECONDS - start)) s"
 }
 
@@ -183,6 +191,9 @@ awk '
     printf "tests: %d passed, %d failed, %d skipped\n", n["passed"], n["failed"], n["skipped"]
   }' "$log"
 if ((${#failed_phases[@]})); then
-  printf 'failed: %s\n' "${failed_phases[@]}"
+  for i in "${!failed_phases[@]}"; do
+    echo "failed: ${failed_phases[$i]}; its last lines:"
+    tail -n 12 "$work/failed-$((i + 1)).out" | sed 's/^/   | /'
+  done
   exit 1
 fi

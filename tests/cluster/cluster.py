@@ -360,8 +360,13 @@ def unmount_below(root, keep_root=True):
         if not points:
             return
         for p in sorted(set(points), key=lambda x: (-x.count("/"), x)):
-            r = subprocess.run(["umount", p], capture_output=True, text=True, timeout=30)
-            if r.returncode != 0:
+            try:
+                r = subprocess.run(["umount", p], capture_output=True, text=True, timeout=30)
+                ok = r.returncode == 0
+            except subprocess.TimeoutExpired:
+                # a FUSE mount whose daemon hangs: only a lazy unmount returns
+                ok = False
+            if not ok:
                 subprocess.run(["umount", "-l", p], capture_output=True, timeout=30)
 
 
@@ -936,6 +941,10 @@ def cmd_up():
         raise ClusterError("kubectl is needed (it renders deploy/ too)")
     for sub in ("logs", "pids"):
         (STATE / sub).mkdir(parents=True, exist_ok=True)
+    if not SERVICES.alive("kubelet"):
+        # a fresh node: an earlier run's logs of the static pod (whose uid
+        # never changes) would show as restarts of this one
+        shutil.rmtree(STATE / "pod-logs", ignore_errors=True)
     setup_pki()
     prepare_host()
     start_metadata()
@@ -968,24 +977,31 @@ def cmd_status():
     return 0 if reg else 1
 
 
-def delete_test_objects(timeout=180):
+def delete_test_objects(timeout=300):
     """What the tests left: their namespaces (pods, claims), then every
-    volume deleted by its driver, so that no Cinder volume or Manila
-    share outlives the run."""
+    volume detached and deleted by its driver, so that no Cinder volume,
+    attachment or Manila share outlives the run (the suite goes next, and
+    with it the controllers that would)."""
     r = kubectl("get", "ns", "-l", TEST_NAMESPACE_LABEL, "-o", "name", check=False)
     namespaces = r.stdout.split() if r.returncode == 0 else []
     if namespaces:
         log(f"deleting what the tests left: {' '.join(namespaces)}")
         kubectl("delete", *namespaces, "--wait=false", check=False)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        ns = kubectl("get", "ns", "-l", TEST_NAMESPACE_LABEL, "-o", "name", check=False).stdout.split()
-        pvs = kubectl("get", "pv", "-o", "name", check=False).stdout.split()
-        vs = kubectl("get", "volumesnapshotcontents", "-o", "name", check=False).stdout.split()
-        if not ns and not pvs and not vs:
+    t0 = time.time()
+    said = t0
+    while True:
+        present = {kind: kubectl("get", kind, "-o", "name", *labels, check=False).stdout.split()
+                   for kind, labels in (("ns", ["-l", TEST_NAMESPACE_LABEL]), ("pv", []),
+                                        ("volumeattachments", []), ("volumesnapshotcontents", []))}
+        if not any(present.values()):
             return
+        if time.time() - t0 > timeout:
+            log(f"after {timeout}s still present: {present}")
+            return
+        if time.time() - said > 30:
+            said = time.time()
+            log(f"waiting for what the tests made to go: {present}")
         time.sleep(2)
-    log(f"after {timeout}s still present: namespaces {ns}, volumes {pvs}, snapshots {vs}")
 
 
 def stop_pods(timeout=120):
@@ -1038,6 +1054,38 @@ def kill_strays():
                 os.kill(int(d.name), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def pod_processes():
+    """The processes in the pods' cgroups (every hierarchy kubelet made)."""
+    pids = set()
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        root = hierarchy / "kubepods"
+        if not root.is_dir():
+            continue
+        for procs in root.rglob("cgroup.procs"):
+            try:
+                pids.update(int(p) for p in procs.read_text().split())
+            except (OSError, ValueError):
+                pass
+    return pids
+
+
+def kill_pod_processes(timeout=30):
+    """Whatever still runs in a pod's cgroup: a container whose shim was
+    killed goes on, orphaned, and keeps its cgroup (and maybe a mount)
+    busy. Killed, and waited for until the cgroups are empty."""
+    deadline = time.time() + timeout
+    while pids := pod_processes():
+        if time.time() > deadline:
+            log(f"processes still in the pods' cgroups after {timeout}s: {sorted(pids)}")
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.5)
 
 
 def remove_network():
@@ -1112,21 +1160,28 @@ def leftovers():
     return left
 
 
-def remove_cgroups():
-    """The pod cgroups kubelet made (cgroupfs driver), leaves first."""
-    for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        root = hierarchy / "kubepods"
-        if not root.is_dir():
-            continue
-        for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+def remove_cgroups(timeout=15):
+    """The pod cgroups kubelet made (cgroupfs driver), leaves first; a
+    cgroup whose last process is still exiting is tried again."""
+    deadline = time.time() + timeout
+    while True:
+        left = False
+        for hierarchy in Path("/sys/fs/cgroup").iterdir():
+            root = hierarchy / "kubepods"
+            if not root.is_dir():
+                continue
+            for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
             try:
-                d.rmdir()
+                root.rmdir()
             except OSError:
-                pass
-        try:
-            root.rmdir()
-        except OSError:
-            pass
+                left = True
+        if not left or time.time() > deadline:
+            return
+        time.sleep(0.5)
 
 
 def cmd_down():
@@ -1137,6 +1192,7 @@ def cmd_down():
     remove_containers()
     SERVICES.stop("containerd")
     kill_strays()
+    kill_pod_processes()
     # containerd's mounts (rootfs overlays, shm, netns) and the pods'
     for root in (RUN, STATE / "containerd"):
         unmount_below(root)
