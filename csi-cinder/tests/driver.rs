@@ -25,11 +25,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_cinder-csi-plugin");
 const GIB: i64 = 1 << 30;
 
 fn root() -> bool {
-    let ok = nix::unistd::geteuid().is_root();
-    if !ok {
-        eprintln!("skipped: needs root (loop devices, mounts)");
-    }
-    ok
+    openstack_emulator::preconditions::root("loop devices, mounts")
 }
 
 struct Env {

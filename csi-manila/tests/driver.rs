@@ -28,11 +28,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_manila-csi-plugin");
 const GIB: i64 = 1 << 30;
 
 fn root() -> bool {
-    let ok = nix::unistd::geteuid().is_root();
-    if !ok {
-        eprintln!("skipped: needs root (mount namespaces, mounts)");
-    }
-    ok
+    openstack_emulator::preconditions::root("mount namespaces, mounts")
 }
 
 struct Env {

@@ -15,6 +15,7 @@ pub mod hypervisor;
 mod keystone;
 mod manila;
 mod nova;
+pub mod preconditions;
 mod state;
 
 use std::net::SocketAddr;

@@ -40,9 +40,8 @@ fn is_root() -> bool {
 /// Every step of every part runs and passes, with real mounts.
 #[test]
 fn the_walk_drives_all_three_plugins_with_real_mounts() {
-    if !is_root() {
-        // scripts/test.sh runs as root; the next test covers this case
-        eprintln!("skipped: needs root (loop devices, mounts)");
+    // scripts/test.sh runs as root; the next test covers the other case
+    if !openstack_emulator::preconditions::root("loop devices, mounts") {
         return;
     }
     let (out, text) = walk(&[]);
