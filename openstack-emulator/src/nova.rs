@@ -457,30 +457,32 @@ async fn detach(
     let st = state.clone();
     tokio::spawn(async move {
         tokio::time::sleep(delay).await;
-        let remaining = {
-            let mut w = st.world();
-            if let Some(s) = w.servers.get_mut(&server_id) {
-                s.volumes.remove(&volume_id);
-            }
-            match w.volumes.get_mut(&volume_id) {
-                Some(v) => {
-                    v.attachments.retain(|a| a.server_id != server_id);
-                    v.status = if v.attachments.is_empty() {
-                        "available".into()
-                    } else {
-                        "in-use".into()
-                    };
-                    v.generation += 1;
-                    v.attachments.len()
-                }
-                None => 0,
-            }
+        // the guest loses the device before Cinder calls the volume
+        // available, as with real Nova (libvirt detaches, then Cinder's
+        // attachment is deleted): whoever sees `available` finds no device
+        let last = {
+            let w = st.world();
+            w.volumes
+                .get(&volume_id)
+                .is_none_or(|v| v.attachments.iter().all(|a| a.server_id == server_id))
         };
-        if remaining == 0
-            && let Some(hv) = &st.hypervisor
-        {
+        if last && let Some(hv) = &st.hypervisor {
             let hv = hv.clone();
-            let _ = tokio::task::spawn_blocking(move || hv.detach(&volume_id)).await;
+            let id = volume_id.clone();
+            let _ = tokio::task::spawn_blocking(move || hv.detach(&id)).await;
+        }
+        let mut w = st.world();
+        if let Some(s) = w.servers.get_mut(&server_id) {
+            s.volumes.remove(&volume_id);
+        }
+        if let Some(v) = w.volumes.get_mut(&volume_id) {
+            v.attachments.retain(|a| a.server_id != server_id);
+            v.status = if v.attachments.is_empty() {
+                "available".into()
+            } else {
+                "in-use".into()
+            };
+            v.generation += 1;
         }
     });
     Ok(StatusCode::ACCEPTED)
