@@ -1399,6 +1399,20 @@ async fn json_logs_have_unique_keys_and_name_what_each_call_works_on() {
         in_span("ControllerPublishVolume", "volume_id", &v.volume_id),
         "{text}"
     );
+    // the refused publish to a node that does not exist: its code and why,
+    // in the call's span
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["span"]["name"] == "ControllerPublishVolume"
+                && l["span"]["volume_id"].as_str() == Some(v.volume_id.as_str())
+                && l["message"] == "request refused"
+                && l["code"] == "NotFound"
+                && l["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("00000000-0000-4000-8000-00000000dead"))),
+        "the failing call is not logged: {text}"
+    );
 }
 
 #[tokio::test]

@@ -51,10 +51,15 @@ macro_rules! serve_rpc {
         let deadline = $crate::request::deadline_from($req.metadata());
         let r = $req.into_inner();
         let span = $crate::__tracing::info_span!($rpc, $field = %$id(&r));
-        $crate::__tracing::Instrument::instrument($self.$method(r, deadline), span)
-            .await
-            .map($crate::__tonic::Response::new)
-            .map_err($crate::__tonic::Status::from)
+        let result =
+            $crate::__tracing::Instrument::instrument($self.$method(r, deadline), span.clone())
+                .await;
+        // the refusal or failure is logged in the call's span, with its id
+        span.in_scope(|| {
+            result
+                .map($crate::__tonic::Response::new)
+                .map_err($crate::__tonic::Status::from)
+        })
     }};
 }
 
