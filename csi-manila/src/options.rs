@@ -205,9 +205,15 @@ mod tests {
 
     #[test]
     fn upstream_manifests_flags_parse() {
-        let o =
-            Options::try_parse_from(["manila-csi-plugin", "--nodeid=ignored-by-clap-if-unknown"]);
-        assert!(o.is_err(), "unknown flags are refused");
+        // every required flag given: the unknown one alone is refused
+        let known = ["manila-csi-plugin", "--share-protocol-selector=NFS"];
+        assert!(Options::try_parse_from(known).is_ok());
+        let e = Options::try_parse_from([known[0], known[1], "--no-such-flag=1"]).unwrap_err();
+        assert_eq!(
+            e.kind(),
+            clap::error::ErrorKind::UnknownArgument,
+            "unknown flags are refused"
+        );
         let o = Options::try_parse_from([
             "manila-csi-plugin",
             "--endpoint=unix:///var/lib/kubelet/plugins/nfs.manila.csi.openstack.org/csi.sock",

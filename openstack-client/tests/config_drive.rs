@@ -69,7 +69,7 @@ fn make_config_drive(dir: &Path, meta: &str) -> LoopDevice {
 }
 
 #[tokio::test]
-async fn reads_a_vfat_config_drive_and_unmounts_it() {
+async fn reads_a_config_drive_after_iso9660_and_vfat_fail_here_and_unmounts_it() {
     assert!(
         nix::unistd::geteuid().is_root(),
         "needs root for loop devices and mounts"
