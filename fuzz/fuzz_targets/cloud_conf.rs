@@ -11,8 +11,11 @@ use openstack_client::config::{CloudConf, ConfigEnv};
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     // split at a form feed to exercise merging of several files
-    let files: Vec<(PathBuf, String)> =
-        text.split('\u{c}').enumerate().map(|(i, t)| (PathBuf::from(format!("f{i}.conf")), t.to_string())).collect();
+    let files: Vec<(PathBuf, String)> = text
+        .split('\u{c}')
+        .enumerate()
+        .map(|(i, t)| (PathBuf::from(format!("f{i}.conf")), t.to_string()))
+        .collect();
     if let Ok(conf) = CloudConf::from_texts(&files, ConfigEnv::default()) {
         for name in conf.cloud_names() {
             let _ = conf.cloud(&name);

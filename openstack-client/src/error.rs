@@ -154,7 +154,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// services send: `{"itemNotFound": {"message": ...}}` (Cinder, Nova,
 /// Manila), `{"error": {"message": ...}}` (Keystone), `{"description": ...}`
 /// (Barbican), or plain text.
-pub(crate) fn error_message_from_body(body: &[u8]) -> String {
+pub fn error_message_from_body(body: &[u8]) -> String {
     const MAX: usize = 512;
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
         if let Some(m) = message_in(&v) {
