@@ -92,9 +92,18 @@ impl VolumeParameters {
                 "availability" => p.availability = non_empty(v),
                 k if k.eq_ignore_ascii_case("fstype") || k == PREFIXED_FS_TYPE => {
                     if !v.is_empty() {
-                        p.fs_type = Some(Filesystem::parse(v).map_err(|_| {
+                        let fs = Filesystem::parse(v).map_err(|_| {
                             invalid(k, v, "this driver formats ext2, ext3, ext4, xfs and btrfs")
-                        })?);
+                        })?;
+                        // two spellings that disagree: no key order may decide
+                        if p.fs_type.is_some_and(|other| other != fs) {
+                            return Err(invalid(
+                                k,
+                                v,
+                                "another fsType key names another filesystem",
+                            ));
+                        }
+                        p.fs_type = Some(fs);
                     }
                 }
                 k if is_volume_metadata_key(k) => {
@@ -290,6 +299,20 @@ mod tests {
         assert_eq!(p.ignored, vec!["someOldKey".to_string()]);
         let lower = VolumeParameters::parse(&m(&[("fstype", "ext3")]), &HashMap::new()).unwrap();
         assert_eq!(lower.fs_type, Some(Filesystem::Ext3));
+    }
+
+    #[test]
+    fn two_fs_type_keys_that_disagree_are_refused() {
+        let both = m(&[("fsType", "xfs"), (PREFIXED_FS_TYPE, "ext4")]);
+        let e = VolumeParameters::parse(&both, &HashMap::new()).unwrap_err();
+        assert!(e.to_string().contains("another filesystem"), "{e}");
+        let agree = m(&[("fsType", "xfs"), ("FSTYPE", "xfs")]);
+        assert_eq!(
+            VolumeParameters::parse(&agree, &HashMap::new())
+                .unwrap()
+                .fs_type,
+            Some(Filesystem::Xfs)
+        );
     }
 
     #[test]
