@@ -23,62 +23,59 @@ fn maps(pairs: &Pairs) -> (HashMap<String, String>, HashMap<String, String>) {
     (forward, backward)
 }
 
+/// Both answers alike: both refused, or both the same value.
+fn same_answer<T: PartialEq + std::fmt::Debug, E: ToString>(
+    what: &str,
+    a: Result<T, E>,
+    b: Result<T, E>,
+) -> Option<T> {
+    let (a, b) = (a.map_err(|e| e.to_string()), b.map_err(|e| e.to_string()));
+    match (a, b) {
+        (Ok(a), Ok(b)) => {
+            assert_eq!(a, b, "{what}: the key order decided");
+            Some(a)
+        }
+        (Err(_), Err(_)) => None,
+        (a, b) => panic!("{what}: the key order decided: {a:?} / {b:?}"),
+    }
+}
+
 fuzz_target!(|input: (Pairs, Pairs, String)| {
     let (params, mutable, clients) = input;
     let (p1, p2) = maps(&params);
     let (m1, m2) = maps(&mutable);
 
     use csi_cinder::parameters::{MutableParameters, VolumeParameters};
-    let a = VolumeParameters::parse(&p1, &m1).map_err(|e| e.to_string());
-    let b = VolumeParameters::parse(&p2, &m2).map_err(|e| e.to_string());
-    assert_eq!(
-        a.is_ok(),
-        b.is_ok(),
-        "Cinder: the key order decided: {a:?} / {b:?}"
+    let cinder = same_answer(
+        "Cinder",
+        VolumeParameters::parse(&p1, &m1),
+        VolumeParameters::parse(&p2, &m2),
     );
-    if let (Ok(a), Ok(b)) = (&a, &b) {
-        assert_eq!(a, b, "Cinder: the key order decided");
-        for (k, v) in &a.metadata {
-            assert!(
-                p1.get(k) == Some(v) || m1.get(k) == Some(v),
-                "Cinder: metadata {k:?} made up"
-            );
-        }
+    for (k, v) in cinder.iter().flat_map(|p| &p.metadata) {
+        assert!(
+            p1.get(k) == Some(v) || m1.get(k) == Some(v),
+            "Cinder: metadata {k:?} made up"
+        );
     }
-    let a = MutableParameters::parse(&m1).map_err(|e| e.to_string());
-    let b = MutableParameters::parse(&m2).map_err(|e| e.to_string());
-    assert_eq!(
-        a.is_ok(),
-        b.is_ok(),
-        "Cinder mutable: the key order decided: {a:?} / {b:?}"
+    same_answer(
+        "Cinder mutable",
+        MutableParameters::parse(&m1),
+        MutableParameters::parse(&m2),
     );
-    if let (Ok(a), Ok(b)) = (&a, &b) {
-        assert_eq!(a, b, "Cinder mutable: the key order decided");
-    }
 
     use csi_manila::parameters::{NodeParameters, ShareParameters, parse_share_clients};
     for protocol in [ShareProtocol::Nfs, ShareProtocol::Cephfs] {
-        let a = ShareParameters::parse(&p1, protocol).map_err(|e| e.to_string());
-        let b = ShareParameters::parse(&p2, protocol).map_err(|e| e.to_string());
-        assert_eq!(
-            a.is_ok(),
-            b.is_ok(),
-            "Manila {protocol:?}: the key order decided: {a:?} / {b:?}"
+        same_answer(
+            &format!("Manila {protocol:?}"),
+            ShareParameters::parse(&p1, protocol),
+            ShareParameters::parse(&p2, protocol),
         );
-        if let (Ok(a), Ok(b)) = (&a, &b) {
-            assert_eq!(a, b, "Manila {protocol:?}: the key order decided");
-        }
     }
-    let a = NodeParameters::parse(&p1).map_err(|e| e.to_string());
-    let b = NodeParameters::parse(&p2).map_err(|e| e.to_string());
-    assert_eq!(
-        a.is_ok(),
-        b.is_ok(),
-        "Manila node: the key order decided: {a:?} / {b:?}"
+    same_answer(
+        "Manila node",
+        NodeParameters::parse(&p1),
+        NodeParameters::parse(&p2),
     );
-    if let (Ok(a), Ok(b)) = (&a, &b) {
-        assert_eq!(a, b, "Manila node: the key order decided");
-    }
     if let Ok(list) = parse_share_clients(&clients) {
         for c in &list {
             assert!(

@@ -589,6 +589,20 @@ async fn cephfs_shares_are_shared_by_pods_read_only_where_asked_and_their_key_di
 
 // ---------------------------------------------------------------- KMS
 
+/// The KMS plugin's static pod (its mirror), if any.
+async fn kms_plugin_pods(c: &Cluster) -> Result<Vec<Value>, cluster_tests::ClusterError> {
+    c.list(
+        "pods",
+        &[
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=barbican-kms-plugin",
+        ],
+    )
+    .await
+}
+
 /// The Barbican key the KMS plugin uses now (its host cloud.conf).
 fn current_kms_key() -> String {
     let conf = std::fs::read_to_string("/etc/kubernetes/cloud-config/cloud.conf").unwrap();
@@ -673,17 +687,7 @@ async fn secrets_are_stored_under_barbican_keys_through_a_plugin_restart_and_a_r
     let aside = c.dir.join("barbican-kms-plugin.yaml.aside");
     std::fs::rename(&manifest, &aside).unwrap();
     c.wait_for("the KMS plugin stopped", 2 * MINUTE, || async {
-        let p = c
-            .list(
-                "pods",
-                &[
-                    "-n",
-                    "kube-system",
-                    "-l",
-                    "app.kubernetes.io/name=barbican-kms-plugin",
-                ],
-            )
-            .await?;
+        let p = kms_plugin_pods(&c).await?;
         Ok(
             if p.is_empty() && !std::path::Path::new("/var/lib/kms/kms.sock").exists() {
                 Ok(())
@@ -696,17 +700,7 @@ async fn secrets_are_stored_under_barbican_keys_through_a_plugin_restart_and_a_r
     .unwrap();
     std::fs::rename(&aside, &manifest).unwrap();
     c.wait_for("the KMS plugin back", 2 * MINUTE, || async {
-        let p = c
-            .list(
-                "pods",
-                &[
-                    "-n",
-                    "kube-system",
-                    "-l",
-                    "app.kubernetes.io/name=barbican-kms-plugin",
-                ],
-            )
-            .await?;
+        let p = kms_plugin_pods(&c).await?;
         Ok(if p.iter().any(|p| p["status"]["phase"] == "Running") {
             Ok(())
         } else {
