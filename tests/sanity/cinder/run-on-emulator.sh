@@ -71,11 +71,13 @@ case "${1:-}" in
   "")
     "$bin/csi-sanity" --endpoint "$CSI_ENDPOINT" --mount-dir "$work/kubelet/sanity" \
       --parameters "$CSI_PARAMETERS" --secrets "$CSI_SECRETS" \
+      --mutable-parameters "$here/mutable-parameters.yaml" \
       --expansion-fs-type "${EXPANSION_FS_TYPE:-xfs}" || status=$?
     ;;
   upstream)
     "$upstream_bin" --csi.endpoint="$CSI_ENDPOINT" --csi.mountdir="$CSI_MOUNT_DIR/target" \
       --csi.stagingdir="$CSI_STAGING_DIR/target" --csi.testvolumeparameters="$CSI_PARAMETERS" \
+      --csi.testvolumemutableparameters="$here/mutable-parameters.yaml" \
       --csi.testnodevolumeattachlimit || status=$?
     ;;
   --)

@@ -31,6 +31,10 @@ struct Args {
     /// YAML map of secrets passed to every call that takes them.
     #[arg(long)]
     secrets: Option<PathBuf>,
+    /// YAML map of VolumeAttributesClass parameters the driver can change
+    /// (as upstream csi-sanity's --csi.testvolumemutableparameters).
+    #[arg(long)]
+    mutable_parameters: Option<PathBuf>,
     #[arg(long, default_value = "ext4")]
     fs_type: String,
     /// Filesystem of the online-expansion lifecycle.
@@ -89,9 +93,13 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         };
     };
-    let (parameters, secrets) = match (read_map(&args.parameters), read_map(&args.secrets)) {
-        (Ok(p), Ok(s)) => (p, s),
-        (Err(e), _) | (_, Err(e)) => {
+    let (parameters, secrets, mutable_parameters) = match (
+        read_map(&args.parameters),
+        read_map(&args.secrets),
+        read_map(&args.mutable_parameters),
+    ) {
+        (Ok(p), Ok(s), Ok(m)) => (p, s, m),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
             println!("{e}");
             return std::process::ExitCode::from(2);
         }
@@ -99,6 +107,7 @@ async fn main() -> std::process::ExitCode {
     let mut cfg = csi_sanity::SuiteConfig::new(args.endpoint.path(), mount_dir);
     cfg.parameters = parameters;
     cfg.secrets = secrets;
+    cfg.mutable_parameters = mutable_parameters;
     cfg.fs_type = args.fs_type;
     cfg.expansion_fs_type = args.expansion_fs_type;
     cfg.timeout = Duration::from_secs(args.timeout_secs);

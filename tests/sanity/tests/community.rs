@@ -355,3 +355,131 @@ async fn community_csi_sanity_passes_against_manila_nfs() {
 async fn community_csi_sanity_passes_against_manila_cephfs() {
     manila("CEPHFS", &[("type", "cephfs")]).await;
 }
+
+/// Every spec either csi-sanity version has (from `--ginkgo.dry-run`,
+/// which reaches no driver), by its full name.
+fn community_specs(version: &str, dir: &Path) -> Vec<String> {
+    let report = dir.join(format!("dry-run-{version}.json"));
+    let out = std::process::Command::new(csi_sanity(version))
+        .arg("--csi.endpoint=unix:///nonexistent/csi.sock")
+        .arg("--ginkgo.dry-run")
+        .arg(format!("--ginkgo.json-report={}", report.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{version} --ginkgo.dry-run: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let suites: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let mut specs = Vec::new();
+    for spec in suites
+        .iter()
+        .flat_map(|s| s["SpecReports"].as_array().unwrap())
+    {
+        if spec["LeafNodeType"] != "It" {
+            continue;
+        }
+        let containers: Vec<&str> = spec["ContainerHierarchyTexts"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|t| t.as_str()).collect())
+            .unwrap_or_default();
+        specs.push(format!(
+            "{} :: {}",
+            containers.join(" / "),
+            spec["LeafNodeText"].as_str().unwrap()
+        ));
+    }
+    assert!(
+        specs.len() > 50,
+        "{version}: only {} specs listed",
+        specs.len()
+    );
+    specs
+}
+
+/// Our suite is held to the community's spec by spec: each csi-sanity
+/// spec (v5.4.0 and master) is answered in `community-specs.tsv` by a
+/// check our suite has, by name, or by a written reason why none does.
+/// A new csi-sanity spec, a renamed check of ours, or a spec csi-sanity
+/// dropped fails this test until the table says what answers it.
+#[test]
+#[ignore = "needs the community's csi-sanity binaries (scripts/test.sh unpacks them)"]
+fn every_community_spec_is_answered_by_a_check_of_ours_or_a_reason() {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut specs: Vec<String> = VERSIONS
+        .iter()
+        .flat_map(|v| community_specs(v, dir.path()))
+        .collect();
+    specs.sort();
+    specs.dedup();
+    // our checks' names, as the suite's sources spell them
+    let sources: String = [
+        "src/lib.rs",
+        "src/suite/mod.rs",
+        "src/suite/groups.rs",
+        "src/suite/modify.rs",
+    ]
+    .iter()
+    .map(|f| std::fs::read_to_string(here.join(f)).unwrap())
+    .collect();
+    let table = std::fs::read_to_string(here.join("community-specs.tsv")).unwrap();
+    let mut answers = BTreeMap::new();
+    let mut problems = Vec::new();
+    for line in table
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+    {
+        let Some((spec, answer)) = line.split_once('\t') else {
+            problems.push(format!("not `spec<TAB>answer`: {line}"));
+            continue;
+        };
+        let known = if let Some(check) = answer.strip_prefix("check: ") {
+            sources.contains(&format!("\"{check}\""))
+        } else if let Some(rpc) = answer.strip_prefix("identity: ") {
+            ["GetPluginInfo", "GetPluginCapabilities", "Probe"].contains(&rpc)
+                && sources.contains(&format!("\"{rpc}\""))
+        } else if let Some(why) = answer.strip_prefix("not here: ") {
+            why.trim().len() > 20
+        } else {
+            false
+        };
+        if !known {
+            problems.push(format!("{spec}: no check of ours, or no reason: {answer}"));
+        }
+        if answers
+            .insert(spec.to_string(), answer.to_string())
+            .is_some()
+        {
+            problems.push(format!("{spec}: answered twice"));
+        }
+    }
+    for spec in &specs {
+        if !answers.contains_key(spec) {
+            problems.push(format!(
+                "{spec}: a csi-sanity spec the table does not answer"
+            ));
+        }
+    }
+    for spec in answers.keys() {
+        if !specs.contains(spec) {
+            problems.push(format!("{spec}: in the table, in no csi-sanity version"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "community-specs.tsv:\n{}",
+        problems.join("\n")
+    );
+    let unanswered = answers
+        .values()
+        .filter(|a| a.starts_with("not here: "))
+        .count();
+    println!(
+        "{} csi-sanity specs: {} answered by a check of ours, {unanswered} not (each with its reason)",
+        specs.len(),
+        specs.len() - unanswered
+    );
+}

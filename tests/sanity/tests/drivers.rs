@@ -159,6 +159,7 @@ async fn cinder_conforms_on_the_emulator_with_real_devices() {
     let mut cfg = csi_sanity::SuiteConfig::new(&h.socket, h.kubelet_dir.join("sanity"));
     cfg.attach_limit_enforced = true;
     cfg.snapshot_classes = vec![backup_class()];
+    cfg.mutable_parameters = retype();
     // this machine's root lacks CAP_SYS_RESOURCE, which ext4's online
     // resize ioctl requires; xfs grows online without it
     cfg.expansion_fs_type = "xfs".into();
@@ -187,6 +188,13 @@ fn backup_class() -> std::collections::HashMap<String, String> {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+}
+
+/// A VolumeAttributesClass that retypes, as csi-sanity's runs use
+/// (`tests/sanity/cinder/mutable-parameters.yaml`): both clouds have the
+/// `multiattach` type.
+fn retype() -> std::collections::HashMap<String, String> {
+    [("type".to_string(), "multiattach".to_string())].into()
 }
 
 async fn wait_ready(sock: &Path) {
@@ -235,6 +243,7 @@ async fn cinder_conforms_on_the_real_cloud() {
     cfg.timeout = Duration::from_secs(120);
     cfg.attach_limit_enforced = h.attach_limit_enforced;
     cfg.snapshot_classes = vec![backup_class()];
+    cfg.mutable_parameters = retype();
     let report = csi_sanity::Suite::connect(cfg).await.unwrap().run().await;
     println!("{report}");
     let logs = std::fs::read_to_string(&log).unwrap_or_default();
@@ -299,10 +308,10 @@ async fn manila_conforms_on_the_emulator_for_both_protocols() {
             "{protocol}: {report}\n--- plugin log ---\n{logs}"
         );
         // publish/unpublish and the attach limit (shares are not
-        // attached), group snapshots (Manila has none)
+        // attached), group snapshots and ModifyVolume (Manila has neither)
         assert_eq!(
             report.count(|o| matches!(o, csi_sanity::Outcome::Skip(_))),
-            5,
+            6,
             "{report}"
         );
         assert!(h.mounts_below_dir().is_empty(), "mounts left behind");
@@ -358,11 +367,11 @@ async fn manila_cephfs_conforms_on_the_real_cloud() {
         "{report}\n--- plugin log ---\n{logs}"
     );
     // exactly what the emulator's run skips: publish/unpublish and the
-    // attach limit (shares are not attached), group snapshots (Manila has
-    // none)
+    // attach limit (shares are not attached), group snapshots and
+    // ModifyVolume (Manila has neither)
     assert_eq!(
         report.count(|o| matches!(o, csi_sanity::Outcome::Skip(_))),
-        5,
+        6,
         "{report}"
     );
     assert!(

@@ -24,6 +24,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 mod groups;
+mod modify;
 
 use proto::csi::v1::group_controller_service_capability::rpc::Type as GRpc;
 
@@ -71,6 +72,10 @@ pub struct SuiteConfig {
     pub attach_limit_enforced: bool,
     /// VolumeGroupSnapshotClass parameters for CreateVolumeGroupSnapshot.
     pub group_snapshot_parameters: HashMap<String, String>,
+    /// VolumeAttributesClass parameters the driver can change
+    /// (`--csi.testvolumemutableparameters`): ControllerModifyVolume's
+    /// checks need them when MODIFY_VOLUME is advertised.
+    pub mutable_parameters: HashMap<String, String>,
 }
 
 impl SuiteConfig {
@@ -91,6 +96,7 @@ impl SuiteConfig {
             attach_limit_enforced: false,
             snapshot_classes: Vec::new(),
             group_snapshot_parameters: HashMap::new(),
+            mutable_parameters: HashMap::new(),
         }
     }
 }
@@ -506,7 +512,7 @@ impl Suite {
             create_bad_args
         );
         check!(
-            "CreateVolume: same request twice -> same volume",
+            "CreateVolume: same request twice -> same volume, also without a capacity range",
             self.controller_skip(CRpc::CreateDeleteVolume),
             create_idempotent
         );
@@ -514,6 +520,16 @@ impl Suite {
             "CreateVolume: same name, other size -> AlreadyExists",
             self.controller_skip(CRpc::CreateDeleteVolume),
             create_conflict
+        );
+        check!(
+            "CreateVolume/CreateSnapshot: maximum-length (128-character) names, twice each",
+            self.controller_skip(CRpc::CreateDeleteVolume),
+            max_length_names
+        );
+        check!(
+            "ControllerModifyVolume: arguments, unknown volume, unsupported parameters (also at creation); a volume created without and one with a class modified, twice",
+            self.modify_skip(),
+            modify_rules
         );
         check!(
             "DeleteVolume: missing id -> InvalidArgument; unknown id and repeats -> OK",
@@ -793,7 +809,32 @@ impl Suite {
                 a.capacity_bytes, self.cfg.volume_size
             )
         })?;
-        self.delete_volume(&a.volume_id).await
+        self.delete_volume(&a.volume_id).await?;
+        // no capacity range: the driver picks the size, the same each time
+        let name = self.name("nosize");
+        let mut req = self.create_req(
+            &name,
+            mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter),
+            0,
+        );
+        req.capacity_range = None;
+        let mut ids = Vec::new();
+        for what in ["CreateVolume without a capacity range", "the same again"] {
+            let v = ok(
+                self.controller.create_volume(self.req(req.clone())).await,
+                what,
+            )?
+            .volume
+            .ok_or("CreateVolume returned no volume")?;
+            if !self.volumes.contains(&v.volume_id) {
+                self.volumes.push(v.volume_id.clone());
+            }
+            ids.push(v.volume_id);
+        }
+        ensure(ids[0] == ids[1], || {
+            format!("two volumes for one name without a size: {ids:?}")
+        })?;
+        self.delete_volume(&ids[0]).await
     }
 
     async fn create_conflict(&mut self) -> Check {
@@ -1202,6 +1243,13 @@ impl Suite {
                 .await,
             "delete unknown snapshot",
         )?;
+        // an id of no shape the driver makes is merely not found
+        ok(
+            self.controller
+                .delete_snapshot(self.req(del("reallyfakesnapshotid")))
+                .await,
+            "delete a malformed snapshot id",
+        )?;
         ok(
             self.controller
                 .delete_snapshot(self.req(del(&s1.snapshot_id)))
@@ -1445,6 +1493,14 @@ impl Suite {
                 "clone source not echoed".into()
             })?;
             self.delete_volume(&clone.volume_id).await?;
+            let mut bad = req.clone();
+            bad.name = self.name("clonemissing");
+            bad.volume_content_source = Some(from_volume(FAKE_VOLUME));
+            expect_code(
+                self.controller.create_volume(self.req(bad)).await,
+                Code::NotFound,
+                "clone of an unknown volume",
+            )?;
         }
         self.delete_volume(&restored.volume_id).await?;
         ok(
