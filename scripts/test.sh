@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 
 if [[ $(id -u) != 0 ]]; then
   echo "scripts/test.sh needs root: loop devices, mounts, mount namespaces, and the test cloud's services" >&2
-  echo "(without root, \`cargo test --workspace\` runs what it can and says which tests it skipped)" >&2
+  echo "(without root, \`cargo test --workspace\` fails the tests that need root; TESTS_WITHOUT_ROOT=skip makes them say they skipped)" >&2
   exit 2
 fi
 
@@ -66,8 +66,19 @@ tests() {
     failed_phases+=("$name")
     cp "$out" "$work/failed-$((${#failed_phases[@]})).out"
   fi
-  echo "== $name: $((SECONDS - start)) s"
+  # this tier's own count (the closing line counts each test once)
+  local passed failed ignored
+  passed=$(grep -c -E '^test .* \.\.\. ok$' "$out" || true)
+  failed=$(grep -c -E '^test .* \.\.\. FAILED$' "$out" || true)
+  ignored=$(grep -c -E '^test .* \.\.\. ignored' "$out" || true)
+  echo "== $name: $((SECONDS - start)) s; $passed passed, $failed failed, $ignored not run here"
 }
+
+# Skips a tier declares: test-name prefixes (one per line) whose skips are
+# expected; any other test skipped in every phase fails the run. The
+# community csi-sanity runs judge their own skips (each must have a known
+# reason, or its test fails).
+echo "csi-sanity-" >"$work/declared-skips"
 
 # Builds every test program once; writes "package target path dir" lines.
 build_tests() {
@@ -192,6 +203,7 @@ cluster_up() {
   python3 tests/cluster/cluster.py up || rc=$?
   if ((rc == 3)); then
     echo "cluster tier SKIPPED: its inputs are missing (see above); its scenarios count as skipped"
+    echo "cluster-tests/" >>"$work/declared-skips"
     return 0
   fi
   ((rc == 0)) && touch "$work/cluster-up"
@@ -211,19 +223,29 @@ cloud_started=
 
 # each test once: passed if it passed in any phase, skipped if only ever
 # ignored (or filtered out), failed if it failed anywhere
-awk '
+awk -v declared="$work/declared-skips" '
+  BEGIN { while ((getline line < declared) > 0) if (line != "") d[++nd] = line }
   /^test .* \.\.\. ok$/      { s[$2] = (s[$2] == "failed") ? "failed" : "passed" }
   /^test .* \.\.\. FAILED$/  { s[$2] = "failed" }
   /^test .* \.\.\. ignored/  { if (!($2 in s)) { s[$2] = "skipped"; i = index($0, "... ignored"); r[$2] = substr($0, i + 13) } }
   END {
     for (t in s) n[s[t]]++
-    for (t in s) if (s[t] == "skipped") printf "skipped: %s%s\n", t, (r[t] == "" ? "" : " (" r[t] ")")
+    for (t in s) if (s[t] == "skipped") {
+      ok = 0
+      for (i = 1; i <= nd; i++) if (index(t, d[i]) == 1) ok = 1
+      if (!ok) undeclared++
+      printf "skipped: %s%s%s\n", t, (r[t] == "" ? "" : " (" r[t] ")"), (ok ? "" : " UNDECLARED")
+    }
     printf "tests: %d passed, %d failed, %d skipped\n", n["passed"], n["failed"], n["skipped"]
-  }' "$log"
+    if (undeclared) { printf "%d skipped without a tier declaring it (UNDECLARED above)\n", undeclared; exit 1 }
+  }' "$log" | tee "$work/summary.out" || {
+  failed_phases+=("summary: tests skipped that no tier declared")
+  grep UNDECLARED "$work/summary.out" >"$work/failed-${#failed_phases[@]}.out" || true
+}
 if ((${#failed_phases[@]})); then
   for i in "${!failed_phases[@]}"; do
     echo "failed: ${failed_phases[$i]}; what failed, and its last lines:"
-    { grep -E -A3 '\.\.\. FAILED$|panicked at|left behind|[Ee]rror:' "$work/failed-$((i + 1)).out" | head -n 16
+    { grep -E -A3 '\.\.\. FAILED$|panicked at|left behind|[Ee]rror:' "$work/failed-$((i + 1)).out" | head -n 16 || true
       echo "..."
       tail -n 4 "$work/failed-$((i + 1)).out"; } | sed 's/^/   | /'
   done
