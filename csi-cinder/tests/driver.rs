@@ -1459,7 +1459,9 @@ async fn rotated_credentials_apply_without_a_restart() {
     // a broken update keeps the running credentials
     h.update_cloud_conf("[Global]\nauth-url = \"not a url")
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    csi_sanity::harness::wait_until_logged(&log, "configuration not reloaded", 1)
+        .await
+        .unwrap();
     c.create_volume(create("still")).await.unwrap();
     // SIGHUP with the same broken file: nothing new to say
     nix::sys::signal::kill(

@@ -444,9 +444,15 @@ async fn cephfs_kernel_and_fuse_mounts_carry_the_key_only_in_private_files() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let st = e.stats(&a).await;
-    let cond = st.volume_condition.unwrap();
+    // until the node sees the daemon gone (it is reaped, not waited for)
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let cond = loop {
+        let cond = e.stats(&a).await.volume_condition.unwrap();
+        if cond.abnormal || std::time::Instant::now() > deadline {
+            break cond;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(cond.abnormal, "{cond:?}");
     assert!(cond.message.contains("ceph-fuse"), "{}", cond.message);
     e.h.emulator.control().clear_calls();

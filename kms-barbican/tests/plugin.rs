@@ -708,21 +708,35 @@ async fn a_rotation_asked_for_during_a_barbican_outage_applies_when_it_ends_on_t
     cloud.write_conf(&conf, &second);
     tokio::time::sleep(Duration::from_millis(300)).await;
     plugin.sighup();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
     // the current key still works: healthy, old key; but the rotation is
-    // pending, and says so
-    let s = c.status(StatusRequest {}).await.unwrap().into_inner();
-    assert_eq!(
-        (s.healthz.as_str(), s.key_id.as_str()),
-        ("ok", old_id.as_str())
-    );
-    let (code, body) = http_get(port, "/healthz").await.unwrap();
+    // pending, and says so (waited for, then for its age to pass 1 s)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (code, body) = loop {
+        let (code, body) = http_get(port, "/healthz").await.unwrap();
+        if body.contains(&second) || Instant::now() > deadline {
+            break (code, body);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(code, 200, "{body}");
     assert!(
         body.starts_with("ok: rotation to Barbican secret") && body.contains(&second),
         "{body}"
     );
-    let (_, m) = http_get(port, "/metrics").await.unwrap();
+    let s = c.status(StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(
+        (s.healthz.as_str(), s.key_id.as_str()),
+        ("ok", old_id.as_str())
+    );
+    let m = loop {
+        let (_, m) = http_get(port, "/metrics").await.unwrap();
+        if metric(&m, "kms_key_rotation_pending_seconds").is_some_and(|v| v > 1.0)
+            || Instant::now() > deadline
+        {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(
         metric(&m, "kms_key_rotation_pending_seconds").is_some_and(|v| v > 1.0),
         "{m}\n{}",

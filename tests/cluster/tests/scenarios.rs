@@ -854,6 +854,34 @@ async fn probe_report(c: &Cluster, ns: &str, pod: &str) -> (Duration, usize, usi
     (Duration::from_secs_f64(gap.max(0.0)), times.len(), fails)
 }
 
+const PROBERS: [&str; 2] = ["probe-cinder", "probe-cephfs"];
+
+/// How many writes each prober has made so far.
+async fn probe_writes(c: &Cluster, ns: &str) -> Vec<usize> {
+    let mut writes = Vec::new();
+    for p in PROBERS {
+        writes.push(probe_report(c, ns, p).await.1);
+    }
+    writes
+}
+
+/// Until each prober has made at least `more` writes beyond `since`: a
+/// scenario waits on the writes it needs, not on a guess of their pace.
+async fn wait_more_writes(c: &Cluster, ns: &str, since: &[usize], more: usize) {
+    let deadline = Instant::now() + 2 * MINUTE;
+    loop {
+        let now = probe_writes(c, ns).await;
+        if now.iter().zip(since).all(|(n, s)| *n >= s + more) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the probers wrote {now:?} (from {since:?}), not {more} more each"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// A Cinder claim `blk` and a CephFS claim `fs`, each with a prober pod
 /// (`probe-cinder`, `probe-cephfs`) running.
 async fn start_probers(c: &Cluster, n: &str) {
@@ -874,7 +902,7 @@ async fn start_probers(c: &Cluster, n: &str) {
 async fn a_node_plugin_restart_never_breaks_a_mounted_volume() {
     let (c, ns, n) = scenario("restart").await;
     start_probers(&c, &n).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_more_writes(&c, &n, &[0, 0], 20).await;
 
     // as in an upgrade: the node plugins' pods deleted and replaced
     let old: Vec<String> = node_plugin_pods(&c).await.iter().map(name).collect();
@@ -885,7 +913,8 @@ async fn a_node_plugin_restart_never_breaks_a_mounted_volume() {
     wait_rolled_out(&c).await;
     let took = restarted.elapsed();
     // the probes go on through and after the restart
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rolled_out = probe_writes(&c, &n).await;
+    wait_more_writes(&c, &n, &rolled_out, 30).await;
     let mut worst = Duration::ZERO;
     for p in ["probe-cinder", "probe-cephfs"] {
         let (gap, writes, fails) = probe_report(&c, &n, p).await;

@@ -26,6 +26,26 @@ pub enum HarnessError {
     NoSocket(PathBuf),
 }
 
+/// Waits (up to 20 s) until the plugin's log file holds `needle` at
+/// least `times` times: a test waits on what the plugin did, not on a
+/// guess of how long it takes.
+pub async fn wait_until_logged(log: &Path, needle: &str, times: usize) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.matches(needle).count() >= times {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} never logged {needle:?} {times} times:\n{text}",
+                log.display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits (up to 20 s) until the plugin's Probe answers ready.
 pub async fn wait_until_ready(socket: &Path) -> Result<(), String> {
     let ch = plugin_runtime::connect_unix(socket)

@@ -425,6 +425,21 @@ impl Suite {
         self.create_volume(&name, cap).await
     }
 
+    /// DeleteSnapshot, then the snapshot untracked and checked gone
+    /// everywhere (deleted means deleted when it answers).
+    async fn delete_snapshot(&mut self, id: &str) -> Check {
+        let req = csi::DeleteSnapshotRequest {
+            snapshot_id: id.into(),
+            secrets: self.cfg.secrets.clone(),
+        };
+        ok(
+            self.controller.delete_snapshot(self.req(req)).await,
+            "DeleteSnapshot",
+        )?;
+        self.snapshots.retain(|s| s != id);
+        self.snapshot_gone(id).await
+    }
+
     async fn delete_volume(&mut self, id: &str) -> Check {
         let req = csi::DeleteVolumeRequest {
             volume_id: id.into(),
@@ -1419,17 +1434,7 @@ impl Suite {
             "bad token",
         )?;
         for id in ids {
-            ok(
-                self.controller
-                    .delete_snapshot(self.req(csi::DeleteSnapshotRequest {
-                        snapshot_id: id.clone(),
-                        secrets: self.cfg.secrets.clone(),
-                    }))
-                    .await,
-                "DeleteSnapshot",
-            )?;
-            self.snapshots.retain(|x| *x != id);
-            self.snapshot_gone(&id).await?;
+            self.delete_snapshot(&id).await?;
         }
         self.delete_volume(&v.volume_id).await
     }
@@ -1503,17 +1508,7 @@ impl Suite {
             )?;
         }
         self.delete_volume(&restored.volume_id).await?;
-        ok(
-            self.controller
-                .delete_snapshot(self.req(csi::DeleteSnapshotRequest {
-                    snapshot_id: snap.snapshot_id.clone(),
-                    secrets: self.cfg.secrets.clone(),
-                }))
-                .await,
-            "DeleteSnapshot",
-        )?;
-        self.snapshots.retain(|x| *x != snap.snapshot_id);
-        self.snapshot_gone(&snap.snapshot_id).await?;
+        self.delete_snapshot(&snap.snapshot_id).await?;
         self.delete_volume(&src.volume_id).await
     }
 
@@ -1862,17 +1857,7 @@ impl Suite {
         if self.controller_caps.contains(&CRpc::CreateDeleteSnapshot) {
             let s = self.create_snapshot(&v.volume_id).await?;
             self.wait_snapshot_ready(&s.snapshot_id).await?;
-            ok(
-                self.controller
-                    .delete_snapshot(self.req(csi::DeleteSnapshotRequest {
-                        snapshot_id: s.snapshot_id.clone(),
-                        secrets: self.cfg.secrets.clone(),
-                    }))
-                    .await,
-                "DeleteSnapshot",
-            )?;
-            self.snapshots.retain(|x| *x != s.snapshot_id);
-            self.snapshot_gone(&s.snapshot_id).await?;
+            self.delete_snapshot(&s.snapshot_id).await?;
         }
         // at once: its last snapshot is gone
         self.delete_volume(&v.volume_id).await?;
@@ -1981,17 +1966,7 @@ impl Suite {
             || format!("GetSnapshot({}) returned {got:?}", s.snapshot_id),
         )?;
         self.wait_snapshot_ready(&s.snapshot_id).await?;
-        ok(
-            self.controller
-                .delete_snapshot(self.req(csi::DeleteSnapshotRequest {
-                    snapshot_id: s.snapshot_id.clone(),
-                    secrets: self.cfg.secrets.clone(),
-                }))
-                .await,
-            "DeleteSnapshot",
-        )?;
-        self.snapshots.retain(|x| *x != s.snapshot_id);
-        self.snapshot_gone(&s.snapshot_id).await?;
+        self.delete_snapshot(&s.snapshot_id).await?;
         self.delete_volume(&v.volume_id).await
     }
 
@@ -2067,17 +2042,7 @@ impl Suite {
             "the restored volume does not hold what was written".into()
         })?;
         self.tear_down(&restored, &r_staging, &r_target).await?;
-        ok(
-            self.controller
-                .delete_snapshot(self.req(csi::DeleteSnapshotRequest {
-                    snapshot_id: s.snapshot_id.clone(),
-                    secrets: self.cfg.secrets.clone(),
-                }))
-                .await,
-            "DeleteSnapshot",
-        )?;
-        self.snapshots.retain(|x| *x != s.snapshot_id);
-        self.snapshot_gone(&s.snapshot_id).await?;
+        self.delete_snapshot(&s.snapshot_id).await?;
         self.tear_down(&v, &staging, &target).await
     }
 

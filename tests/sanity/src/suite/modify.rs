@@ -73,17 +73,7 @@ impl Suite {
             ensure(again.snapshot_id == snap.snapshot_id, || {
                 "two snapshots for one 128-character name".into()
             })?;
-            ok(
-                self.controller
-                    .delete_snapshot(self.req(csi::DeleteSnapshotRequest {
-                        snapshot_id: snap.snapshot_id.clone(),
-                        secrets: self.cfg.secrets.clone(),
-                    }))
-                    .await,
-                "DeleteSnapshot",
-            )?;
-            self.snapshots.retain(|s| *s != snap.snapshot_id);
-            self.snapshot_gone(&snap.snapshot_id).await?;
+            self.delete_snapshot(&snap.snapshot_id).await?;
         }
         self.delete_volume(&first.volume_id).await
     }
