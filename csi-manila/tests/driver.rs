@@ -734,15 +734,21 @@ async fn snapshots_restores_and_clones() {
             .volume
             .unwrap();
     assert_eq!(clone.content_source, req.volume_content_source);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        e.manila
-            .list_snapshots_named("pvc-clone-clone-source")
-            .await
-            .unwrap()
-            .is_empty(),
-        "the temporary snapshot is removed"
-    );
+    // Manila deletes the temporary snapshot on its own time
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !e
+        .manila
+        .list_snapshots_named("pvc-clone-clone-source")
+        .await
+        .unwrap()
+        .is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the temporary snapshot is never removed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let again =
         e.c.create_volume(req)
             .await
@@ -937,7 +943,13 @@ async fn lists_gets_expansion_capacity_and_validation() {
         })
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while e.manila.get_share(&foreign.id).await.unwrap().status
+        != openstack_client::manila::ShareStatus::Available
+    {
+        assert!(std::time::Instant::now() < deadline, "never available");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let err = e.delete(&foreign.id).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert!(e.manila.get_share(&foreign.id).await.is_ok());
@@ -1029,12 +1041,16 @@ async fn manila_failures_are_explained_and_leave_nothing() {
             .await
             .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // the failed shares are deleted (Manila takes its time to)
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     for name in ["pvc-huge", "pvc-fails"] {
-        assert!(
-            e.manila.list_shares_named(name).await.unwrap().is_empty(),
-            "the failed share {name} was deleted"
-        );
+        while !e.manila.list_shares_named(name).await.unwrap().is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the failed share {name} was never deleted"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     // a 500 on create: nothing made; the retry makes one
