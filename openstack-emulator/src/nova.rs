@@ -231,32 +231,18 @@ async fn delete_server(
     ctx: Ctx,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let mut w = state.world();
-    let s = visible_server(&w, &ctx, &id)?.clone();
-    for vol in s.volumes.keys() {
-        let remaining = if let Some(v) = w.volumes.get_mut(vol) {
-            v.attachments.retain(|a| a.server_id != id);
-            v.status = if v.attachments.is_empty() {
-                "available".into()
-            } else {
-                "in-use".into()
-            };
-            v.generation += 1;
-            v.attachments.len()
-        } else {
-            0
-        };
-        if remaining == 0
-            && let Some(hv) = &state.hypervisor
-        {
-            let hv = hv.clone();
-            let vid = vol.clone();
-            tokio::task::spawn_blocking(move || hv.detach(&vid));
+    let volumes: Vec<String> = {
+        let mut w = state.world();
+        let s = visible_server(&w, &ctx, &id)?.clone();
+        w.servers.remove(&id);
+        if w.metadata_instance.as_deref() == Some(id.as_str()) {
+            w.metadata_instance = None;
         }
-    }
-    w.servers.remove(&id);
-    if w.metadata_instance.as_deref() == Some(id.as_str()) {
-        w.metadata_instance = None;
+        s.volumes.into_keys().collect()
+    };
+    // its volumes are released before the answer
+    for vol in volumes {
+        release_attachment(&state, &id, &vol).await;
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -457,35 +443,41 @@ async fn detach(
     let st = state.clone();
     tokio::spawn(async move {
         tokio::time::sleep(delay).await;
-        // the guest loses the device before Cinder calls the volume
-        // available, as with real Nova (libvirt detaches, then Cinder's
-        // attachment is deleted): whoever sees `available` finds no device
-        let last = {
-            let w = st.world();
-            w.volumes
-                .get(&volume_id)
-                .is_none_or(|v| v.attachments.iter().all(|a| a.server_id == server_id))
-        };
-        if last && let Some(hv) = &st.hypervisor {
-            let hv = hv.clone();
-            let id = volume_id.clone();
-            let _ = tokio::task::spawn_blocking(move || hv.detach(&id)).await;
-        }
-        let mut w = st.world();
-        if let Some(s) = w.servers.get_mut(&server_id) {
-            s.volumes.remove(&volume_id);
-        }
-        if let Some(v) = w.volumes.get_mut(&volume_id) {
-            v.attachments.retain(|a| a.server_id != server_id);
-            v.status = if v.attachments.is_empty() {
-                "available".into()
-            } else {
-                "in-use".into()
-            };
-            v.generation += 1;
-        }
+        release_attachment(&st, &server_id, &volume_id).await;
     });
     Ok(StatusCode::ACCEPTED)
+}
+
+/// A volume leaves a server. The guest loses the device first (unless
+/// another server still has the volume), then Cinder's attachment goes
+/// and the volume reads `available` (or `in-use`, attached elsewhere), as
+/// with real Nova (libvirt detaches, then Cinder's attachment is deleted):
+/// whoever sees `available` finds no device.
+async fn release_attachment(state: &Arc<AppState>, server_id: &str, volume_id: &str) {
+    let last = {
+        let w = state.world();
+        w.volumes
+            .get(volume_id)
+            .is_none_or(|v| v.attachments.iter().all(|a| a.server_id == server_id))
+    };
+    if last && let Some(hv) = &state.hypervisor {
+        let hv = hv.clone();
+        let id = volume_id.to_string();
+        let _ = tokio::task::spawn_blocking(move || hv.detach(&id)).await;
+    }
+    let mut w = state.world();
+    if let Some(s) = w.servers.get_mut(server_id) {
+        s.volumes.remove(volume_id);
+    }
+    if let Some(v) = w.volumes.get_mut(volume_id) {
+        v.attachments.retain(|a| a.server_id != server_id);
+        v.status = if v.attachments.is_empty() {
+            "available".into()
+        } else {
+            "in-use".into()
+        };
+        v.generation += 1;
+    }
 }
 
 async fn flavors(_ctx: Ctx) -> Json<Value> {

@@ -233,13 +233,7 @@ impl Suite {
             let restored_name = self.name("grouprestored");
             let mut req = self.create_req(&restored_name, cap.clone(), self.cfg.volume_size);
             req.volume_content_source = Some(from_snapshot(snap));
-            let restored = ok(
-                self.controller.create_volume(self.req(req)).await,
-                "CreateVolume from a member",
-            )?
-            .volume
-            .ok_or("no volume")?;
-            self.volumes.push(restored.volume_id.clone());
+            let restored = self.send_create(req, "CreateVolume from a member").await?;
             let (r, staging, target, _) = self.bring_up_volume(restored, cap.clone()).await?;
             let data = std::fs::read(self.seen(&target).join("which"))
                 .map_err(|e| format!("reading the volume restored from member {snap}: {e}"))?;

@@ -406,13 +406,21 @@ impl Suite {
         cap: csi::VolumeCapability,
     ) -> Result<csi::Volume, String> {
         let req = self.create_req(name, cap, self.cfg.volume_size);
-        let v = ok(
-            self.controller.create_volume(self.req(req)).await,
-            "CreateVolume",
-        )?
-        .volume
-        .ok_or("CreateVolume returned no volume")?;
-        self.volumes.push(v.volume_id.clone());
+        self.send_create(req, "CreateVolume").await
+    }
+
+    /// CreateVolume as asked; the volume is tracked for the cleanup.
+    async fn send_create(
+        &mut self,
+        req: csi::CreateVolumeRequest,
+        what: &str,
+    ) -> Result<csi::Volume, String> {
+        let v = ok(self.controller.create_volume(self.req(req)).await, what)?
+            .volume
+            .ok_or_else(|| format!("{what}: CreateVolume returned no volume"))?;
+        if !self.volumes.contains(&v.volume_id) {
+            self.volumes.push(v.volume_id.clone());
+        }
         Ok(v)
     }
 
@@ -835,16 +843,7 @@ impl Suite {
         req.capacity_range = None;
         let mut ids = Vec::new();
         for what in ["CreateVolume without a capacity range", "the same again"] {
-            let v = ok(
-                self.controller.create_volume(self.req(req.clone())).await,
-                what,
-            )?
-            .volume
-            .ok_or("CreateVolume returned no volume")?;
-            if !self.volumes.contains(&v.volume_id) {
-                self.volumes.push(v.volume_id.clone());
-            }
-            ids.push(v.volume_id);
+            ids.push(self.send_create(req.clone(), what).await?.volume_id);
         }
         ensure(ids[0] == ids[1], || {
             format!("two volumes for one name without a size: {ids:?}")
@@ -1465,13 +1464,7 @@ impl Suite {
         let n = self.name("restore");
         let mut req = self.create_req(&n, cap.clone(), self.cfg.volume_size);
         req.volume_content_source = Some(from_snapshot(&snap.snapshot_id));
-        let restored = ok(
-            self.controller.create_volume(self.req(req.clone())).await,
-            "restore",
-        )?
-        .volume
-        .ok_or("no volume")?;
-        self.volumes.push(restored.volume_id.clone());
+        let restored = self.send_create(req.clone(), "restore").await?;
         ensure(restored.content_source == req.volume_content_source, || {
             format!("content source not echoed: {:?}", restored.content_source)
         })?;
@@ -1487,13 +1480,7 @@ impl Suite {
             let n = self.name("clone");
             let mut req = self.create_req(&n, cap.clone(), self.cfg.volume_size);
             req.volume_content_source = Some(from_volume(&src.volume_id));
-            let clone = ok(
-                self.controller.create_volume(self.req(req.clone())).await,
-                "clone",
-            )?
-            .volume
-            .ok_or("no volume")?;
-            self.volumes.push(clone.volume_id.clone());
+            let clone = self.send_create(req.clone(), "clone").await?;
             ensure(clone.content_source == req.volume_content_source, || {
                 "clone source not echoed".into()
             })?;
@@ -2028,13 +2015,9 @@ impl Suite {
         let restored_name = self.name("classrestored");
         let mut restore = self.create_req(&restored_name, cap.clone(), self.cfg.volume_size);
         restore.volume_content_source = Some(from_snapshot(&s.snapshot_id));
-        let restored = ok(
-            self.controller.create_volume(self.req(restore)).await,
-            "CreateVolume from the snapshot",
-        )?
-        .volume
-        .ok_or("no volume")?;
-        self.volumes.push(restored.volume_id.clone());
+        let restored = self
+            .send_create(restore, "CreateVolume from the snapshot")
+            .await?;
         let (restored, r_staging, r_target, _) = self.bring_up_volume(restored, cap).await?;
         let data = std::fs::read(self.seen(&r_target).join("kept"))
             .map_err(|e| format!("reading the restored volume: {e}"))?;

@@ -31,19 +31,10 @@ impl Suite {
         let cap = mount_cap(&self.cfg.fs_type, Mode::SingleNodeWriter);
         let name = self.max_length_name("longest");
         let req = self.create_req(&name, cap, self.cfg.volume_size);
-        let first = ok(
-            self.controller.create_volume(self.req(req.clone())).await,
-            "CreateVolume with a 128-character name",
-        )?
-        .volume
-        .ok_or("CreateVolume returned no volume")?;
-        self.volumes.push(first.volume_id.clone());
-        let again = ok(
-            self.controller.create_volume(self.req(req)).await,
-            "the same CreateVolume again",
-        )?
-        .volume
-        .ok_or("CreateVolume returned no volume")?;
+        let first = self
+            .send_create(req.clone(), "CreateVolume with a 128-character name")
+            .await?;
+        let again = self.send_create(req, "the same CreateVolume again").await?;
         ensure(again.volume_id == first.volume_id, || {
             format!(
                 "two volumes for one 128-character name: {} {}",
@@ -152,13 +143,9 @@ impl Suite {
         let name = self.name("modify-class");
         let mut req = self.create_req(&name, cap, self.cfg.volume_size);
         req.mutable_parameters = supported.clone();
-        let classed = ok(
-            self.controller.create_volume(self.req(req)).await,
-            "CreateVolume with mutable parameters",
-        )?
-        .volume
-        .ok_or("CreateVolume returned no volume")?;
-        self.volumes.push(classed.volume_id.clone());
+        let classed = self
+            .send_create(req, "CreateVolume with mutable parameters")
+            .await?;
         ok(
             self.controller
                 .controller_modify_volume(self.req(self.modify_req(&classed.volume_id, &supported)))
