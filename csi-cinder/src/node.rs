@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use host_ops::{BlockDevices, DeviceContent, Filesystem, MountOptions, Mounter};
+use host_ops::{Beneath, BlockDevices, DeviceContent, Filesystem, MountOptions, Mounter};
 use proto::csi::v1 as csi;
 use proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
 
@@ -63,7 +63,7 @@ pub fn attach_limit(configured: Option<i64>) -> i64 {
 /// What mounting a volume's filesystem needs.
 struct StagePlan {
     device: PathBuf,
-    staging: PathBuf,
+    staging: Beneath,
     fs_type: String,
     mount_flags: Vec<String>,
     grow: bool,
@@ -425,10 +425,9 @@ fn stage_filesystem(
             device.display()
         )));
     }
-    io_ctx(
-        std::fs::create_dir_all(&staging),
-        format!("creating {}", staging.display()),
-    )?;
+    staging
+        .create_dir()
+        .context(format!("creating {staging}"))?;
     let content = devices
         .probe(&device)
         .context(format!("probing {}", device.display()))?;
@@ -505,7 +504,7 @@ fn publish_block(
     mounter: &dyn Mounter,
     devices: &dyn BlockDevices,
     device: &Path,
-    target: &Path,
+    target: &Beneath,
     read_only: bool,
 ) -> DriverResult<()> {
     if !mounter
@@ -525,23 +524,8 @@ fn publish_block(
             target.display()
         )));
     }
-    if let Some(parent) = target.parent() {
-        io_ctx(
-            std::fs::create_dir_all(parent),
-            format!("creating {}", parent.display()),
-        )?;
-    }
-    if !target.exists() {
-        io_ctx(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(target)
-                .map(drop),
-            format!("creating {}", target.display()),
-        )?;
-    }
+    // an empty file the device is bound onto, made beneath the root
+    target.create_file().context(format!("creating {target}"))?;
     mounter
         .bind(device, target, read_only, &MountOptions::default())
         .context(format!(

@@ -1799,3 +1799,113 @@ async fn node_refuses_paths_outside_its_roots_without_touching_them() {
     );
     let _ = BTreeMap::<String, String>::new();
 }
+
+/// Whether anything is mounted at or below `dir`.
+fn mounted_below(dir: &Path) -> bool {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let at = host_ops::mountinfo::mounts_at(&dir).unwrap();
+    !at.is_empty() || !host_ops::mountinfo::mounts_below(&dir).unwrap().is_empty()
+}
+
+#[tokio::test]
+async fn symlinks_under_the_kubelet_dir_never_lead_a_mount_or_a_removal_outside() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let ext4 = mount_cap("ext4", Mode::SingleNodeWriter);
+    let (v, staging) = e.staged("links", ext4.clone(), 1).await;
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::create_dir(outside.path().join("victim")).unwrap();
+    let pods = e.h.kubelet_dir.join("pods");
+    std::fs::create_dir_all(&pods).unwrap();
+    // a directory on the way replaced by a symlink, and a target that is one
+    std::os::unix::fs::symlink(outside.path(), pods.join("evil")).unwrap();
+    std::os::unix::fs::symlink(outside.path().join("victim"), pods.join("link-target")).unwrap();
+    let publish = |target: String| csi::NodePublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+        target_path: target,
+        volume_capability: Some(ext4.clone()),
+        ..Default::default()
+    };
+    for target in [
+        pods.join("evil/volumes/mount"),
+        pods.join("evil/victim"),
+        pods.join("link-target"),
+    ] {
+        let err =
+            e.n.node_publish_volume(publish(target.to_string_lossy().into()))
+                .await
+                .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+        assert!(err.message().contains("symlink"), "{}", err.message());
+    }
+    assert!(!mounted_below(outside.path()), "nothing mounted outside");
+    assert!(
+        !outside.path().join("volumes").exists(),
+        "nothing created outside"
+    );
+
+    // removal: through a symlink is refused, a file with content is kept
+    let config = e.h.kubelet_dir.join("config.yaml");
+    std::fs::write(&config, "kind: KubeletConfiguration\n").unwrap();
+    let unpublish = |target: &Path| csi::NodeUnpublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        target_path: target.to_string_lossy().into(),
+    };
+    let err =
+        e.n.node_unpublish_volume(unpublish(&pods.join("evil/victim")))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    let err =
+        e.n.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            staging_target_path: pods.join("evil/victim").to_string_lossy().into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    assert!(
+        outside.path().join("victim").is_dir(),
+        "the empty directory outside is kept"
+    );
+    let err =
+        e.n.node_unpublish_volume(unpublish(&config))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert!(
+        err.message().contains("not a mount point"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&config).unwrap(),
+        "kind: KubeletConfiguration\n"
+    );
+    let err =
+        e.n.node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: v.volume_id.clone(),
+            volume_path: pods.join("evil/victim").to_string_lossy().into(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{}", err.message());
+
+    // a plain target beneath the root still publishes and unpublishes
+    let (_, target) = e.h.paths(&v.volume_id);
+    e.n.node_publish_volume(publish(target.to_string_lossy().into()))
+        .await
+        .unwrap();
+    assert!(mounted_below(&target));
+    e.n.node_unpublish_volume(unpublish(&target)).await.unwrap();
+    assert!(!target.exists());
+    std::fs::remove_file(pods.join("evil")).unwrap();
+    std::fs::remove_file(pods.join("link-target")).unwrap();
+    std::fs::remove_file(&config).unwrap();
+    e.unstage(&v.volume_id).await;
+    e.unpublish(&v.volume_id).await;
+}

@@ -104,6 +104,7 @@ impl DriverError {
             Self::Host { source, .. } => match source.as_ref() {
                 host_ops::HostError::UnsupportedFilesystem(_) => Code::InvalidArgument,
                 host_ops::HostError::Refused(_) => Code::InvalidArgument,
+                host_ops::HostError::NotAMountPoint(_) => Code::FailedPrecondition,
                 _ => Code::Internal,
             },
         }

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use host_ops::{MountOptions, Mounter, validate_host_path};
+use host_ops::{Beneath, MountOptions, Mounter, Removal, fd_path, validate_host_path};
 use proto::csi::v1 as csi;
 
 use crate::errors::{Context, DriverError, DriverResult};
@@ -28,24 +28,55 @@ pub async fn blocking<T: Send + 'static>(
     })?
 }
 
+/// The roots request paths must lie beneath; none configured means the
+/// whole host (tests of the plugins' own binaries).
+fn roots_or_host(roots: &[PathBuf]) -> Vec<PathBuf> {
+    if roots.is_empty() {
+        vec![PathBuf::from("/")]
+    } else {
+        roots.to_vec()
+    }
+}
+
+/// A request path, checked as text (absolute, no `..`, below a root) and
+/// then resolved beneath its root without following a symlink: the part
+/// that exists must hold none.
+fn beneath(value: &str, roots: &[PathBuf]) -> Result<Beneath, String> {
+    let clean = validate_host_path(value, roots).map_err(|e| e.to_string())?;
+    let b = Beneath::of(&clean, &roots_or_host(roots)).map_err(|e| e.to_string())?;
+    b.check().map_err(|e| e.to_string())?;
+    Ok(b)
+}
+
 /// A staging or target path from a request: required, absolute, without
-/// `..`, below one of `roots`; else InvalidArgument (the path names where
-/// the caller wants something done, and it may not be done there).
-pub fn path_arg(value: &str, what: &str, roots: &[PathBuf]) -> DriverResult<PathBuf> {
+/// `..`, below one of `roots` and reached without a symlink; else
+/// InvalidArgument (the path names where the caller wants something done,
+/// and it may not be done there).
+pub fn path_arg(value: &str, what: &str, roots: &[PathBuf]) -> DriverResult<Beneath> {
     require(value, what)?;
-    validate_host_path(value, roots)
-        .map_err(|e| DriverError::InvalidArgument(format!("{what}: {e}")))
+    beneath(value, roots).map_err(|e| DriverError::InvalidArgument(format!("{what}: {e}")))
 }
 
 /// The `volume_path` of NodeGetVolumeStats and NodeExpandVolume: it names
 /// a volume the caller believes is there. A path that cannot be one of
-/// ours (relative, outside the roots, with `..`) holds no volume: NotFound,
-/// as the CSI spec's tables say, and nothing is looked at outside the
-/// roots. Only a missing field is InvalidArgument.
-pub fn volume_path_arg(value: &str, roots: &[PathBuf]) -> DriverResult<PathBuf> {
+/// ours (relative, outside the roots, with `..`, through a symlink) holds
+/// no volume: NotFound, as the CSI spec's tables say, and nothing is
+/// looked at outside the roots. Only a missing field is InvalidArgument.
+pub fn volume_path_arg(value: &str, roots: &[PathBuf]) -> DriverResult<Beneath> {
     require(value, "volume_path")?;
-    validate_host_path(value, roots)
+    beneath(value, roots)
         .map_err(|e| DriverError::NotFound(format!("no volume at volume_path: {e}")))
+}
+
+/// A path the plugin recorded earlier (a staging or target path of a
+/// volume it staged), resolved again beneath its root: the tree may have
+/// changed since.
+pub fn recorded_path(path: &Path, roots: &[PathBuf]) -> DriverResult<Beneath> {
+    let value = path.to_str().ok_or_else(|| {
+        DriverError::Internal(format!("recorded path {} is not UTF-8", path.display()))
+    })?;
+    beneath(value, roots)
+        .map_err(|e| DriverError::FailedPrecondition(format!("recorded path: {e}")))
 }
 
 /// A driver's capability check (the shared shape check plus what its
@@ -64,7 +95,7 @@ fn capability(
 #[derive(Debug, Clone)]
 pub struct StageArgs {
     pub volume_id: String,
-    pub staging: PathBuf,
+    pub staging: Beneath,
     pub capability: Capability,
 }
 
@@ -86,7 +117,7 @@ impl StageArgs {
 pub fn unstage_args(
     r: &csi::NodeUnstageVolumeRequest,
     roots: &[PathBuf],
-) -> DriverResult<(String, PathBuf)> {
+) -> DriverResult<(String, Beneath)> {
     Ok((
         require(&r.volume_id, "volume_id")?.to_string(),
         path_arg(&r.staging_target_path, "staging_target_path", roots)?,
@@ -98,8 +129,8 @@ pub fn unstage_args(
 #[derive(Debug, Clone)]
 pub struct PublishArgs {
     pub volume_id: String,
-    pub staging: PathBuf,
-    pub target: PathBuf,
+    pub staging: Beneath,
+    pub target: Beneath,
     pub capability: Capability,
     /// The request's `readonly`, or a reader-only access mode.
     pub read_only: bool,
@@ -138,7 +169,7 @@ impl PublishArgs {
 pub fn unpublish_args(
     r: &csi::NodeUnpublishVolumeRequest,
     roots: &[PathBuf],
-) -> DriverResult<(String, PathBuf)> {
+) -> DriverResult<(String, Beneath)> {
     Ok((
         require(&r.volume_id, "volume_id")?.to_string(),
         path_arg(&r.target_path, "target_path", roots)?,
@@ -233,18 +264,19 @@ pub fn binds_of_device(
 /// volume directory), read-only as a real read-only mount when asked.
 /// A target already bound to the same filesystem with the same
 /// read-only-ness is success; anything else mounted there is refused.
+/// The bind's source is the staged mount reached through its resolved
+/// descriptor, the target is created and mounted beneath its root.
 pub fn bind_staged(
     mounter: &dyn Mounter,
-    staging: &Path,
-    target: &Path,
+    staging: &Beneath,
+    target: &Beneath,
     read_only: bool,
     options: &MountOptions,
 ) -> DriverResult<()> {
     let staged = mounter.mounts_at(staging).context("reading mounts")?;
     let Some(staged) = staged.last() else {
         return Err(DriverError::FailedPrecondition(format!(
-            "volume is not staged at {}",
-            staging.display()
+            "volume is not staged at {staging}"
         )));
     };
     if let Some(existing) = mounter.mounts_at(target).context("reading mounts")?.last() {
@@ -252,29 +284,25 @@ pub fn bind_staged(
             return Ok(());
         }
         return Err(DriverError::AlreadyExists(format!(
-            "{} is already mounted ({}, {}) incompatibly with this request",
-            target.display(),
+            "{target} is already mounted ({}, {}) incompatibly with this request",
             existing.source,
             if existing.read_only() { "ro" } else { "rw" }
         )));
     }
-    io_ctx(
-        std::fs::create_dir_all(target),
-        format!("creating {}", target.display()),
-    )?;
+    let source = staging
+        .open()
+        .context(format!("resolving {staging}"))?
+        .ok_or_else(|| DriverError::FailedPrecondition(format!("{staging} is gone")))?;
+    target.create_dir().context(format!("creating {target}"))?;
     mounter
-        .bind(staging, target, read_only, options)
-        .context(format!(
-            "binding {} to {}",
-            staging.display(),
-            target.display()
-        ))
+        .bind(&fd_path(&source), target, read_only, options)
+        .context(format!("binding {staging} to {target}"))
 }
 
 /// Unmounts everything stacked at `path`, then removes the directory or
 /// file the mount point was (it is ours: kubelet expects it gone). A
 /// directory that still holds something after the unmount is kept.
-pub fn unmount_and_remove(mounter: &dyn Mounter, path: &Path) -> DriverResult<()> {
+pub fn unmount_and_remove(mounter: &dyn Mounter, path: &Beneath) -> DriverResult<()> {
     for _ in 0..16 {
         if mounter
             .mounts_at(path)
@@ -283,42 +311,37 @@ pub fn unmount_and_remove(mounter: &dyn Mounter, path: &Path) -> DriverResult<()
         {
             break;
         }
+        // resolved again before each unmount: umount(2) takes a path
+        path.check().context(format!("resolving {path}"))?;
         mounter
             .unmount(path)
-            .context(format!("unmounting {}", path.display()))?;
+            .context(format!("unmounting {path}"))?;
     }
     if !mounter
         .mounts_at(path)
         .context("reading mounts")?
         .is_empty()
     {
-        return Err(DriverError::Internal(format!(
-            "{} is still mounted",
-            path.display()
-        )));
+        return Err(DriverError::Internal(format!("{path} is still mounted")));
     }
     remove_mount_point(path)
 }
 
-/// Removes an unmounted mount point: an empty directory or a file (a
-/// raw block target). Gone already is fine.
-pub fn remove_mount_point(path: &Path) -> DriverResult<()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => match std::fs::remove_dir(path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
-                // something the volume did not put there: keep it
-                tracing::warn!(path = %path.display(), "mount point not empty after unmount; left in place");
-                Ok(())
-            }
-            Err(e) => io_ctx(Err(e), format!("removing {}", path.display())),
-        },
-        Ok(_) => io_ctx(
-            std::fs::remove_file(path),
-            format!("removing {}", path.display()),
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => io_ctx(Err(e), format!("inspecting {}", path.display())),
+/// Removes an unmounted mount point: an empty directory, or an empty file
+/// (a raw block target). Gone already is fine; a file with content, a
+/// symlink or a device node is never removed (FailedPrecondition says
+/// why).
+pub fn remove_mount_point(path: &Beneath) -> DriverResult<()> {
+    match path
+        .remove_mount_point()
+        .context(format!("removing {path}"))?
+    {
+        Removal::Removed | Removal::Gone => Ok(()),
+        Removal::KeptNotEmpty => {
+            // something the volume did not put there: keep it
+            tracing::warn!(path = %path, "mount point not empty after unmount; left in place");
+            Ok(())
+        }
     }
 }
 

@@ -6,11 +6,13 @@
 //! kernel's mount API (no `mount(8)` guessing of filesystem types, no
 //! loop-mounting of image files) and the e2fsprogs/xfsprogs tools.
 
+pub mod beneath;
 pub mod devices;
 pub mod mounter;
 pub mod mountinfo;
 pub mod paths;
 
+pub use beneath::{Beneath, Removal, fd_path};
 pub use devices::{BlockDevices, DeviceContent, Filesystem, GuestDisk, LinuxBlockDevices};
 pub use mounter::{LinuxMounter, MountOptions, Mounter, VolumeUsage, device_path_of, volume_usage};
 pub use mountinfo::{MountEntry, mounts_at};
@@ -43,6 +45,9 @@ pub enum HostError {
     UnsupportedFilesystem(String),
     #[error("{0}")]
     Refused(String),
+    /// Asked to remove something that is not a mount point.
+    #[error("{0}")]
+    NotAMountPoint(String),
 }
 
 pub type Result<T> = std::result::Result<T, HostError>;

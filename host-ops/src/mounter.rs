@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
+use crate::beneath::{Beneath, fd_path};
 use crate::mountinfo::{self, MountEntry};
 use crate::{HostError, Result};
 
@@ -86,20 +87,21 @@ impl MountOptions {
 /// Mount operations a node plugin needs.
 pub trait Mounter: Send + Sync + fmt::Debug {
     /// Mounts the filesystem on `device` at `target` with its type named.
+    /// `target` is reached through its resolved descriptor.
     fn mount_filesystem(
         &self,
         device: &Path,
-        target: &Path,
+        target: &Beneath,
         fs_type: &str,
         options: &MountOptions,
     ) -> Result<()>;
     /// Bind-mounts `source` (a directory or a device node) onto `target`;
     /// `read_only` makes the new mount read-only without touching the
-    /// source's.
+    /// source's. `target` is reached through its resolved descriptor.
     fn bind(
         &self,
         source: &Path,
-        target: &Path,
+        target: &Beneath,
         read_only: bool,
         options: &MountOptions,
     ) -> Result<()>;
@@ -114,6 +116,15 @@ pub trait Mounter: Send + Sync + fmt::Debug {
 #[derive(Debug, Clone, Default)]
 pub struct LinuxMounter;
 
+/// The descriptor of a mount target that must exist by now.
+fn resolved(target: &Beneath) -> Result<std::os::fd::OwnedFd> {
+    target.open()?.ok_or_else(|| HostError::Sys {
+        what: "resolving",
+        path: target.path().to_path_buf(),
+        errno: nix::Error::ENOENT,
+    })
+}
+
 fn sys(what: &'static str, path: &Path) -> impl FnOnce(nix::Error) -> HostError {
     let path = path.to_path_buf();
     move |errno| HostError::Sys { what, path, errno }
@@ -123,14 +134,15 @@ impl Mounter for LinuxMounter {
     fn mount_filesystem(
         &self,
         device: &Path,
-        target: &Path,
+        target: &Beneath,
         fs_type: &str,
         options: &MountOptions,
     ) -> Result<()> {
         let data = options.data.join(",");
+        let fd = resolved(target)?;
         mount(
             Some(device),
-            target,
+            &fd_path(&fd),
             Some(fs_type),
             options.ms_flags(),
             (!data.is_empty()).then_some(data.as_str()),
@@ -141,29 +153,43 @@ impl Mounter for LinuxMounter {
     fn bind(
         &self,
         source: &Path,
-        target: &Path,
+        target: &Beneath,
         read_only: bool,
         options: &MountOptions,
     ) -> Result<()> {
         let extra = options.ms_flags() - MsFlags::MS_RDONLY;
+        let fd = resolved(target)?;
         mount(
             Some(source),
-            target,
+            &fd_path(&fd),
             None::<&str>,
             MsFlags::MS_BIND,
             None::<&str>,
         )
         .map_err(sys("bind-mounting onto", target))?;
+        drop(fd);
         if read_only || !extra.is_empty() || options.read_only() {
             let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | extra;
             if read_only || options.read_only() {
                 flags |= MsFlags::MS_RDONLY;
             }
-            if let Err(e) = mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
+            // resolved again: the descriptor taken before the bind names
+            // the directory beneath it, this one the new mount
+            let remounted = resolved(target).and_then(|fd| {
+                mount(
+                    None::<&str>,
+                    &fd_path(&fd),
+                    None::<&str>,
+                    flags,
+                    None::<&str>,
+                )
+                .map_err(sys("remounting", target))
+            });
+            if let Err(e) = remounted {
                 // never leave a writable mount behind where a read-only one
                 // was asked for
-                let _ = umount2(target, MntFlags::empty());
-                return Err(sys("remounting", target)(e));
+                let _ = umount2(target.path(), MntFlags::UMOUNT_NOFOLLOW);
+                return Err(e);
             }
         }
         Ok(())
