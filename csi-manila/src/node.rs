@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use csi_common::credentials::Credentials;
 use csi_common::node_ops::{
-    NodeIdentity, PublishArgs, StageArgs, abnormal_response, bind_staged, blocking,
+    NodeIdentity, PublishArgs, StageArgs, abnormal_response, bind_staged, blocking, recorded_path,
     remove_mount_point, sanitize_label, single_writer_alone, unpublish_args, unstage_args,
     usage_response, volume_path_arg,
 };
@@ -247,7 +247,7 @@ impl NodeService {
         let rec = StageRecord {
             volume_id: id.clone(),
             share_id: share.id.clone(),
-            staging: staging.clone(),
+            staging: staging.to_path_buf(),
             mount,
             targets: Vec::new(),
             read_only_targets: Vec::new(),
@@ -256,10 +256,9 @@ impl NodeService {
         // recorded before mounting: a crash in between leaves what
         // cleanup needs
         self.state.save(&rec)?;
-        csi_common::node_ops::io_ctx(
-            std::fs::create_dir_all(&staging),
-            format!("creating {}", staging.display()),
-        )?;
+        staging
+            .create_dir()
+            .context(format!("creating {staging}"))?;
         if let Err(e) = mounts::mount(
             &self.state,
             &self.daemons,
@@ -381,7 +380,7 @@ impl NodeService {
             .mounts_at(&target)
             .context("reading mounts")?
             .last()
-            && !rec.targets.contains(&target)
+            && !rec.targets.iter().any(|t| t == target.path())
             && existing.fs_type.starts_with("fuse")
         {
             // a bind of a FUSE mount that died with its daemon
@@ -396,10 +395,10 @@ impl NodeService {
         let (s, t) = (staging.clone(), target.clone());
         blocking(move || bind_staged(&*mounter, &s, &t, read_only, &MountOptions::default()))
             .await?;
-        if !rec.targets.contains(&target) {
-            rec.targets.push(target.clone());
+        if !rec.targets.iter().any(|t| t == target.path()) {
+            rec.targets.push(target.to_path_buf());
             if read_only {
-                rec.read_only_targets.push(target.clone());
+                rec.read_only_targets.push(target.to_path_buf());
             }
             self.state.save(&rec)?;
         }
@@ -433,8 +432,8 @@ impl NodeService {
         let t = target.clone();
         blocking(move || remove_mount_point(&t)).await?;
         if let Some(mut rec) = rec {
-            rec.targets.retain(|t| t != &target);
-            rec.read_only_targets.retain(|t| t != &target);
+            rec.targets.retain(|t| t != target.path());
+            rec.read_only_targets.retain(|t| t != target.path());
             self.state.save(&rec)?;
         }
         Ok(csi::NodeUnpublishVolumeResponse {})
@@ -546,7 +545,8 @@ impl NodeService {
             }
             let read_only = rec.read_only_targets.contains(target);
             let mounter = self.mounter.clone();
-            let (s, t) = (rec.staging.clone(), target.clone());
+            let s = recorded_path(&rec.staging, &self.opts.path_roots)?;
+            let t = recorded_path(target, &self.opts.path_roots)?;
             blocking(move || bind_staged(&*mounter, &s, &t, read_only, &MountOptions::default()))
                 .await?;
             repaired = true;

@@ -92,6 +92,13 @@ pub struct Options {
     /// share is refused: nothing is opened to the world by default.
     #[arg(long = "default-nfs-share-client")]
     pub default_nfs_share_client: Option<String>,
+    /// A directory files named by a request's Secret (os-cloudsFile,
+    /// os-certAuthorityPath, os-clientCertPath, os-clientKeyPath) may be
+    /// read from, besides /etc/openstack, /etc/cacert and
+    /// ~/.config/openstack (repeatable). Nothing else on the plugin's disk
+    /// is readable through a Secret.
+    #[arg(long = "secret-file-dir")]
+    pub secret_file_dir: Vec<PathBuf>,
     /// Node: where staged shares' records, ceph.conf and keyrings are kept
     /// (root only). Default: /var/lib/kubelet/plugins/<drivername>/state.
     #[arg(long)]
@@ -125,6 +132,14 @@ pub struct Options {
 
 impl Options {
     pub fn validate(&self) -> Result<(), String> {
+        for d in &self.secret_file_dir {
+            if !d.is_absolute() || d.parent().is_none() {
+                return Err(format!(
+                    "--secret-file-dir {} must be an absolute directory other than /",
+                    d.display()
+                ));
+            }
+        }
         self.services.check(&self.driver_name)?;
         if let Some(p) = &self.runtime_config_file
             && !p.is_file()

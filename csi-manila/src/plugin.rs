@@ -67,10 +67,13 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
             &server.registry(),
         );
     }
+    let mut env = ConfigEnv::from_process();
+    env.secret_file_dirs
+        .extend(opts.secret_file_dir.iter().cloned());
     let credentials = Arc::new(Credentials::new(
         own,
         session_options,
-        ConfigEnv::from_process(),
+        env,
         Arc::new(SharedFileSystems::new),
     ));
     let runtime = Arc::new(RuntimeConfigFile::new(opts.runtime_config_file.clone()));

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use csi_sanity::harness::{ManilaOnEmulator, ManilaOptions};
@@ -1392,4 +1393,158 @@ async fn rotated_credentials_apply_without_a_restart() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(done, "the new password was never used");
+}
+
+/// Connections a listener accepted: a stand-in for a server a Secret's
+/// author controls.
+async fn listener_counting() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = n.clone();
+    tokio::spawn(async move {
+        while let Ok((_s, _)) = l.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    (format!("http://{addr}/v3"), n)
+}
+
+#[tokio::test]
+async fn a_secret_cannot_turn_the_plugins_own_files_against_it() {
+    let allowed = tempfile::tempdir().unwrap();
+    let private = tempfile::tempdir().unwrap();
+    let allowed_dir = allowed.path().to_path_buf();
+    let mut e = env_with("NFS", |o| {
+        o.extra_args
+            .push(format!("--secret-file-dir={}", allowed_dir.display()));
+    })
+    .await;
+    let s = e.secrets.clone();
+    // the plugin's own clouds.yaml, as OpenShift's operator mounts it
+    let clouds = allowed.path().join("clouds.yaml");
+    std::fs::write(
+        &clouds,
+        format!(
+            "clouds:\n  admin:\n    region_name: RegionOne\n    auth:\n      auth_url: {}\n      username: {}\n      password: {}\n      project_name: {}\n      user_domain_name: Default\n      project_domain_name: Default\n",
+            s["os-authURL"], s["os-userName"], s["os-password"], s["os-projectName"]
+        ),
+    )
+    .unwrap();
+    // a file the plugin holds that a Secret must not reach
+    let conf = private.path().join("cloud.conf");
+    std::fs::write(&conf, "[Global]\npassword = operator-password\n").unwrap();
+    let (attacker, connections) = listener_counting().await;
+    let secret = |pairs: &[(&str, String)]| -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
+    };
+    let create = |name: &str, secrets: HashMap<String, String>| csi::CreateVolumeRequest {
+        name: name.into(),
+        volume_capabilities: vec![rwx()],
+        parameters: params(&[("nfs-shareClient", "10.0.0.1")]),
+        secrets,
+        ..Default::default()
+    };
+    let use_clouds = |file: &Path, cloud: &str| {
+        vec![
+            ("os-useClouds", "true".to_string()),
+            ("os-cloudsFile", file.display().to_string()),
+            ("os-cloud", cloud.to_string()),
+        ]
+    };
+
+    // credentials loaded from the plugin's file, sent elsewhere: refused
+    for extra in [
+        ("os-authURL", attacker.clone()),
+        ("os-TLSInsecure", "true".to_string()),
+        ("os-endpointType", "internal".to_string()),
+        (
+            "os-certAuthority",
+            "-----BEGIN CERTIFICATE-----".to_string(),
+        ),
+    ] {
+        let mut pairs = use_clouds(&clouds, "admin");
+        pairs.push(extra.clone());
+        let err =
+            e.c.create_volume(create("pvc-steal", secret(&pairs)))
+                .await
+                .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+        assert!(err.message().contains(extra.0), "{}", err.message());
+    }
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+    // files outside the allowed directories: one answer whether they exist
+    // or not, never their content
+    let answer = |path: &Path| -> Vec<(&'static str, HashMap<String, String>)> {
+        let mut plain: Vec<(&str, String)> =
+            s.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        let mut ca = plain.clone();
+        ca.push(("os-certAuthorityPath", path.display().to_string()));
+        plain.push(("os-clientCertPath", path.display().to_string()));
+        plain.push(("os-clientKeyPath", path.display().to_string()));
+        vec![
+            ("os-cloudsFile", secret(&use_clouds(path, "admin"))),
+            ("os-certAuthorityPath", secret(&ca)),
+            ("os-clientCertPath", secret(&plain)),
+        ]
+    };
+    let missing = private.path().join("missing");
+    let link = allowed.path().join("link");
+    std::os::unix::fs::symlink(&conf, &link).unwrap();
+    for ((key, present), (_, absent)) in answer(&conf).into_iter().zip(answer(&missing)) {
+        let a =
+            e.c.create_volume(create("pvc-read", present))
+                .await
+                .unwrap_err();
+        let b =
+            e.c.create_volume(create("pvc-read", absent))
+                .await
+                .unwrap_err();
+        assert_eq!(a.code(), Code::InvalidArgument, "{}", a.message());
+        assert_eq!(b.code(), Code::InvalidArgument, "{}", b.message());
+        assert!(a.message().contains(key), "{}", a.message());
+        assert!(
+            !a.message().contains("operator-password") && !a.message().contains("Global"),
+            "{}",
+            a.message()
+        );
+        assert_eq!(
+            a.message().replace(&conf.display().to_string(), "P"),
+            b.message().replace(&missing.display().to_string(), "P"),
+            "an existing file and a missing one get the same answer"
+        );
+    }
+    // a symlink in an allowed directory that leads out is refused alike
+    let err =
+        e.c.create_volume(create("pvc-link", secret(&use_clouds(&link, "admin"))))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    assert!(
+        !err.message().contains("operator-password"),
+        "{}",
+        err.message()
+    );
+    // a cloud the file does not define: the answer does not list the others
+    let err =
+        e.c.create_volume(create("pvc-cloud", secret(&use_clouds(&clouds, "nope"))))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    assert!(!err.message().contains("admin"), "{}", err.message());
+
+    // upstream's uses keep working: the plugin's clouds.yaml as it is
+    let v =
+        e.c.create_volume(create("pvc-clouds", secret(&use_clouds(&clouds, "admin"))))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    e.delete(&v.volume_id).await.unwrap();
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 0);
 }

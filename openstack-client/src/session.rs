@@ -880,26 +880,41 @@ fn build_tls(tls: &TlsOptions) -> Result<rustls::ClientConfig> {
         }
         builder.with_root_certificates(roots)
     };
-    match (&tls.cert_file, &tls.key_file) {
-        (Some(cert), Some(key)) => {
-            let cert_pem = std::fs::read(cert).map_err(|e| {
-                Error::Tls(format!("cannot read cert-file {}: {e}", cert.display()))
-            })?;
-            let key_pem = std::fs::read(key)
-                .map_err(|e| Error::Tls(format!("cannot read key-file {}: {e}", key.display())))?;
+    let client_pem = match (&tls.cert_pem, &tls.key_pem) {
+        (Some(cert), Some(key)) => Some((
+            "the client certificate".to_string(),
+            cert.as_bytes().to_vec(),
+            "the client key".to_string(),
+            key.expose().as_bytes().to_vec(),
+        )),
+        _ => match (&tls.cert_file, &tls.key_file) {
+            (Some(cert), Some(key)) => Some((
+                format!("cert-file {}", cert.display()),
+                std::fs::read(cert).map_err(|e| {
+                    Error::Tls(format!("cannot read cert-file {}: {e}", cert.display()))
+                })?,
+                format!("key-file {}", key.display()),
+                std::fs::read(key).map_err(|e| {
+                    Error::Tls(format!("cannot read key-file {}: {e}", key.display()))
+                })?,
+            )),
+            _ => None,
+        },
+    };
+    match client_pem {
+        Some((cert_what, cert_pem, key_what, key_pem)) => {
+            let key_pem = zeroize::Zeroizing::new(key_pem);
             let chain: Vec<_> = rustls_pemfile::certs(&mut cert_pem.as_slice())
                 .collect::<std::result::Result<_, _>>()
-                .map_err(|e| Error::Tls(format!("cert-file {}: {e}", cert.display())))?;
+                .map_err(|e| Error::Tls(format!("{cert_what}: {e}")))?;
             let key_der = rustls_pemfile::private_key(&mut key_pem.as_slice())
-                .map_err(|e| Error::Tls(format!("key-file {}: {e}", key.display())))?
-                .ok_or_else(|| {
-                    Error::Tls(format!("key-file {} holds no private key", key.display()))
-                })?;
+                .map_err(|e| Error::Tls(format!("{key_what}: {e}")))?
+                .ok_or_else(|| Error::Tls(format!("{key_what} holds no private key")))?;
             builder
                 .with_client_auth_cert(chain, key_der)
                 .map_err(|e| Error::Tls(format!("client certificate: {e}")))
         }
-        _ => Ok(builder.with_no_client_auth()),
+        None => Ok(builder.with_no_client_auth()),
     }
 }
 

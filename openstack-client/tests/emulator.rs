@@ -1121,6 +1121,7 @@ async fn clouds_yaml_written_by_the_emulator_works() {
             ..Default::default()
         },
         os_cloud: Some("emulator-member".into()),
+        ..Default::default()
     };
     let cfg = openstack_client::config::clouds_yaml::cloud_from_clouds_yaml(&env, None).unwrap();
     let s = Session::new(cfg, fast_options()).unwrap();

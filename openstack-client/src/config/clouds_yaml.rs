@@ -81,19 +81,40 @@ pub(crate) fn load_cloud(
             searched: candidates.clone(),
         })?
         .to_path_buf();
-    let mut root = read_yaml(&path)?;
+    let text = read_text(&path)?;
     // secure.yaml sits beside clouds.yaml or in the usual places
     let mut secure_candidates: Vec<PathBuf> = search.explicit_secure_file.iter().cloned().collect();
     if let Some(dir) = path.parent() {
         secure_candidates.push(dir.join("secure.yaml"));
     }
     secure_candidates.extend(search.dirs.iter().map(|d| d.join("secure.yaml")));
-    if let Some(secure) = first_existing(&secure_candidates) {
-        let overlay = read_yaml(secure)?;
+    let secure = match first_existing(&secure_candidates) {
+        Some(p) => Some((p.to_path_buf(), read_text(p)?)),
+        None => None,
+    };
+    inputs_from_texts(
+        &path,
+        &text,
+        secure.as_ref().map(|(p, t)| (p.as_path(), t.as_str())),
+        cloud,
+    )
+}
+
+/// Cloud `cloud` of a clouds.yaml already read, with its secure.yaml
+/// overlay.
+pub(crate) fn inputs_from_texts(
+    path: &Path,
+    text: &str,
+    secure: Option<(&Path, &str)>,
+    cloud: &str,
+) -> Result<AuthInputs, ConfigError> {
+    let mut root = parse_yaml(path, text)?;
+    if let Some((secure_path, secure_text)) = secure {
+        let overlay = parse_yaml(secure_path, secure_text)?;
         merge(&mut root, overlay);
     }
     let yaml_err = |message: String| ConfigError::CloudsYaml {
-        path: path.clone(),
+        path: path.to_path_buf(),
         message,
     };
     let clouds = root
@@ -113,17 +134,20 @@ pub(crate) fn load_cloud(
     inputs_from_entry(entry).map_err(yaml_err)
 }
 
-fn read_yaml(path: &Path) -> Result<Value, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+fn read_text(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
+    })
+}
+
+fn parse_yaml(path: &Path, text: &str) -> Result<Value, ConfigError> {
     if text.trim().is_empty() {
         return Err(ConfigError::Empty {
             path: path.to_path_buf(),
         });
     }
-    serde_yaml::from_str(&text).map_err(|e| ConfigError::CloudsYaml {
+    serde_yaml::from_str(text).map_err(|e| ConfigError::CloudsYaml {
         path: path.to_path_buf(),
         message: e.to_string(),
     })

@@ -8,6 +8,7 @@
 
 pub mod clouds_yaml;
 pub mod gcfg;
+pub mod secret_files;
 pub mod secrets;
 
 use std::collections::BTreeMap;
@@ -56,6 +57,10 @@ pub enum ConfigError {
     },
     #[error("{}: {message}", path.display())]
     CloudsYaml { path: PathBuf, message: String },
+    /// A request Secret's key that may not be used as given; the reason
+    /// never says what a file holds or whether it exists.
+    #[error("{key}: {reason}")]
+    SecretRefused { key: String, reason: String },
     #[error("no clouds.yaml found (searched {})", searched.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
     CloudsYamlNotFound { searched: Vec<PathBuf> },
 }
@@ -154,6 +159,10 @@ pub struct TlsOptions {
     pub insecure: bool,
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
+    /// A client certificate and key given as PEM text (read by the
+    /// plugin from a Secret's `os-clientCertPath`/`os-clientKeyPath`).
+    pub cert_pem: Option<String>,
+    pub key_pem: Option<SecretString>,
 }
 
 /// Everything needed to open a Keystone session against one cloud.
@@ -215,6 +224,9 @@ pub struct ConfigEnv {
     pub clouds_yaml: CloudsYamlSearch,
     /// `OS_CLOUD`
     pub os_cloud: Option<String>,
+    /// Where files a request's Secret names may be read from (see
+    /// [`secret_files`]); empty: nowhere.
+    pub secret_file_dirs: Vec<PathBuf>,
 }
 
 impl ConfigEnv {
@@ -222,6 +234,7 @@ impl ConfigEnv {
         Self {
             clouds_yaml: CloudsYamlSearch::from_process(),
             os_cloud: std::env::var("OS_CLOUD").ok().filter(|s| !s.is_empty()),
+            secret_file_dirs: secret_files::default_dirs(),
         }
     }
 }
@@ -620,6 +633,8 @@ pub(crate) struct AuthInputs {
     pub insecure: Option<bool>,
     pub cert_file: Option<String>,
     pub key_file: Option<String>,
+    pub cert_pem: Option<String>,
+    pub key_pem: Option<SecretString>,
     pub trust_id: Option<String>,
     pub app_cred_id: Option<String>,
     pub app_cred_name: Option<String>,
@@ -811,13 +826,11 @@ impl AuthInputs {
                 .map_err(|m| bad("os-endpoint-type", m))?,
             None => Interface::Public,
         };
-        if self.cert_file.is_some() != self.key_file.is_some() {
+        let has_cert = self.cert_file.is_some() || self.cert_pem.is_some();
+        let has_key = self.key_file.is_some() || self.key_pem.is_some();
+        if has_cert != has_key {
             return Err(missing(
-                if self.cert_file.is_some() {
-                    "key-file"
-                } else {
-                    "cert-file"
-                },
+                if has_cert { "key-file" } else { "cert-file" },
                 Some("a TLS client certificate needs both cert-file and key-file"),
             ));
         }
@@ -840,6 +853,8 @@ impl AuthInputs {
                 insecure: self.insecure.unwrap_or(false),
                 cert_file: self.cert_file.as_ref().map(PathBuf::from),
                 key_file: self.key_file.as_ref().map(PathBuf::from),
+                cert_pem: self.cert_pem.clone(),
+                key_pem: self.key_pem.clone(),
             },
             endpoint_overrides,
         })

@@ -70,10 +70,92 @@ fn parse_bool(key: &str, v: &str) -> Result<bool, ConfigError> {
     }
 }
 
+/// Keys that choose where credentials are sent or how the server is
+/// trusted: a Secret may not set them next to credentials it loads from a
+/// plugin-side clouds.yaml, or it could send those to a server of its
+/// choosing.
+pub const ENDPOINT_KEYS: &[&str] = &[
+    "os-authURL",
+    "os-certAuthority",
+    "os-certAuthorityPath",
+    "os-TLSInsecure",
+    "os-endpointType",
+];
+
+/// Keys naming a file the plugin reads.
+pub const FILE_KEYS: &[&str] = &[
+    "os-cloudsFile",
+    "os-certAuthorityPath",
+    "os-clientCertPath",
+    "os-clientKeyPath",
+];
+
+fn refused(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::SecretRefused {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+/// The text of a file a Secret names, read beneath the allowed
+/// directories; one answer for every way it can fail.
+fn secret_file(key: &str, value: &str, env: &ConfigEnv) -> Result<String, ConfigError> {
+    super::secret_files::read(std::path::Path::new(value), &env.secret_file_dirs).ok_or_else(
+        || {
+            refused(
+                key,
+                format!(
+                    "not a file the plugin reads for a Secret: it must be a regular file beneath {} (the plugin's --secret-file-dir)",
+                    if env.secret_file_dirs.is_empty() {
+                        "a directory the operator allows".to_string()
+                    } else {
+                        env.secret_file_dirs
+                            .iter()
+                            .map(|d| d.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }
+                ),
+            )
+        },
+    )
+}
+
+/// The clouds.yaml entry `cloud` for a Secret with `os-useClouds`: from
+/// `os-cloudsFile` (read beneath the allowed directories) or from the
+/// operator's usual places. Any failure is one sentence naming the key:
+/// it never echoes the file, its parse errors or the clouds it defines.
+fn secret_clouds_entry(
+    cloud: &str,
+    file: Option<&str>,
+    env: &ConfigEnv,
+) -> Result<AuthInputs, ConfigError> {
+    let unusable = |_| refused("os-cloud", "not a usable cloud of the clouds.yaml");
+    match file {
+        Some(file) => {
+            let text = secret_file("os-cloudsFile", file, env)?;
+            let path = std::path::Path::new(file);
+            let secure = path
+                .parent()
+                .map(|d| d.join("secure.yaml"))
+                .and_then(|p| super::secret_files::read(&p, &env.secret_file_dirs).map(|t| (p, t)));
+            clouds_yaml::inputs_from_texts(
+                path,
+                &text,
+                secure.as_ref().map(|(p, t)| (p.as_path(), t.as_str())),
+                cloud,
+            )
+            .map_err(unusable)
+        }
+        None => clouds_yaml::load_cloud(&env.clouds_yaml, None, cloud).map_err(unusable),
+    }
+}
+
 /// Resolves credentials from CSI secrets. With `os-useClouds: "true"` the
 /// clouds.yaml entry `os-cloud` (in `os-cloudsFile`, else the usual
 /// places) is read first and the explicit keys win over it, as upstream
-/// does.
+/// does, except the keys that say where credentials go
+/// ([`ENDPOINT_KEYS`]): those are refused next to a plugin-side entry.
 pub fn cloud_from_secrets(
     secrets: &BTreeMap<String, String>,
     env: &ConfigEnv,
@@ -88,6 +170,17 @@ pub fn cloud_from_secrets(
     if let Some(v) = get("os-useClouds")
         && parse_bool("os-useClouds", &v)?
     {
+        let conflicting: Vec<&str> = ENDPOINT_KEYS
+            .iter()
+            .copied()
+            .filter(|k| get(k).is_some())
+            .collect();
+        if !conflicting.is_empty() {
+            return Err(refused(
+                &conflicting.join(", "),
+                "not allowed with os-useClouds: credentials from the plugin's clouds.yaml are used only with that file's own endpoint and CA",
+            ));
+        }
         let cloud = get("os-cloud")
             .or_else(|| env.os_cloud.clone())
             .ok_or_else(|| ConfigError::MissingKey {
@@ -95,8 +188,7 @@ pub fn cloud_from_secrets(
                 key: "os-cloud".into(),
                 hint: Some("os-useClouds needs the clouds.yaml entry to use".into()),
             })?;
-        let file = get("os-cloudsFile").map(PathBuf::from);
-        inputs = clouds_yaml::load_cloud(&env.clouds_yaml, file.as_deref(), &cloud)?;
+        inputs = secret_clouds_entry(&cloud, get("os-cloudsFile").as_deref(), env)?;
     }
     let set = |slot: &mut Option<String>, key: &str| {
         if let Some(v) = get(key) {
@@ -118,11 +210,27 @@ pub fn cloud_from_secrets(
     set(&mut inputs.app_cred_id, "os-applicationCredentialID");
     set(&mut inputs.app_cred_name, "os-applicationCredentialName");
     set(&mut inputs.trust_id, "os-trustID");
-    set(&mut inputs.ca_file, "os-certAuthorityPath");
     set(&mut inputs.ca_pem, "os-certAuthority");
-    set(&mut inputs.cert_file, "os-clientCertPath");
-    set(&mut inputs.key_file, "os-clientKeyPath");
     set(&mut inputs.interface, "os-endpointType");
+    // files a Secret names are read here, beneath the allowed
+    // directories; the session gets their text, never the path
+    if let Some(path) = get("os-certAuthorityPath") {
+        let pem = secret_file("os-certAuthorityPath", &path, env)?;
+        inputs.ca_pem = Some(match inputs.ca_pem.take() {
+            Some(inline) => format!("{inline}\n{pem}"),
+            None => pem,
+        });
+    }
+    if let Some(path) = get("os-clientCertPath") {
+        inputs.cert_pem = Some(secret_file("os-clientCertPath", &path, env)?);
+    }
+    if let Some(path) = get("os-clientKeyPath") {
+        inputs.key_pem = Some(SecretString::new(secret_file(
+            "os-clientKeyPath",
+            &path,
+            env,
+        )?));
+    }
     if let Some(v) = get("os-password") {
         inputs.password = Some(SecretString::new(v));
     }

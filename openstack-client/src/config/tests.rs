@@ -328,6 +328,7 @@ fn clouds_yaml_with_secure_yaml_and_ini_precedence() {
             ..Default::default()
         },
         os_cloud: None,
+        ..Default::default()
     };
     let c = CloudConf::from_texts(
         &[(
@@ -405,6 +406,7 @@ fn clouds_yaml_search_order_explicit_file_first() {
     let env = ConfigEnv {
         clouds_yaml: search,
         os_cloud: None,
+        ..Default::default()
     };
     assert_eq!(
         clouds_yaml::cloud_from_clouds_yaml(&env, Some("c"))
@@ -420,6 +422,7 @@ fn clouds_yaml_search_order_explicit_file_first() {
             ..Default::default()
         },
         os_cloud: None,
+        ..Default::default()
     };
     let err = clouds_yaml::cloud_from_clouds_yaml(&env, Some("c")).unwrap_err();
     assert!(err.to_string().starts_with("no clouds.yaml found"), "{err}");
@@ -435,6 +438,7 @@ fn malformed_clouds_yaml() {
             ..Default::default()
         },
         os_cloud: None,
+        ..Default::default()
     };
     let err = clouds_yaml::cloud_from_clouds_yaml(&env, Some("x")).unwrap_err();
     assert!(err.to_string().contains("no `clouds:` mapping"), "{err}");
