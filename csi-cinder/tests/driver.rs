@@ -1909,3 +1909,36 @@ async fn symlinks_under_the_kubelet_dir_never_lead_a_mount_or_a_removal_outside(
     e.unstage(&v.volume_id).await;
     e.unpublish(&v.volume_id).await;
 }
+
+#[tokio::test]
+async fn ids_from_a_storage_class_cannot_walk_the_url() {
+    let mut e = env().await;
+    // a multi-node capability makes the driver look the type up by name
+    for walking in ["..", "."] {
+        e.h.emulator.control().clear_calls();
+        let mut r = create_req("walk", block_cap(Mode::MultiNodeMultiWriter), 1);
+        r.parameters.insert("type".into(), walking.into());
+        let err = e.c.create_volume(r).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            Code::InvalidArgument,
+            "{walking}: {}",
+            err.message()
+        );
+        // refused before anything was sent: no GET of the project root,
+        // no list of the types where one was asked for
+        let calls = e.h.emulator.control().calls();
+        assert!(
+            !calls.iter().any(|c| c.path.contains("/types")
+                || c.path
+                    .trim_end_matches('/')
+                    .ends_with("a0000000000000000000000000000001")),
+            "{walking}: {:?}",
+            calls
+                .iter()
+                .map(|c| format!("{} {}", c.method, c.path))
+                .collect::<Vec<_>>()
+        );
+    }
+    assert!(e.named("walk").await.is_empty(), "no volume made");
+}

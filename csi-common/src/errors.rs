@@ -83,6 +83,7 @@ pub fn cloud_code(e: &CloudError) -> Code {
         | CloudError::Tls(_)
         | CloudError::EndpointNotFound { .. }
         | CloudError::Unsupported { .. } => Code::FailedPrecondition,
+        CloudError::InvalidId { .. } => Code::InvalidArgument,
         CloudError::InvalidResponse { .. } | CloudError::ResourceFailed { .. } => Code::Internal,
     }
 }

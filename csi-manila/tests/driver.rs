@@ -1548,3 +1548,31 @@ async fn a_secret_cannot_turn_the_plugins_own_files_against_it() {
     e.delete(&v.volume_id).await.unwrap();
     assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
+
+#[tokio::test]
+async fn a_volume_context_cannot_borrow_another_shares_access_rule() {
+    if !root() {
+        return;
+    }
+    let mut e = env("CEPHFS").await;
+    let a = e.create("pvc-a", 1, &[("type", "cephfs")]).await;
+    let b = e.create("pvc-b", 1, &[("type", "cephfs")]).await;
+    let b_rule = b.volume_context["shareAccessIDs"].clone();
+    let calls_before = e.h.helper_calls().len();
+    // share a's handle with share b's rule (and its cephx key)
+    let mut req = e.stage_req(&a, rwx());
+    req.volume_context
+        .insert("shareAccessIDs".into(), b_rule.clone());
+    let err = e.n.node_stage_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert_eq!(
+        e.h.helper_calls().len(),
+        calls_before,
+        "nothing was mounted with another share's key"
+    );
+    // its own rule still stages
+    e.stage(&a, rwx()).await;
+    e.unstage(&a).await;
+    e.delete(&a.volume_id).await.unwrap();
+    e.delete(&b.volume_id).await.unwrap();
+}

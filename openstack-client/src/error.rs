@@ -69,6 +69,12 @@ pub enum Error {
         interface: String,
         region: Option<String>,
     },
+    /// A request path whose id would walk the URL (empty, `.`, `..`):
+    /// refused before anything is sent.
+    #[error(
+        "{operation}: {id:?} cannot name an OpenStack resource (an id is not empty, `.` or `..`)"
+    )]
+    InvalidId { operation: &'static str, id: String },
     #[error("{operation}: unexpected response: {message}")]
     InvalidResponse {
         operation: &'static str,

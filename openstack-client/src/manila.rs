@@ -146,6 +146,10 @@ pub struct AccessRule {
     /// The cephx secret; present once a `cephx` rule is active.
     #[serde(default)]
     pub access_key: Option<String>,
+    /// The share the rule belongs to (the share-access-rules API says;
+    /// a share's own list does not).
+    #[serde(default)]
+    pub share_id: Option<String>,
 }
 
 fn unknown_state() -> AccessRuleState {
@@ -544,7 +548,18 @@ impl SharedFileSystems {
                     "access_get",
                 )
                 .await?;
-            return Ok(self.session.send(req).await?.json::<E>()?.access);
+            let rule = self.session.send(req).await?.json::<E>()?.access;
+            // the API answers for any rule the project can see: one of
+            // another share (and its cephx key) is not this share's
+            if rule.share_id.as_deref() != Some(share_id) {
+                return Err(Error::NotFound(crate::error::ApiError {
+                    operation: "access_get",
+                    status: None,
+                    request_id: None,
+                    message: format!("access rule {access_id} is not a rule of share {share_id}"),
+                }));
+            }
+            return Ok(rule);
         }
         self.list_access_rules(share_id)
             .await?

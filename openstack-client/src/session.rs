@@ -217,6 +217,34 @@ impl ApiResponse {
     }
 }
 
+/// A 3xx answer from an OpenStack API: refused with an error naming where
+/// it pointed (quoted and cut short: the server chose it).
+fn redirect_refused(
+    operation: &'static str,
+    url: &str,
+    status: u16,
+    headers: &HeaderMap,
+) -> Option<Error> {
+    if !(300..400).contains(&status) {
+        return None;
+    }
+    let location: String = headers
+        .get(http::header::LOCATION)
+        .map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .chars()
+                .take(200)
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(Error::InvalidResponse {
+        operation,
+        message: format!(
+            "{url} answered {status} redirecting to {location:?}; redirects are not followed (no token or password goes to another URL): configure the endpoint the redirect names instead"
+        ),
+    })
+}
+
 fn request_id(headers: &HeaderMap) -> Option<String> {
     [
         "x-openstack-request-id",
@@ -324,6 +352,10 @@ impl Connection {
             .connect_timeout(options.connect_timeout)
             .user_agent(options.user_agent.clone())
             .pool_idle_timeout(Duration::from_secs(30))
+            // a redirect is an answer, never followed: reqwest's default
+            // would send X-Auth-Token (and a login's password) on to
+            // whatever host the Location names
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Error::Tls(format!("cannot build the HTTP client: {e}")))?;
         Ok(Self {
@@ -445,6 +477,9 @@ impl Connection {
         .instrument(span)
         .await?;
         let (status, headers, body) = resp;
+        if let Some(e) = redirect_refused(operation, url.as_str(), status, &headers) {
+            return Err(e);
+        }
         if status >= 400 {
             let err = ApiError {
                 operation,
@@ -571,7 +606,7 @@ impl Connection {
                 Some(b) => b.clone(),
                 None => self.endpoint_from(&token, req.service)?,
             };
-            let url = join_url(&base, &req.path, &req.query);
+            let url = join_url(req.operation, &base, &req.path, &req.query)?;
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 return Err(Error::Timeout {
@@ -583,7 +618,7 @@ impl Connection {
             let mut builder = self
                 .inner
                 .http
-                .request(req.method.clone(), url)
+                .request(req.method.clone(), url.clone())
                 .timeout(remaining)
                 .header("x-auth-token", token.value.expose());
             if !req.headers.iter().any(|(k, _)| k == http::header::ACCEPT) {
@@ -612,6 +647,10 @@ impl Connection {
                 Ok((status, headers, body)) => {
                     self.observe(req.service, req.operation, Some(status), elapsed);
                     let rid = request_id(&headers);
+                    if let Some(e) = redirect_refused(req.operation, url.as_str(), status, &headers)
+                    {
+                        return Err(e);
+                    }
                     if status < 400 {
                         // recorded once, for the answer that counts (a
                         // field recorded again would repeat in JSON logs)
@@ -811,25 +850,46 @@ pub(crate) fn unversioned_root(url: &Url) -> Url {
     u
 }
 
-fn join_url(base: &Url, path: &str, query: &[(String, String)]) -> Url {
+/// The URL of `path` below `base`. Every segment of `path` must name
+/// something: an empty one (an empty id) or a dot segment, even
+/// percent-encoded (`%2E%2E` is `..` to a URL parser), would turn into a
+/// step up or a list of everything. And the result stays below `base`.
+fn join_url(
+    operation: &'static str,
+    base: &Url,
+    path: &str,
+    query: &[(String, String)],
+) -> Result<Url> {
     let mut u = base.clone();
+    let path = path.trim_start_matches('/');
     let joined = if path.is_empty() {
         base.path().to_string()
     } else {
-        format!(
-            "{}/{}",
-            base.path().trim_end_matches('/'),
-            path.trim_start_matches('/')
-        )
+        for segment in path.split('/') {
+            let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
+            if segment.is_empty() || decoded == "." || decoded == ".." {
+                return Err(Error::InvalidId {
+                    operation,
+                    id: segment.chars().take(64).collect(),
+                });
+            }
+        }
+        format!("{}/{}", base.path().trim_end_matches('/'), path)
     };
     u.set_path(&joined);
+    if !u.path().starts_with(base.path().trim_end_matches('/')) {
+        return Err(Error::InvalidId {
+            operation,
+            id: path.chars().take(64).collect(),
+        });
+    }
     if !query.is_empty() {
         let mut pairs = u.query_pairs_mut();
         for (k, v) in query {
             pairs.append_pair(k, v);
         }
     }
-    u
+    Ok(u)
 }
 
 /// A rustls configuration with the ring provider and the system roots
@@ -1034,8 +1094,25 @@ mod tests {
         let base = Url::parse("http://h/volume/v3/p").unwrap();
         let q = vec![("name".to_string(), "a b&c".to_string())];
         assert_eq!(
-            join_url(&base, "volumes/detail", &q).as_str(),
+            join_url("t", &base, "volumes/detail", &q).unwrap().as_str(),
             "http://h/volume/v3/p/volumes/detail?name=a+b%26c"
         );
+        for walking in [
+            "types/..",
+            "types/%2E%2E",
+            "types/.%2e",
+            "types/.",
+            "types/%2e",
+            "types/",
+            "types//extra_specs",
+        ] {
+            assert!(
+                matches!(
+                    join_url("t", &base, walking, &[]),
+                    Err(Error::InvalidId { .. })
+                ),
+                "{walking}"
+            );
+        }
     }
 }

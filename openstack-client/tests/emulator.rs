@@ -1128,3 +1128,60 @@ async fn clouds_yaml_written_by_the_emulator_works() {
     s.authenticate().await.unwrap();
     BlockStorage::new(s).list_volume_types().await.unwrap();
 }
+
+/// A server that answers every request with a 302 to `location`, and
+/// counts the connections it gets.
+async fn redirector(location: String) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let n = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = n.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let location = location.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let _ = s.read(&mut buf).await;
+                let answer = format!(
+                    "HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+                let _ = s.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (format!("http://{addr}"), n)
+}
+
+#[tokio::test]
+async fn no_token_or_password_follows_a_redirect() {
+    let emu = start().await;
+    // where a redirect would lead: a server that must never be reached
+    let (elsewhere, reached) = redirector("http://127.0.0.1:9/".into()).await;
+    let (keystone, _) = redirector(format!("{elsewhere}/v3/auth/tokens")).await;
+    let mut cfg = conf(&emu).cloud("").unwrap();
+    cfg.auth_url = format!("{keystone}/v3").parse().unwrap();
+    let s = Session::new(cfg, fast_options()).unwrap();
+    let err = s.authenticate().await.unwrap_err().to_string();
+    assert!(err.contains("302") && err.contains(&elsewhere), "{err}");
+
+    // an API endpoint that redirects: the token is not sent on
+    let (cinder, _) = redirector(format!("{elsewhere}/v3/types")).await;
+    let mut cfg = conf(&emu).cloud("").unwrap();
+    cfg.endpoint_overrides.insert(
+        ServiceType::BlockStorage,
+        format!("{cinder}/v3/p").parse().unwrap(),
+    );
+    let s = Session::new(cfg, fast_options()).unwrap();
+    let err = BlockStorage::new(s).list_volume_types().await.unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidResponse { .. }) && err.to_string().contains("redirect"),
+        "{err}"
+    );
+    assert_eq!(
+        reached.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "nothing followed a redirect"
+    );
+}
