@@ -238,3 +238,19 @@ fn bad_flags_and_configuration_are_clear_errors() {
     let err = run_expecting_failure(&[&sock, &format!("--cloud-config={}", empty.display())]);
     assert!(err.contains("is empty"), "{err}");
 }
+
+#[test]
+fn a_live_socket_is_never_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("csi.sock");
+    // another plugin instance serving on the endpoint
+    let live = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let err = run_expecting_failure(&[
+        &format!("--endpoint=unix://{}", path.display()),
+        "--provide-controller-service=false",
+    ]);
+    assert!(err.contains("refusing to take over"), "{err}");
+    // its socket is still the one it serves on
+    std::os::unix::net::UnixStream::connect(&path).unwrap();
+    assert!(live.accept().is_ok());
+}

@@ -16,6 +16,8 @@ pub enum EndpointError {
     UnsupportedScheme(String),
     #[error("refusing to replace {}: it exists and is not a socket", .0.display())]
     NotASocket(PathBuf),
+    #[error("refusing to take over {}: a process is serving on it (another instance of this plugin?)", .0.display())]
+    InUse(PathBuf),
     #[error("{what} {}: {source}", path.display())]
     Io {
         what: &'static str,
@@ -91,6 +93,11 @@ pub fn bind(endpoint: &Endpoint, mode: u32) -> Result<UnixListener, EndpointErro
     std::fs::create_dir_all(parent).map_err(io("cannot create the socket directory", parent))?;
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
+            // a socket something answers on is live: replacing it would
+            // cut its clients off from it without a word
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(EndpointError::InUse(path.to_path_buf()));
+            }
             std::fs::remove_file(path).map_err(io("cannot remove the stale socket", path))?;
             tracing::info!(socket = %path.display(), "removed a stale socket");
         }
@@ -136,6 +143,18 @@ pub fn remove_socket(endpoint: &Endpoint) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_live_socket_is_refused_a_stale_one_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let e: Endpoint = dir.path().join("p.sock").to_str().unwrap().parse().unwrap();
+        let live = bind(&e, 0o600).unwrap();
+        assert!(matches!(bind(&e, 0o600), Err(EndpointError::InUse(_))));
+        drop(live);
+        // nothing listens any more: the leftover file is replaced
+        let again = bind(&e, 0o600).unwrap();
+        drop(again);
+    }
 
     #[test]
     fn parses_endpoint_forms() {
