@@ -73,6 +73,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::fs::write(out_dir.join(format!("{pkg}.redacted_debug.rs")), code)?;
     }
 
+    // every gRPC method path the protos define: the plugins' metrics label
+    // a call by it, and anything else as "unknown"
+    let mut methods = String::from("pub const GRPC_METHODS: &[&str] = &[\n");
+    for service in pool.services() {
+        for method in service.methods() {
+            writeln!(
+                methods,
+                "    \"/{}/{}\",",
+                service.full_name(),
+                method.name()
+            )?;
+        }
+    }
+    methods.push_str("];\n");
+    std::fs::write(out_dir.join("grpc_methods.rs"), methods)?;
+
     let skip: Vec<String> = redacted
         .iter()
         .map(|(m, _)| format!(".{}", m.full_name()))

@@ -59,6 +59,13 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
         .spawn()
         .unwrap();
     let mut plugin = Plugin(child);
+    // read as it comes: a full pipe would stall the plugin's logging
+    let mut pipe = plugin.0.stderr.take().unwrap();
+    let stderr_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut pipe, &mut text).unwrap();
+        text
+    });
     wait_for_socket(&sock).await.unwrap();
     let mut client = IdentityClient::new(plugin_runtime::connect_unix(&sock).await.unwrap());
     let info = client
@@ -100,6 +107,39 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
     );
     assert_eq!(http_get(port, "/healthz").await.unwrap().0, 200);
 
+    // paths a caller makes up share one label: /metrics does not grow
+    let mut grpc = tonic::client::Grpc::new(plugin_runtime::connect_unix(&sock).await.unwrap());
+    for i in 0..300 {
+        grpc.ready().await.unwrap();
+        let path: String = if i % 2 == 0 {
+            format!("/csi.v1.Identity/Made{i}Up")
+        } else {
+            format!("/x{i}.Service/Call")
+        };
+        let call = grpc.unary::<ProbeRequest, ProbeRequest, _>(
+            tonic::Request::new(ProbeRequest {}),
+            http::uri::PathAndQuery::from_maybe_shared(path.clone()).unwrap(),
+            tonic_prost::ProstCodec::default(),
+        );
+        let err = tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .expect("an unknown method is answered")
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unimplemented, "{path:?}");
+    }
+    let (_, after) = http_get(port, "/metrics").await.unwrap();
+    assert!(
+        after.contains("grpc_server_handled_total{method=\"unknown\",code=\"Unimplemented\"} 300"),
+        "{after}"
+    );
+    assert!(!after.contains("Made0Up") && !after.contains("x1.Service"));
+    assert!(
+        after.len() < body.len() + 4096,
+        "/metrics grew from {} to {} bytes",
+        body.len(),
+        after.len()
+    );
+
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(plugin.0.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -108,8 +148,7 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
     let status = plugin.0.wait().unwrap();
     assert!(status.success(), "{status:?}");
     assert!(!sock.exists(), "the socket is removed on SIGTERM");
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(plugin.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let stderr = stderr_reader.join().unwrap();
     assert!(
         !stderr.contains("admin-secret"),
         "a password reached the log"

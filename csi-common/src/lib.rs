@@ -37,6 +37,12 @@ pub use proto as __proto;
 #[doc(hidden)]
 pub use tonic as __tonic;
 #[doc(hidden)]
+/// A span field from a request, escaped and bounded (see
+/// [`plugin_runtime::logging::caller_field`]).
+#[doc(hidden)]
+pub fn __caller_field(v: &impl std::fmt::Display) -> String {
+    plugin_runtime::logging::caller_field(&v.to_string())
+}
 pub use tracing as __tracing;
 
 /// Runs a handler `async fn method(&self, request, deadline) ->
@@ -50,7 +56,10 @@ macro_rules! serve_rpc {
     ($self:ident, $req:ident, $rpc:literal, $field:ident = $id:expr, $method:ident) => {{
         let deadline = $crate::request::deadline_from($req.metadata());
         let r = $req.into_inner();
-        let span = $crate::__tracing::info_span!($rpc, $field = %$id(&r));
+        let span = $crate::__tracing::info_span!(
+            $rpc,
+            $field = %$crate::__caller_field(&$id(&r))
+        );
         let result =
             $crate::__tracing::Instrument::instrument($self.$method(r, deadline), span.clone())
                 .await;

@@ -29,6 +29,8 @@ const TAG_LEN: usize = 16;
 /// The apiserver rejects ciphertexts over 1024 bytes.
 pub const MAX_CIPHERTEXT: usize = 1024;
 pub const MAX_PLAINTEXT: usize = MAX_CIPHERTEXT - 1 - NONCE_LEN - TAG_LEN;
+/// The shortest ciphertext either format produces (one byte sealed).
+pub const MIN_CIPHERTEXT: usize = 1 + NONCE_LEN + TAG_LEN + 1;
 pub const MAX_KEY_ID: usize = 1024;
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -47,10 +49,13 @@ pub enum EnvelopeError {
         "ciphertext does not authenticate under key {key_id} (tampered, or sealed with another key)"
     )]
     Unauthentic { key_id: String },
-    #[error("legacy ciphertext of {0} bytes is not an IV plus whole AES blocks")]
-    LegacyLength(usize),
-    #[error("legacy ciphertext has invalid padding (wrong key or tampered)")]
-    LegacyPadding,
+    /// Every way a legacy (AES-CBC, unauthenticated) ciphertext fails to
+    /// open gives this one answer: telling a bad padding from a bad
+    /// length would be a padding oracle.
+    #[error(
+        "legacy ciphertext does not decrypt under this key (malformed, tampered or sealed with another key)"
+    )]
+    LegacyUndecryptable,
     #[error("the key-encryption key is {0} bytes, not {KEY_LEN}")]
     KeyLength(usize),
     #[error("no randomness available")]
@@ -221,7 +226,7 @@ impl Kek {
             || !ciphertext.len().is_multiple_of(BLOCK)
             || ciphertext.len() > MAX_CIPHERTEXT
         {
-            return Err(EnvelopeError::LegacyLength(ciphertext.len()));
+            return Err(EnvelopeError::LegacyUndecryptable);
         }
         let (iv, body) = ciphertext.split_at(BLOCK);
         let mut buf = Zeroizing::new(body.to_vec());
@@ -230,7 +235,7 @@ impl Kek {
                 .map_err(|_| EnvelopeError::KeyLength(self.raw.len()))?;
         let len = decryptor
             .decrypt_padded_mut::<Pkcs7>(&mut buf)
-            .map_err(|_| EnvelopeError::LegacyPadding)?
+            .map_err(|_| EnvelopeError::LegacyUndecryptable)?
             .len();
         buf.truncate(len);
         Ok(buf)
@@ -349,11 +354,11 @@ mod tests {
         assert_eq!(&*k.open_legacy(&ct).unwrap(), &[42u8; 32]);
         assert_eq!(
             k.open_legacy(&ct[..40]).unwrap_err(),
-            EnvelopeError::LegacyLength(40)
+            EnvelopeError::LegacyUndecryptable
         );
         assert_eq!(
             k.open_legacy(&ct[..16]).unwrap_err(),
-            EnvelopeError::LegacyLength(16)
+            EnvelopeError::LegacyUndecryptable
         );
         // the wrong key almost always breaks the padding
         let wrong = kek(6).open_legacy(&ct);

@@ -3,7 +3,7 @@
 //! live only in memory (zeroed on drop); Encrypt, Decrypt and Status never
 //! wait for Barbican unless a Decrypt names a key not held yet.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,10 @@ use ring::rand::SystemRandom;
 use tokio::sync::Mutex;
 use zeroize::Zeroizing;
 
-use crate::envelope::{EnvelopeError, FORMAT_ANNOTATION, FORMAT_V1_NAME, Kek, MAX_KEY_ID};
+use crate::envelope::{
+    EnvelopeError, FORMAT_ANNOTATION, FORMAT_V1_NAME, Kek, MAX_CIPHERTEXT, MAX_KEY_ID,
+    MIN_CIPHERTEXT,
+};
 use crate::keystore::{KeyStore, KeyStoreError};
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -22,14 +25,18 @@ pub enum KeyRingError {
     Envelope(#[from] EnvelopeError),
     #[error("key_id {0:?} is not a key_id of this plugin")]
     BadKeyId(String),
+    /// The secret's payload no longer matches the key_id (its real
+    /// fingerprint goes to the log, not to the caller).
     #[error(
-        "key_id {key_id} names Barbican secret {secret}, whose key now has key_id {actual}: the secret's payload changed"
+        "key_id {key_id} names Barbican secret {secret}, whose payload changed since it was sealed"
     )]
-    KeyChanged {
-        key_id: String,
-        secret: String,
-        actual: String,
-    },
+    KeyChanged { key_id: String, secret: String },
+    /// A key_id naming a secret the operator did not name: one answer for
+    /// all of them, given before anything is fetched.
+    #[error(
+        "the ciphertext's key is not one this plugin decrypts with (the current key, keys it rotated from, --previous-key-id)"
+    )]
+    UnnamedKey,
     #[error("annotation {0}")]
     BadAnnotation(String),
     #[error("Barbican secret {secret} is unusable as a key: {source}")]
@@ -44,6 +51,9 @@ pub enum KeyRingError {
 #[derive(Debug)]
 struct State {
     current_secret: String,
+    /// Barbican secrets Decrypt may use: the current one, those it
+    /// rotated from in this process, and `--previous-key-id`.
+    named: BTreeSet<String>,
     current: Option<Arc<Kek>>,
     /// every key held, by key_id
     known: HashMap<String, Arc<Kek>>,
@@ -96,6 +106,7 @@ impl<S: KeyStore> KeyRing<S> {
             store,
             rng: SystemRandom::new(),
             state: RwLock::new(State {
+                named: BTreeSet::from([current_secret.clone()]),
                 current_secret,
                 current: None,
                 known: HashMap::new(),
@@ -165,6 +176,7 @@ impl<S: KeyStore> KeyRing<S> {
         let kek = Arc::new(self.fetch_kek(secret).await?);
         let mut st = self.write();
         st.current_secret = secret.to_string();
+        st.named.insert(secret.to_string());
         st.known.insert(kek.key_id().to_string(), kek.clone());
         tracing::info!(key_id = kek.key_id(), "rotated to a new key-encryption key");
         st.current = Some(kek);
@@ -224,7 +236,18 @@ impl<S: KeyStore> KeyRing<S> {
     }
 
     /// Loads an older key so that Decrypt finds it without a round trip.
+    /// Names earlier keys (`--previous-key-id`) Decrypt may use; they are
+    /// fetched by [`KeyRing::load_previous`] or on first use.
+    pub fn name_previous(&self, secrets: &[String]) {
+        self.write().named.extend(secrets.iter().cloned());
+    }
+
+    fn is_named(&self, secret: &str) -> bool {
+        self.read().named.contains(secret)
+    }
+
     pub async fn load_previous(&self, secret: &str) -> Result<String, KeyRingError> {
+        self.name_previous(&[secret.to_string()]);
         let kek = Arc::new(self.fetch_kek(secret).await?);
         let key_id = kek.key_id().to_string();
         self.write().known.insert(key_id.clone(), kek);
@@ -340,6 +363,13 @@ impl<S: KeyStore> KeyRing<S> {
         if key_id.is_empty() || key_id.len() > MAX_KEY_ID {
             return Err(KeyRingError::BadKeyId(format!("{} bytes", key_id.len())));
         }
+        // sizes first: nothing is fetched for a ciphertext no key opens
+        if ciphertext.len() > MAX_CIPHERTEXT {
+            return Err(EnvelopeError::CiphertextTooLong(ciphertext.len()).into());
+        }
+        if ciphertext.len() < MIN_CIPHERTEXT {
+            return Err(EnvelopeError::CiphertextTooShort(ciphertext.len()).into());
+        }
         match key_id.split_once(':') {
             Some((secret, fp)) => {
                 for (k, v) in annotations {
@@ -357,6 +387,9 @@ impl<S: KeyStore> KeyRing<S> {
                 {
                     return Err(KeyRingError::BadKeyId(key_id.to_string()));
                 }
+                if !self.is_named(secret) {
+                    return Err(KeyRingError::UnnamedKey);
+                }
                 let kek = self.kek_by_key_id(key_id, secret).await?;
                 Ok(kek.open(ciphertext)?)
             }
@@ -369,6 +402,9 @@ impl<S: KeyStore> KeyRing<S> {
                     return Err(KeyRingError::BadAnnotation(
                         "legacy ciphertexts carry no annotations".into(),
                     ));
+                }
+                if !self.is_named(key_id) {
+                    return Err(KeyRingError::UnnamedKey);
                 }
                 let kek = self.kek_by_secret(key_id).await?;
                 Ok(kek.open_legacy(ciphertext)?)
@@ -388,10 +424,15 @@ impl<S: KeyStore> KeyRing<S> {
         }
         let kek = Arc::new(self.fetch_kek(secret).await?);
         if kek.key_id() != key_id {
+            tracing::warn!(
+                key_id,
+                secret,
+                actual = kek.key_id(),
+                "a Decrypt names a key whose Barbican secret now holds another key"
+            );
             return Err(KeyRingError::KeyChanged {
                 key_id: key_id.to_string(),
                 secret: secret.to_string(),
-                actual: kek.key_id().to_string(),
             });
         }
         tracing::info!(key_id, "fetched an older key-encryption key for Decrypt");

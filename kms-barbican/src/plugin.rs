@@ -160,6 +160,7 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     let fetch_timeout = Duration::from_secs(10).min(opts.refresh_interval);
     let store = BarbicanKeyStore::new(KeyManager::new(session.clone()), fetch_timeout);
     let ring = Arc::new(KeyRing::new(store, key_id, opts.max_staleness));
+    ring.name_previous(&opts.previous_key_ids);
 
     // configuration changes: new credentials at once, a new key id as a
     // pending rotation the key loop applies

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use plugin_runtime::logging::caller_field;
 use proto::kms::v2 as kms;
 use proto::kms::v2::key_management_service_server::KeyManagementService;
 use tonic::{Request, Response, Status};
@@ -29,9 +30,10 @@ fn to_status(e: KeyRingError) -> Status {
     match &e {
         KeyRingError::NotReady(_) => Status::unavailable(e.to_string()),
         KeyRingError::Envelope(E::Random) => Status::internal(e.to_string()),
-        KeyRingError::Envelope(_) | KeyRingError::BadKeyId(_) | KeyRingError::BadAnnotation(_) => {
-            Status::invalid_argument(e.to_string())
-        }
+        KeyRingError::Envelope(_)
+        | KeyRingError::BadKeyId(_)
+        | KeyRingError::BadAnnotation(_)
+        | KeyRingError::UnnamedKey => Status::invalid_argument(e.to_string()),
         KeyRingError::KeyChanged { .. } | KeyRingError::BadKey { .. } => {
             Status::failed_precondition(e.to_string())
         }
@@ -69,7 +71,7 @@ impl<S: KeyStore> KeyManagementService for KmsService<S> {
         r: Request<kms::EncryptRequest>,
     ) -> Result<Response<kms::EncryptResponse>, Status> {
         let req = r.into_inner();
-        let span = tracing::debug_span!("encrypt", uid = %req.uid, bytes = req.plaintext.len());
+        let span = tracing::debug_span!("encrypt", uid = %caller_field(&req.uid), bytes = req.plaintext.len());
         let _e = span.enter();
         let (ciphertext, key_id) = self.ring.encrypt(&req.plaintext).map_err(to_status)?;
         let annotations = HashMap::from([(FORMAT_ANNOTATION.to_string(), FORMAT_V1_NAME.to_vec())]);
@@ -90,7 +92,7 @@ impl<S: KeyStore> KeyManagementService for KmsService<S> {
             .decrypt(&req.ciphertext, &req.key_id, &req.annotations)
             .await
             .map_err(|e| {
-                tracing::info!(uid = %req.uid, key_id = %req.key_id, error = %e, "decrypt refused");
+                tracing::info!(uid = %caller_field(&req.uid), key_id = %caller_field(&req.key_id), error = %e, "decrypt refused");
                 to_status(e)
             })?;
         Ok(Response::new(kms::DecryptResponse {

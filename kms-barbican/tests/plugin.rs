@@ -517,21 +517,88 @@ async fn bad_input_gets_clear_errors_and_the_process_stays_up() {
             tonic::Code::InvalidArgument,
             "shorter",
         ),
-        (
-            dec(
-                enc.ciphertext.clone(),
-                "00000000-0000-4000-8000-000000000000:0123456789abcdef",
-                HashMap::new(),
-            ),
-            tonic::Code::NotFound,
-            "does not exist",
-        ),
     ];
     for (req, want, text) in cases {
         let e = c.decrypt(req).await.unwrap_err();
         assert_eq!(e.code(), want, "{e}");
         assert!(e.message().contains(text), "{e}");
     }
+
+    // keys the operator did not name: one answer, whether Barbican holds
+    // the secret (readable with the plugin's credentials) or not, and no
+    // fingerprint of it
+    let other = cloud.secret(&[9u8; 32]).await;
+    let mut answers = Vec::new();
+    for key_id in [
+        "00000000-0000-4000-8000-000000000000:0123456789abcdef".to_string(),
+        format!("{other}:0123456789abcdef"),
+        other.clone(),
+    ] {
+        let legacy = !key_id.contains(':');
+        let req = dec(
+            if legacy {
+                vec![0u8; 48]
+            } else {
+                enc.ciphertext.clone()
+            },
+            &key_id,
+            if legacy {
+                HashMap::new()
+            } else {
+                enc.annotations.clone()
+            },
+        );
+        let e = c.decrypt(req).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+        answers.push(e.message().to_string());
+    }
+    assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
+    assert!(
+        answers[0].contains("not one this plugin decrypts with"),
+        "{answers:?}"
+    );
+
+    // a legacy ciphertext that does not open: one answer whatever failed
+    // (a padding oracle otherwise)
+    let secret = enc.key_id.split(':').next().unwrap().to_string();
+    let mut legacy_answers = Vec::new();
+    for ct in [vec![0u8; 48], vec![0u8; 40], vec![7u8; 64]] {
+        let e = c
+            .decrypt(dec(ct, &secret, HashMap::new()))
+            .await
+            .unwrap_err();
+        legacy_answers.push((e.code(), e.message().to_string()));
+    }
+    assert!(
+        legacy_answers.iter().all(|a| a == &legacy_answers[0]),
+        "{legacy_answers:?}"
+    );
+
+    // request fields reach the log escaped and bounded
+    for uid in [
+        "pod\nFORGED rotation applied".to_string(),
+        "u".repeat(120_000),
+    ] {
+        let _ = c
+            .decrypt(DecryptRequest {
+                ciphertext: vec![1],
+                uid,
+                key_id: "k\nFORGED".into(),
+                annotations: HashMap::new(),
+            })
+            .await
+            .unwrap_err();
+    }
+    let log = std::fs::read_to_string(&plugin.log).unwrap();
+    assert!(
+        !log.lines().any(|l| l.starts_with("FORGED")),
+        "a forged line"
+    );
+    assert!(
+        log.lines().all(|l| l.len() < 4096),
+        "a log line of {} bytes",
+        log.lines().map(str::len).max().unwrap_or(0)
+    );
     // still serving
     wait_healthy(&mut c).await;
 }

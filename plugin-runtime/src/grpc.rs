@@ -79,6 +79,20 @@ impl GrpcMetrics {
     }
 }
 
+/// The label of a call whose path names no method of ours.
+pub const UNKNOWN_METHOD: &str = "unknown";
+
+/// A call's method for labels: one of the protos' methods, else
+/// [`UNKNOWN_METHOD`], so that callers cannot grow the metrics with paths
+/// of their own.
+pub fn method_label(path: &str) -> &'static str {
+    proto::GRPC_METHODS
+        .iter()
+        .find(|m| **m == path)
+        .copied()
+        .unwrap_or(UNKNOWN_METHOD)
+}
+
 /// `tonic::Code` names as Prometheus and logs show them.
 pub fn code_name(code: i32) -> &'static str {
     match code {
@@ -145,8 +159,13 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let method = req.uri().path().to_string();
-        let span = tracing::info_span!("rpc", method = %method, code = tracing::field::Empty, duration_ms = tracing::field::Empty);
+        let method = method_label(req.uri().path()).to_string();
+        let span = if method == UNKNOWN_METHOD {
+            let asked: String = req.uri().path().chars().take(128).collect();
+            tracing::info_span!("rpc", method = %method, path = ?asked, code = tracing::field::Empty, duration_ms = tracing::field::Empty)
+        } else {
+            tracing::info_span!("rpc", method = %method, code = tracing::field::Empty, duration_ms = tracing::field::Empty)
+        };
         let metrics = self.metrics.clone();
         let labels = MethodLabels {
             method: method.clone(),

@@ -70,3 +70,41 @@ pub fn init(args: &LogArgs) -> Result<(), LogError> {
     let _ = result;
     Ok(())
 }
+
+/// The longest request field a log line carries.
+pub const MAX_LOGGED_FIELD: usize = 128;
+
+/// A field a caller wrote, as a log line may carry it: control characters
+/// escaped (a newline cannot forge a line) and cut to
+/// [`MAX_LOGGED_FIELD`] characters, with the full length said.
+pub fn caller_field(value: &str) -> String {
+    let mut out = String::new();
+    for c in value.chars().take(MAX_LOGGED_FIELD) {
+        if c.is_control() || c == '\\' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    let n = value.chars().count();
+    if n > MAX_LOGGED_FIELD {
+        out.push_str(&format!("...({n} characters)"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod caller_field_tests {
+    use super::*;
+
+    #[test]
+    fn escapes_and_bounds() {
+        assert_eq!(caller_field("pod-1"), "pod-1");
+        assert_eq!(caller_field("a\nb\r\x1b"), "a\\nb\\r\\u{1b}");
+        let long = caller_field(&"x".repeat(120_000));
+        assert!(
+            long.len() < 200 && long.ends_with("(120000 characters)"),
+            "{long}"
+        );
+    }
+}

@@ -16,6 +16,9 @@ impl core::fmt::Debug for Redacted {
     }
 }
 
+// `GRPC_METHODS`: every method path of the CSI and KMS v2 services.
+include!(concat!(env!("OUT_DIR"), "/grpc_methods.rs"));
+
 pub mod csi {
     pub mod v1 {
         tonic::include_proto!("csi.v1");
