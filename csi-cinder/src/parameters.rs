@@ -220,8 +220,14 @@ impl SnapshotParameters {
                     p.backup_seconds_per_gib = v
                         .parse::<u64>()
                         .ok()
-                        .filter(|s| *s > 0)
-                        .ok_or_else(|| invalid(k, v, "must be a positive number of seconds"))?;
+                        .filter(|s| (1..=MAX_BACKUP_SECONDS_PER_GIB).contains(s))
+                        .ok_or_else(|| {
+                            invalid(
+                                k,
+                                v,
+                                &format!("must be a number of seconds from 1 to {MAX_BACKUP_SECONDS_PER_GIB}"),
+                            )
+                        })?;
                 }
                 "availability" => p.availability = non_empty(v),
                 k if is_snapshot_metadata_key(k) => {
@@ -246,6 +252,9 @@ impl SnapshotParameters {
         )
     }
 }
+
+/// A day per GiB: any longer budget is a mistake (or an overflow).
+pub const MAX_BACKUP_SECONDS_PER_GIB: u64 = 86_400;
 
 /// What CreateVolumeGroupSnapshot reads from a VolumeGroupSnapshotClass.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

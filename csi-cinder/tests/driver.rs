@@ -1942,3 +1942,60 @@ async fn ids_from_a_storage_class_cannot_walk_the_url() {
     }
     assert!(e.named("walk").await.is_empty(), "no volume made");
 }
+
+#[tokio::test]
+async fn absurd_backup_budgets_are_refused_before_anything_is_made() {
+    let mut e = env().await;
+    let v = e
+        .create("budget", mount_cap("ext4", Mode::SingleNodeWriter), 1)
+        .await;
+    e.h.emulator.control().clear_calls();
+    for budget in ["18446744073709551615", "86401", "0", "-1"] {
+        let err =
+            e.c.create_snapshot(snapshot_req(
+                &v.volume_id,
+                "budget-backup",
+                &[
+                    ("type", "backup"),
+                    ("backup-max-duration-seconds-per-gb", budget),
+                ],
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.code(),
+            Code::InvalidArgument,
+            "{budget}: {}",
+            err.message()
+        );
+    }
+    assert!(
+        !e.h.emulator
+            .control()
+            .calls()
+            .iter()
+            .any(|c| c.method == "POST"),
+        "nothing was created"
+    );
+    // the largest allowed budget is served (and waits within the deadline)
+    let snap =
+        e.c.create_snapshot(snapshot_req(
+            &v.volume_id,
+            "budget-backup",
+            &[
+                ("type", "backup"),
+                ("backup-max-duration-seconds-per-gb", "86400"),
+            ],
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    e.c.delete_snapshot(csi::DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id,
+        secrets: HashMap::new(),
+    })
+    .await
+    .unwrap();
+}

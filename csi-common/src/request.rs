@@ -19,6 +19,11 @@ pub const MAX_VOLUME_GIB: i64 = 1 << 20;
 /// too).
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// A caller's `grpc-timeout` is honoured up to this: no CSI call of ours
+/// needs longer, and a larger one (up to 99999999 hours in the header)
+/// would hold locks and sessions for ever, or overflow an `Instant`.
+pub const MAX_RPC_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
 /// When the caller's deadline passes, its answer is lost; so stop a little
 /// earlier and say why, leaving room for the reply.
 pub fn deadline_from(metadata: &MetadataMap) -> Instant {
@@ -26,7 +31,8 @@ pub fn deadline_from(metadata: &MetadataMap) -> Instant {
         .get("grpc-timeout")
         .and_then(|v| v.to_str().ok())
         .and_then(parse_grpc_timeout)
-        .unwrap_or(DEFAULT_RPC_TIMEOUT);
+        .unwrap_or(DEFAULT_RPC_TIMEOUT)
+        .min(MAX_RPC_TIMEOUT);
     let margin = (timeout / 20).clamp(Duration::from_millis(50), Duration::from_secs(2));
     Instant::now() + timeout.saturating_sub(margin)
 }
@@ -39,8 +45,8 @@ pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
     let (digits, unit) = v.split_at(v.len() - 1);
     let n: u64 = digits.parse().ok()?;
     Some(match unit {
-        "H" => Duration::from_secs(n * 3600),
-        "M" => Duration::from_secs(n * 60),
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
         "S" => Duration::from_secs(n),
         "m" => Duration::from_millis(n),
         "u" => Duration::from_micros(n),
@@ -291,6 +297,15 @@ mod tests {
         );
         assert!(size_fits(2, Some(&r(GIB, 2 * GIB))));
         assert!(!size_fits(3, Some(&r(GIB, 2 * GIB))));
+    }
+
+    #[test]
+    fn a_callers_timeout_is_capped() {
+        let mut m = MetadataMap::new();
+        m.insert("grpc-timeout", "99999999H".parse().unwrap());
+        let d = deadline_from(&m);
+        assert!(d <= Instant::now() + MAX_RPC_TIMEOUT);
+        assert!(d > Instant::now() + MAX_RPC_TIMEOUT / 2);
     }
 
     #[test]

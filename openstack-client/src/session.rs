@@ -51,6 +51,10 @@ pub struct SessionOptions {
     /// A token is renewed this long before it expires (at most half its
     /// lifetime).
     pub token_refresh_margin: Duration,
+    /// The longest one Keystone login may take, whatever the deadline of
+    /// the call that started it: every other call of the session waits for
+    /// that login.
+    pub login_timeout: Duration,
     pub metrics: Option<ApiMetrics>,
     pub user_agent: String,
 }
@@ -62,6 +66,7 @@ impl Default for SessionOptions {
             connect_timeout: Duration::from_secs(10),
             retry: RetryPolicy::default(),
             token_refresh_margin: Duration::from_secs(120),
+            login_timeout: Duration::from_secs(30),
             metrics: None,
             user_agent: concat!("openstack-csi-suite/", env!("CARGO_PKG_VERSION")).to_string(),
         }
@@ -413,7 +418,17 @@ impl Connection {
     }
 
     async fn token(&self, deadline: Option<Instant>) -> Result<Arc<Token>> {
-        let mut slot = self.inner.token.lock().await;
+        let started = Instant::now();
+        let wait_until = deadline.unwrap_or_else(|| started + self.inner.options.default_timeout);
+        // a login under way holds the slot: wait for it only as long as
+        // this call may wait
+        let mut slot = tokio::time::timeout_at(wait_until.into(), self.inner.token.lock())
+            .await
+            .map_err(|_| Error::Timeout {
+                operation: "token_issue",
+                elapsed: started.elapsed(),
+                last: None,
+            })?;
         if let Some(t) = slot.as_ref()
             && t.fresh(self.inner.options.token_refresh_margin, Instant::now())
         {
@@ -438,8 +453,11 @@ impl Connection {
         let url = tokens_url(&cfg.auth_url);
         let body = auth_body(cfg);
         let operation = "token_issue";
-        let deadline =
-            deadline.unwrap_or_else(|| Instant::now() + self.inner.options.default_timeout);
+        // bounded: the login holds every other caller of this session
+        let now = Instant::now();
+        let deadline = deadline
+            .unwrap_or_else(|| now + self.inner.options.default_timeout)
+            .min(now + self.inner.options.login_timeout);
         let span = tracing::debug_span!("keystone_auth", auth = cfg.auth.kind(), cloud = %cfg.name);
         let resp = async {
             let started = Instant::now();

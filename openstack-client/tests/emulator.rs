@@ -1185,3 +1185,57 @@ async fn no_token_or_password_follows_a_redirect() {
         "nothing followed a redirect"
     );
 }
+
+#[tokio::test]
+async fn a_hung_keystone_login_holds_no_caller_past_its_own_deadline() {
+    use tokio::io::AsyncReadExt;
+    // Keystone that takes the request and never answers
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (got, mut logins) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut s, _)) = l.accept().await {
+            let mut buf = vec![0u8; 65536];
+            let _ = s.read(&mut buf).await;
+            let _ = got.send(());
+            held.push(s);
+        }
+    });
+    let emu = start().await;
+    let mut cfg = conf(&emu).cloud("").unwrap();
+    cfg.auth_url = format!("http://{addr}/v3").parse().unwrap();
+    let s = Session::new(
+        cfg,
+        SessionOptions {
+            default_timeout: Duration::from_secs(3600),
+            login_timeout: Duration::from_secs(5),
+            ..fast_options()
+        },
+    )
+    .unwrap();
+    // a call without a deadline of its own starts the login...
+    let first = tokio::spawn({
+        let s = s.clone();
+        async move { BlockStorage::new(s).list_volume_types().await }
+    });
+    logins.recv().await.unwrap();
+    // ...and a call with a short deadline does not wait for it
+    let err = BlockStorage::new(s.clone())
+        .with_deadline(Instant::now() + Duration::from_millis(300))
+        .list_volume_types()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert!(
+        !first.is_finished(),
+        "the second call did not wait for the login"
+    );
+    // the login itself is bounded, not the first caller's hour
+    let err = tokio::time::timeout(Duration::from_secs(60), first)
+        .await
+        .expect("the login is bounded")
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+}

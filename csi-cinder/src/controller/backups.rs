@@ -78,7 +78,10 @@ impl ControllerService {
             }
         };
         let id = backup.id.clone();
-        let until = deadline.min(Instant::now() + params.backup_timeout(backup.size));
+        // checked: a class's budget may be far past what an Instant holds
+        let until = Instant::now()
+            .checked_add(params.backup_timeout(backup.size))
+            .map_or(deadline, |u| deadline.min(u));
         let waited = wait_until(
             "backup_create",
             until,
