@@ -423,13 +423,16 @@ pub async fn mount(
             if let Some(o) = options {
                 opts.push(o.clone());
             }
+            // options first, then `--`: nothing positional is read as
+            // an option
             let args = vec![
                 "-t".into(),
                 "ceph".into(),
-                format!("{monitors}:{root}"),
-                staging,
                 "-o".into(),
                 opts.join(","),
+                "--".into(),
+                format!("{monitors}:{root}"),
+                staging,
             ];
             run_bounded("mount", &args, deadline, "mounting CephFS (kernel)", None).await
         }
@@ -439,6 +442,7 @@ pub async fn mount(
                 args.push("-o".into());
                 args.push(options.join(","));
             }
+            args.push("--".into());
             args.push(export.clone());
             args.push(staging);
             run_bounded("mount", &args, deadline, "mounting NFS", None).await

@@ -34,7 +34,10 @@ use crate::mounts::{self, Health, MountKind, StageRecord, StateDir};
 use crate::options::ShareProtocol;
 use crate::parameters::{CephMounter, NodeParameters};
 use crate::runtime_config::{Cidr, RuntimeConfigFile};
-use crate::shares::{check_mountable, choose_export, resolve_share, split_export, usable_rule};
+use crate::shares::{
+    check_cephx, check_export, check_fs_name, check_mountable, choose_export, resolve_share,
+    split_export, usable_rule,
+};
 
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -213,6 +216,7 @@ impl NodeService {
             _ => None,
         };
         let export = choose_export(&exports, matching.as_ref())?;
+        check_export(&export.path)?;
         let mount = match self.opts.protocol {
             ShareProtocol::Nfs => MountKind::Nfs {
                 export: export.path.clone(),
@@ -222,7 +226,11 @@ impl NodeService {
                 let (monitors, root) = split_export(&export.path)?;
                 let (monitors, root) = (monitors.to_string(), root.to_string());
                 let fs_name = fs_name(&share.metadata);
+                if let Some(f) = &fs_name {
+                    check_fs_name(f)?;
+                }
                 let client_id = rule.access_to.clone();
+                check_cephx(&client_id, rule.access_key.as_deref().unwrap_or_default())?;
                 match params.mount.cephfs_mounter {
                     CephMounter::Fuse => MountKind::CephFuse {
                         monitors,

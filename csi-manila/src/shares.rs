@@ -188,6 +188,97 @@ pub fn split_export(path: &str) -> DriverResult<(&str, &str)> {
     }
 }
 
+/// What Manila says, quoted for an error and cut short: it may be long
+/// or hold anything.
+fn quoted(v: &str) -> String {
+    let cut: String = v.chars().take(120).collect();
+    format!("{cut:?}")
+}
+
+fn unusable(what: &str, v: &str, why: &str) -> DriverError {
+    DriverError::FailedPrecondition(format!(
+        "Manila answered {what} {} that this plugin will not hand to mount(8) or a Ceph file: {why}",
+        quoted(v)
+    ))
+}
+
+/// Checks an export location before it reaches mount(8), a ceph.conf or a
+/// mount option: `server:/path` (NFS) or `mon:port,...:/path` (CephFS),
+/// a server of host-name or address characters only (so never an
+/// option), a path with no control character, space or comma.
+pub fn check_export(path: &str) -> DriverResult<()> {
+    let (server, dir) = split_export(path)?;
+    let server_ok = !server.is_empty()
+        && !server.starts_with('-')
+        && server.chars().all(|c| {
+            c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']' | ',' | '_')
+        });
+    if !server_ok {
+        return Err(unusable(
+            "the export location",
+            path,
+            "its server part is not a host name, an address or a list of monitors",
+        ));
+    }
+    if dir
+        .chars()
+        .any(|c| c.is_control() || c.is_whitespace() || c == ',')
+    {
+        return Err(unusable(
+            "the export location",
+            path,
+            "its path holds a control character, a space or a comma",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a cephx access rule's user and key before they are written into
+/// a keyring and a mount option: a Ceph entity name, and base64.
+pub fn check_cephx(client_id: &str, key: &str) -> DriverResult<()> {
+    if client_id.is_empty()
+        || client_id.len() > 256
+        || !client_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+    {
+        return Err(unusable(
+            "the cephx user",
+            client_id,
+            "a Ceph user name has letters, digits, '.', '-' and '_' only",
+        ));
+    }
+    if key.is_empty()
+        || key.len() > 1024
+        || !key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '/' | '='))
+    {
+        // the key itself is never quoted
+        return Err(DriverError::FailedPrecondition(
+            "Manila answered a cephx key that is not base64; it is not written anywhere".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a CephFS file system name from the share's metadata before it
+/// becomes a mount option.
+pub fn check_fs_name(name: &str) -> DriverResult<()> {
+    if name.len() > 256
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+    {
+        return Err(unusable(
+            "the CephFS file system name",
+            name,
+            "letters, digits, '.', '-' and '_' only",
+        ));
+    }
+    Ok(())
+}
+
 /// Waits for a share to become available (after create, extend). A share
 /// that fails is reported with Manila's user message.
 pub async fn wait_share_available(
@@ -251,6 +342,38 @@ mod tests {
         );
         assert!(split_export("/no/server").is_err());
         assert!(split_export("server-only").is_err());
+    }
+
+    #[test]
+    fn what_manila_answers_is_checked() {
+        for ok in [
+            "127.0.0.1:/shares/a",
+            "10.0.0.1:6789,10.0.0.2:6789:/volumes/_nogroup/x/y",
+            "[fd00::1]:/srv",
+            "nfs.example.com:/exports/share-1",
+        ] {
+            check_export(ok).unwrap();
+        }
+        for bad in [
+            "-oexec,x:/path",
+            "10.0.0.1:6789\nkeyring = /etc/shadow:/v",
+            "host:/path with space",
+            "host:/a,b",
+            "host:/a\u{0}",
+            "ho st:/a",
+        ] {
+            assert!(check_export(bad).is_err(), "{bad:?}");
+        }
+        check_cephx("pvc-1.csi_user", "AQBv4n1mAAAAABAA7n7b5aXfJ0mD0pZJ1S6L9w==").unwrap();
+        for (id, key) in [
+            ("a,secretfile=/etc/shadow", "AQ=="),
+            ("a\n[client.admin]", "AQ=="),
+            ("", "AQ=="),
+            ("user", "AQ==\n\tcaps mon = allow *"),
+            ("user", ""),
+        ] {
+            assert!(check_cephx(id, key).is_err(), "{id:?}");
+        }
     }
 
     #[test]

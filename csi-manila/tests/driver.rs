@@ -1576,3 +1576,108 @@ async fn a_volume_context_cannot_borrow_another_shares_access_rule() {
     e.delete(&a.volume_id).await.unwrap();
     e.delete(&b.volume_id).await.unwrap();
 }
+
+#[tokio::test]
+async fn what_a_hostile_cloud_answers_never_reaches_mount_or_a_ceph_file() {
+    if !root() {
+        return;
+    }
+    // NFS: an export location that would be read as mount options
+    let mut e = env("NFS").await;
+    let v = e
+        .create("pvc-hostile-nfs", 1, &[("nfs-shareClient", "10.0.0.1")])
+        .await;
+    let lie = |path_contains: &str, body: serde_json::Value| {
+        FaultRule::new(
+            Some("GET"),
+            path_contains,
+            FaultAction::Json { status: 200, body },
+        )
+    };
+    for export in [
+        "-oexec,suid:/x",
+        "127.0.0.1:/shares/a b",
+        "127.0.0.1:/shares/a\nb",
+    ] {
+        e.h.emulator.control().clear_faults();
+        e.h.emulator.control().add_fault(lie(
+            "/export_locations",
+            serde_json::json!({"export_locations": [
+                {"id": "x", "path": export, "preferred": true, "is_admin_only": false}
+            ]}),
+        ));
+        let before = e.h.helper_calls().len();
+        let err =
+            e.n.node_stage_volume(e.stage_req(&v, rwx()))
+                .await
+                .unwrap_err();
+        assert_eq!(
+            err.code(),
+            Code::FailedPrecondition,
+            "{export:?}: {}",
+            err.message()
+        );
+        assert_eq!(e.h.helper_calls().len(), before, "{export:?}: mount(8) ran");
+    }
+    e.h.emulator.control().clear_faults();
+
+    // CephFS: monitors and a cephx user or key that would write into the
+    // ceph.conf or the keyring, or add mount options
+    let mut e = env("CEPHFS").await;
+    let v = e.create("pvc-hostile-ceph", 1, &[("type", "cephfs")]).await;
+    let rule_id = v.volume_context["shareAccessIDs"].clone();
+    let rule = |to: &str, key: &str| {
+        serde_json::json!({"access": {
+            "id": rule_id, "share_id": v.volume_id, "access_type": "cephx",
+            "access_to": to, "access_level": "rw", "state": "active", "access_key": key
+        }})
+    };
+    let good_key = "AQBv4n1mAAAAABAA7n7b5aXfJ0mD0pZJ1S6L9w==";
+    let cases = vec![
+        lie(
+            "/share-access-rules/",
+            rule("a,secretfile=/etc/shadow", good_key),
+        ),
+        lie("/share-access-rules/", rule("a\n[client.admin]", good_key)),
+        lie(
+            "/share-access-rules/",
+            rule("user", "AQ==\n\tcaps mon = allow *"),
+        ),
+        lie(
+            "/export_locations",
+            serde_json::json!({"export_locations": [{"id": "x",
+                "path": "127.0.0.1:6789\nkeyring = /etc/shadow:/volumes/x",
+                "preferred": true, "is_admin_only": false}]}),
+        ),
+    ];
+    for fault in cases {
+        e.h.emulator.control().clear_faults();
+        e.h.emulator.control().add_fault(fault.clone());
+        let before = e.h.helper_calls().len();
+        let err =
+            e.n.node_stage_volume(e.stage_req(&v, rwx()))
+                .await
+                .unwrap_err();
+        assert_eq!(
+            err.code(),
+            Code::FailedPrecondition,
+            "{fault:?}: {}",
+            err.message()
+        );
+        assert!(
+            !err.message().contains("caps mon"),
+            "the key is never quoted"
+        );
+        assert_eq!(e.h.helper_calls().len(), before, "{fault:?}: a mount ran");
+        assert!(
+            !std::fs::read_dir(e.h.state_dir.join("volumes"))
+                .map(|d| d.flatten().any(|f| f.path().join("keyring").exists()))
+                .unwrap_or(false),
+            "no keyring written"
+        );
+    }
+    e.h.emulator.control().clear_faults();
+    // the real answers still stage
+    e.stage(&v, rwx()).await;
+    e.unstage(&v).await;
+}

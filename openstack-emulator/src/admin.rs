@@ -33,6 +33,13 @@ pub enum FaultAction {
     Delay { millis: u64 },
     /// Close the connection without answering.
     Drop,
+    /// Answer with this JSON body instead of the real one: a cloud that
+    /// lies, or one someone else controls (hostile export locations,
+    /// access rules, ...).
+    Json {
+        status: u16,
+        body: serde_json::Value,
+    },
 }
 
 /// A fault: requests whose method and path match get `action`, on every

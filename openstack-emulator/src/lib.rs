@@ -323,6 +323,12 @@ async fn handle(
             message,
             retry_after,
         }) => errors::injected(status, &path, message.as_deref(), retry_after),
+        Some(FaultAction::Json { status, body }) => {
+            let mut r = axum::response::IntoResponse::into_response(axum::Json(body));
+            *r.status_mut() =
+                axum::http::StatusCode::from_u16(status).unwrap_or(axum::http::StatusCode::OK);
+            r
+        }
         None => router.oneshot(req).await.unwrap_or_else(|e| match e {}),
     };
     if !path.starts_with("/_admin") {
