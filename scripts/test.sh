@@ -158,8 +158,9 @@ fuzzing() {
   fi
   (cd fuzz && cargo fuzz build -s none) || return 1
   for t in $(cd fuzz && cargo fuzz list); do
-    mkdir -p "$work/fuzz/$t"
-    if (cd fuzz && cargo fuzz run -s none "$t" "$work/fuzz/$t" "seeds/$t" \
+    mkdir -p "$work/fuzz/$t" "$work/fuzz/tmp"
+    # the targets' fixtures go under TMPDIR: removed with $work
+    if (cd fuzz && TMPDIR="$work/fuzz/tmp" cargo fuzz run -s none "$t" "$work/fuzz/$t" "seeds/$t" \
           -- -max_total_time="${FUZZ_SECONDS:-30}") >"$work/fuzz-$t.log" 2>&1; then
       echo "test fuzz/$t ... ok" | tee -a "$log"
       grep -E '^Done [0-9]+ runs' "$work/fuzz-$t.log" || true
