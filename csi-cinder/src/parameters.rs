@@ -59,9 +59,16 @@ fn parse_bool(key: &str, v: &str) -> DriverResult<bool> {
     }
 }
 
+/// Logs the keys a class sets that this driver ignores: the first 16,
+/// each escaped and bounded (whoever writes the class chose them).
 fn log_ignored(class: &str, ignored: &[String]) {
     if !ignored.is_empty() {
-        tracing::warn!(keys = ?ignored, "{class} parameters this driver does not know are ignored");
+        let shown: Vec<String> = ignored
+            .iter()
+            .take(16)
+            .map(|k| plugin_runtime::logging::caller_field(k))
+            .collect();
+        tracing::warn!(keys = ?shown, count = ignored.len(), "{class} parameters this driver does not know are ignored");
     }
 }
 
