@@ -128,7 +128,10 @@ fuzz_target!(|input: (Vec<(u8, String)>, String)| {
         Err(e) => format!("{e} {e:?}"),
     };
     assert!(!shown.contains(MARK), "a secret shown: {shown}");
-    assert!(!shown.contains("FILEPASS"), "a password from a file shown: {shown}");
+    assert!(
+        !shown.contains("FILEPASS"),
+        "a password from a file shown: {shown}"
+    );
     assert!(
         !shown.to_ascii_lowercase().contains("forbidden"),
         "a file outside the allowed directory was read: {shown}"
