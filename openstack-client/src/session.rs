@@ -222,7 +222,8 @@ impl ApiResponse {
     }
 }
 
-/// A 3xx answer from an OpenStack API: refused with an error naming where
+/// A redirect (301, 302, 303, 307, 308) from an OpenStack API: refused
+/// with an error naming where
 /// it pointed (quoted and cut short: the server chose it).
 fn redirect_refused(
     operation: &'static str,
@@ -230,7 +231,9 @@ fn redirect_refused(
     status: u16,
     headers: &HeaderMap,
 ) -> Option<Error> {
-    if !(300..400).contains(&status) {
+    // 300 is not a redirect here: it is how OpenStack answers version
+    // discovery (its body lists the versions)
+    if !matches!(status, 301 | 302 | 303 | 307 | 308) {
         return None;
     }
     let location: String = headers

@@ -49,13 +49,17 @@ pub fn routes(state: Arc<AppState>) -> axum::Router<Arc<AppState>> {
     axum::Router::new().nest("/v2/{project_id}", v2)
 }
 
-pub async fn versions(State(state): State<Arc<AppState>>) -> Json<Value> {
+/// Version discovery answers 300 Multiple Choices, as real Manila does.
+pub async fn versions(State(state): State<Arc<AppState>>) -> (axum::http::StatusCode, Json<Value>) {
     let max = state.world().manila_max_minor;
     let base = format!("{}share/", state.base_url);
-    Json(json!({ "versions": [
-        { "id": "v1.0", "status": "DEPRECATED", "version": "", "min_version": "", "links": [{ "rel": "self", "href": format!("{base}v1/") }] },
-        { "id": "v2.0", "status": "CURRENT", "version": format!("2.{max}"), "min_version": "2.0", "links": [{ "rel": "self", "href": format!("{base}v2/") }] }
-    ]}))
+    (
+        axum::http::StatusCode::MULTIPLE_CHOICES,
+        Json(json!({ "versions": [
+            { "id": "v1.0", "status": "DEPRECATED", "version": "", "min_version": "", "links": [{ "rel": "self", "href": format!("{base}v1/") }] },
+            { "id": "v2.0", "status": "CURRENT", "version": format!("2.{max}"), "min_version": "2.0", "links": [{ "rel": "self", "href": format!("{base}v2/") }] }
+        ]})),
+    )
 }
 
 async fn microversion(
