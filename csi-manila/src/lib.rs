@@ -24,6 +24,7 @@ pub mod controller;
 pub mod daemons;
 pub mod errors;
 pub mod mount_pods;
+pub mod mount_target;
 pub mod mounts;
 pub mod node;
 pub mod options;

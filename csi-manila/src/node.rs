@@ -30,14 +30,12 @@ use proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
 use crate::TOPOLOGY_KEY;
 use crate::capabilities::parse_capability;
 use crate::daemons::FuseDaemons;
+use crate::mount_target::{self, MountTarget};
 use crate::mounts::{self, Health, MountKind, StageRecord, StateDir};
 use crate::options::ShareProtocol;
 use crate::parameters::{CephMounter, NodeParameters};
 use crate::runtime_config::{Cidr, RuntimeConfigFile};
-use crate::shares::{
-    check_cephx, check_export, check_fs_name, check_mountable, choose_export, resolve_share,
-    split_export, usable_rule,
-};
+use crate::shares::{check_cephx, split_export};
 
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -61,15 +59,6 @@ pub struct NodeService {
 
 /// `__mount_options` share metadata: `fs=<name>` names the CephFS file
 /// system.
-fn fs_name(metadata: &std::collections::BTreeMap<String, String>) -> Option<String> {
-    metadata
-        .get("__mount_options")?
-        .split(',')
-        .find_map(|o| o.trim().strip_prefix("fs="))
-        .map(str::to_string)
-        .filter(|s| !s.is_empty())
-}
-
 impl NodeService {
     pub fn new(
         identity: Arc<RwLock<Option<NodeIdentity>>>,
@@ -167,47 +156,14 @@ impl NodeService {
             )));
         }
 
-        // what to mount, from Manila (with the node-stage secrets)
+        // what to mount: from the volume context and the rule, else all
+        // from Manila (with the node-stage secrets)
         let started = Instant::now();
         let (manila, _) = self.credentials.client_for(&r.secrets)?;
         let manila = manila.with_deadline(deadline);
-        // the share, its rule and its export location, asked at once when
-        // the share's id is known (one round trip instead of three)
-        let known = match &params.share_name {
-            Some(_) => Some(resolve_share(&manila, &id, &params).await?),
-            None => None,
-        };
-        let share_id = known
-            .as_ref()
-            .map(|s| s.id.clone())
-            .unwrap_or_else(|| params.share_id.clone().unwrap_or_else(|| id.clone()));
-        if !csi_common::request::is_uuid(&share_id) {
-            return Err(DriverError::NotFound(format!(
-                "share {share_id} does not exist (share ids are UUIDs)"
-            )));
-        }
-        let (share, rule, exports) = tokio::join!(
-            async {
-                match &known {
-                    Some(s) => Ok(s.clone()),
-                    None => resolve_share(&manila, &id, &params).await,
-                }
-            },
-            usable_rule(&manila, &share_id, &params.access_ids, self.opts.protocol),
-            async {
-                manila
-                    .list_export_locations(&share_id)
-                    .await
-                    .context(format!("export locations of share {share_id}"))
-            },
-        );
-        // the share's own problem first: it says the most
-        let share = share?;
-        check_mountable(&share, self.opts.protocol)?;
-        let rule = rule?;
-        let exports = exports?;
+        let protocol = self.opts.protocol;
         let matching = match (
-            self.opts.protocol,
+            protocol,
             self.runtime.current().nfs.match_export_location_address,
         ) {
             (ShareProtocol::Nfs, Some(a)) => Some(Cidr::parse(&a).map_err(|e| {
@@ -215,20 +171,71 @@ impl NodeService {
             })?),
             _ => None,
         };
-        let export = choose_export(&exports, matching.as_ref())?;
-        check_export(&export.path)?;
+        let mut target =
+            match mount_target::from_context(&manila, &id, &params, protocol, matching.as_ref())
+                .await?
+            {
+                Some(t) => t,
+                None => {
+                    mount_target::from_manila(&manila, &id, &params, protocol, matching.as_ref())
+                        .await?
+                }
+            };
+        let mut asked = started.elapsed();
+        let mut result = self
+            .mount_staged(&id, &staging, &cap, &params, &target, deadline)
+            .await;
+        if result.is_err() && target.from_context {
+            // the context may be stale (the export moved): look it all up
+            // and mount once more if Manila says something else
+            let fresh =
+                mount_target::from_manila(&manila, &id, &params, protocol, matching.as_ref())
+                    .await?;
+            asked = started.elapsed();
+            if fresh.export != target.export || fresh.rule.id != target.rule.id {
+                tracing::info!(volume_id = %id, "the volume context's export location is stale; mounting what Manila says");
+                target = fresh;
+                result = self
+                    .mount_staged(&id, &staging, &cap, &params, &target, deadline)
+                    .await;
+            }
+        }
+        result?;
+        tracing::info!(
+            volume_id = %id,
+            share_id = %target.share_id,
+            rule = %target.rule.id,
+            from_context = target.from_context,
+            staging = %staging.display(),
+            manila_ms = asked.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "staged"
+        );
+        Ok(csi::NodeStageVolumeResponse {})
+    }
+
+    /// Records and mounts `target` at `staging`; on failure nothing is
+    /// left (no mount, daemon or record).
+    async fn mount_staged(
+        &self,
+        id: &str,
+        staging: &host_ops::Beneath,
+        cap: &csi_common::request::Capability,
+        params: &NodeParameters,
+        target: &MountTarget,
+        deadline: Instant,
+    ) -> DriverResult<()> {
+        target.check()?;
+        let rule = &target.rule;
         let mount = match self.opts.protocol {
             ShareProtocol::Nfs => MountKind::Nfs {
-                export: export.path.clone(),
+                export: target.export.clone(),
                 options: cap.mount_flags.clone(),
             },
             ShareProtocol::Cephfs => {
-                let (monitors, root) = split_export(&export.path)?;
+                let (monitors, root) = split_export(&target.export)?;
                 let (monitors, root) = (monitors.to_string(), root.to_string());
-                let fs_name = fs_name(&share.metadata);
-                if let Some(f) = &fs_name {
-                    check_fs_name(f)?;
-                }
+                let fs_name = target.fs_name.clone();
                 let client_id = rule.access_to.clone();
                 check_cephx(&client_id, rule.access_key.as_deref().unwrap_or_default())?;
                 match params.mount.cephfs_mounter {
@@ -253,14 +260,13 @@ impl NodeService {
             }
         };
         let rec = StageRecord {
-            volume_id: id.clone(),
-            share_id: share.id.clone(),
+            volume_id: id.to_string(),
+            share_id: target.share_id.clone(),
             staging: staging.to_path_buf(),
             mount,
             targets: Vec::new(),
             read_only_targets: Vec::new(),
         };
-        let asked = started.elapsed();
         // recorded before mounting: a crash in between leaves what
         // cleanup needs
         self.state.save(&rec)?;
@@ -277,24 +283,15 @@ impl NodeService {
         )
         .await
         {
-            let daemon = self.daemons.of(&self.state, &staging);
-            let _ = mounts::unmount_bounded(&staging, daemon.as_ref()).await;
+            let daemon = self.daemons.of(&self.state, staging);
+            let _ = mounts::unmount_bounded(staging, daemon.as_ref()).await;
             if let Some(d) = daemon {
                 let _ = d.end().await;
             }
-            let _ = self.state.remove(&staging);
+            let _ = self.state.remove(staging);
             return Err(e);
         }
-        tracing::info!(
-            volume_id = %id,
-            share_id = %share.id,
-            rule = %rule.id,
-            staging = %staging.display(),
-            manila_ms = asked.as_millis() as u64,
-            total_ms = started.elapsed().as_millis() as u64,
-            "staged"
-        );
-        Ok(csi::NodeStageVolumeResponse {})
+        Ok(())
     }
 
     /// Mounts a recorded share again (its FUSE daemon died, the cluster
@@ -628,6 +625,7 @@ csi_node_service!(NodeService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mount_target::fs_name;
 
     #[test]
     fn ceph_fs_name_from_share_metadata() {

@@ -170,6 +170,8 @@ pub const VOLUME_ATTRIBUTE_KEYS: &[&str] = &[
     "cephfs-mounter",
     "cephfs-kernelMountOptions",
     "cephfs-fuseMountOptions",
+    "exportLocations",
+    "cephfs-fsName",
 ];
 
 impl ShareParameters {
@@ -264,6 +266,43 @@ impl ShareParameters {
     }
 }
 
+/// Volume context keys CreateVolume writes for NodeStage.
+pub const EXPORT_LOCATIONS_KEY: &str = "exportLocations";
+pub const FS_NAME_KEY: &str = "cephfs-fsName";
+
+/// The export locations a node may mount, as the volume context carries
+/// them: a JSON list of `[path, preferred]`.
+pub fn exports_to_context(locations: &[openstack_client::manila::ExportLocation]) -> String {
+    let list: Vec<(&str, bool)> = locations
+        .iter()
+        .filter(|l| !l.is_admin_only)
+        .map(|l| (l.path.as_str(), l.preferred))
+        .collect();
+    serde_json::to_string(&list).unwrap_or_else(|_| "[]".into())
+}
+
+/// The export locations of a volume context; `None` when absent or not
+/// ours to read (the full lookup then answers).
+pub fn exports_from_context(value: &str) -> Option<Vec<openstack_client::manila::ExportLocation>> {
+    let list: Vec<(String, bool)> = serde_json::from_str(value).ok()?;
+    if list.is_empty() {
+        return None;
+    }
+    Some(
+        list.into_iter()
+            .enumerate()
+            .map(
+                |(i, (path, preferred))| openstack_client::manila::ExportLocation {
+                    id: format!("context-{i}"),
+                    path,
+                    preferred,
+                    is_admin_only: false,
+                },
+            )
+            .collect(),
+    )
+}
+
 /// A static PV's or a provisioned volume's attributes, as the node reads
 /// them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -273,6 +312,11 @@ pub struct NodeParameters {
     /// `shareAccessIDs` (comma list) and the older `shareAccessID`.
     pub access_ids: Vec<String>,
     pub mount: MountParameters,
+    /// Export locations CreateVolume wrote (`exportLocations`); an
+    /// unreadable value is ignored (the full lookup answers).
+    pub export_locations: Option<Vec<openstack_client::manila::ExportLocation>>,
+    /// `cephfs-fsName`
+    pub fs_name: Option<String>,
 }
 
 impl NodeParameters {
@@ -302,6 +346,8 @@ impl NodeParameters {
                 "cephfs-fuseMountOptions" => {
                     p.mount.cephfs_fuse_mount_options = Some(mount_options(k, v)?)
                 }
+                "exportLocations" => p.export_locations = exports_from_context(v),
+                "cephfs-fsName" => p.fs_name = Some(v.clone()),
                 _ => {}
             }
         }
@@ -387,5 +433,25 @@ mod tests {
         assert_eq!(p.access_ids, vec!["a", "b"]);
         assert!(NodeParameters::parse(&m(&[("shareID", "s"), ("shareName", "n")])).is_err());
         assert!(NodeParameters::parse(&m(&[("shareAccessID", "")])).is_err());
+    }
+
+    #[test]
+    fn export_locations_round_trip_through_the_context() {
+        let l = |path: &str, preferred, admin| openstack_client::manila::ExportLocation {
+            id: "x".into(),
+            path: path.into(),
+            preferred,
+            is_admin_only: admin,
+        };
+        let text = exports_to_context(&[
+            l("10.0.0.1:6789,10.0.0.2:6789:/volumes/a", true, false),
+            l("10.0.0.9:/admin", false, true),
+        ]);
+        let back = exports_from_context(&text).unwrap();
+        assert_eq!(back.len(), 1, "admin-only locations stay out");
+        assert_eq!(back[0].path, "10.0.0.1:6789,10.0.0.2:6789:/volumes/a");
+        assert!(back[0].preferred);
+        assert!(exports_from_context("not json").is_none());
+        assert!(exports_from_context("[]").is_none());
     }
 }

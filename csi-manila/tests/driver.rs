@@ -1584,9 +1584,12 @@ async fn what_a_hostile_cloud_answers_never_reaches_mount_or_a_ceph_file() {
     }
     // NFS: an export location that would be read as mount options
     let mut e = env("NFS").await;
-    let v = e
+    let created = e
         .create("pvc-hostile-nfs", 1, &[("nfs-shareClient", "10.0.0.1")])
         .await;
+    // a context without export locations (a static PV): Manila is asked
+    let mut v = created.clone();
+    v.volume_context.remove("exportLocations");
     let lie = |path_contains: &str, body: serde_json::Value| {
         FaultRule::new(
             Some("GET"),
@@ -1620,11 +1623,28 @@ async fn what_a_hostile_cloud_answers_never_reaches_mount_or_a_ceph_file() {
         assert_eq!(e.h.helper_calls().len(), before, "{export:?}: mount(8) ran");
     }
     e.h.emulator.control().clear_faults();
+    // the same answers written into the volume context are never
+    // mounted: the stage looks the share up and mounts what Manila says
+    for export in ["-oexec,suid:/x", "127.0.0.1:/shares/a b"] {
+        let mut ctx = created.clone();
+        ctx.volume_context.insert(
+            "exportLocations".into(),
+            serde_json::json!([[export, true]]).to_string(),
+        );
+        e.stage(&ctx, rwx()).await;
+        let call = e.h.helper_calls().pop().unwrap();
+        assert!(
+            call.source.starts_with("127.0.0.1:/shares/share-"),
+            "{call:?}"
+        );
+        e.unstage(&ctx).await;
+    }
 
     // CephFS: monitors and a cephx user or key that would write into the
     // ceph.conf or the keyring, or add mount options
     let mut e = env("CEPHFS").await;
-    let v = e.create("pvc-hostile-ceph", 1, &[("type", "cephfs")]).await;
+    let mut v = e.create("pvc-hostile-ceph", 1, &[("type", "cephfs")]).await;
+    v.volume_context.remove("exportLocations");
     let rule_id = v.volume_context["shareAccessIDs"].clone();
     let rule = |to: &str, key: &str| {
         serde_json::json!({"access": {
@@ -1680,4 +1700,95 @@ async fn what_a_hostile_cloud_answers_never_reaches_mount_or_a_ceph_file() {
     // the real answers still stage
     e.stage(&v, rwx()).await;
     e.unstage(&v).await;
+}
+
+/// Manila calls recorded since the last clear, as "METHOD path-tail".
+fn manila_calls(e: &Env) -> Vec<String> {
+    e.h.emulator
+        .control()
+        .calls()
+        .iter()
+        .filter(|c| c.path.starts_with("/share/"))
+        .map(|c| {
+            let tail: Vec<&str> = c.path.rsplit('/').take(2).collect();
+            format!(
+                "{} {}",
+                c.method,
+                tail.into_iter().rev().collect::<Vec<_>>().join("/")
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn node_stage_asks_manila_only_for_the_access_rule() {
+    if !root() {
+        return;
+    }
+    for (protocol, params) in [
+        ("NFS", vec![("nfs-shareClient", "10.0.0.1")]),
+        ("CEPHFS", vec![("type", "cephfs")]),
+    ] {
+        let mut e = env(protocol).await;
+        let v = e.create("pvc-fast", 1, &params).await;
+        let exports = v.volume_context.get("exportLocations").cloned();
+        assert!(exports.is_some(), "{protocol}: {:?}", v.volume_context);
+        e.h.emulator.control().clear_calls();
+        e.stage(&v, rwx()).await;
+        let calls = manila_calls(&e);
+        assert_eq!(calls.len(), 1, "{protocol}: {calls:?}");
+        assert!(calls[0].starts_with("GET share-access-rules/"), "{calls:?}");
+        e.unstage(&v).await;
+
+        // a volume from before the change (or a static PV): the share,
+        // its rule and its export locations are looked up
+        let mut old = v.clone();
+        old.volume_context.remove("exportLocations");
+        old.volume_context.remove("cephfs-fsName");
+        e.h.emulator.control().clear_calls();
+        e.stage(&old, rwx()).await;
+        let calls = manila_calls(&e);
+        assert!(
+            calls.iter().any(|c| c.ends_with("/export_locations")),
+            "{protocol}: {calls:?}"
+        );
+        let looked_up = e.h.helper_calls().pop().unwrap().source;
+        e.unstage(&old).await;
+
+        // a stale context (the export moved away): the mount fails, the
+        // share is looked up and what Manila says is mounted
+        let mut stale = v.clone();
+        let moved = if protocol == "NFS" {
+            r#"[["127.0.0.9:/shares/moved",true]]"#
+        } else {
+            r#"[["127.0.0.9:6789:/volumes/_nogroup/moved",true]]"#
+        };
+        stale
+            .volume_context
+            .insert("exportLocations".into(), moved.into());
+        e.h.emulator.control().clear_calls();
+        if protocol == "NFS" {
+            e.stage(&stale, rwx()).await;
+            assert_eq!(e.h.helper_calls().pop().unwrap().source, looked_up);
+            assert!(
+                manila_calls(&e)
+                    .iter()
+                    .any(|c| c.ends_with("/export_locations"))
+            );
+            e.unstage(&stale).await;
+        }
+        // a context naming a rule that is gone: the same lookup, and the
+        // answer says the rule is not there
+        let mut gone = v.clone();
+        gone.volume_context.insert(
+            "shareAccessIDs".into(),
+            "00000000-0000-4000-8000-000000000000".into(),
+        );
+        let err =
+            e.n.node_stage_volume(e.stage_req(&gone, rwx()))
+                .await
+                .unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+        e.delete(&v.volume_id).await.unwrap();
+    }
 }

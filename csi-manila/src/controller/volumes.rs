@@ -224,6 +224,18 @@ impl ControllerService {
         if self.opts.protocol == ShareProtocol::Cephfs {
             params.mount.to_context(&mut context);
         }
+        // what NodeStage would otherwise ask Manila for on every node
+        match manila.list_export_locations(&share.id).await {
+            Ok(locations) => crate::mount_target::context_for_stage(
+                &share,
+                &locations,
+                self.opts.protocol,
+                &mut context,
+            ),
+            Err(e) => {
+                tracing::warn!(share_id = %share.id, error = %e, "export locations not in the volume context; NodeStage will look them up")
+            }
+        }
         if let Some(g) = &params.group_id {
             context.insert("groupID".into(), g.clone());
         }

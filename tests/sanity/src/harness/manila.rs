@@ -79,6 +79,9 @@ if [ "$type" = ceph ]; then
 else
   src_key=$src
 fi
+# 127.0.0.9 stands for a server that no longer answers (an export that
+# moved away)
+case "$src" in 127.0.0.9:*) echo "mount.$type: $src: no route to host" >&2; exit 32;; esac
 echo "$type|$src|$tgt|$opts" >> "@LOG@"
 dir="@EXPORTS@/$(printf %s "$src_key" | tr -c 'A-Za-z0-9._-' _)"
 mkdir -p "$dir"
