@@ -233,15 +233,19 @@ pub fn check_export(path: &str) -> DriverResult<()> {
     Ok(())
 }
 
+/// A Ceph entity or file system name: 1 to 256 letters, digits, '.', '-'
+/// and '_' (nothing that ends a config line or a mount option).
+fn is_ceph_name(s: &str) -> bool {
+    (1..=256).contains(&s.len())
+        && s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+}
+
 /// Checks a cephx access rule's user and key before they are written into
 /// a keyring and a mount option: a Ceph entity name, and base64.
 pub fn check_cephx(client_id: &str, key: &str) -> DriverResult<()> {
-    if client_id.is_empty()
-        || client_id.len() > 256
-        || !client_id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-    {
+    if !is_ceph_name(client_id) {
         return Err(unusable(
             "the cephx user",
             client_id,
@@ -265,11 +269,7 @@ pub fn check_cephx(client_id: &str, key: &str) -> DriverResult<()> {
 /// Checks a CephFS file system name from the share's metadata before it
 /// becomes a mount option.
 pub fn check_fs_name(name: &str) -> DriverResult<()> {
-    if name.len() > 256
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-    {
+    if !is_ceph_name(name) {
         return Err(unusable(
             "the CephFS file system name",
             name,
