@@ -237,8 +237,7 @@ pub fn check_export(path: &str) -> DriverResult<()> {
 /// and '_' (nothing that ends a config line or a mount option).
 fn is_ceph_name(s: &str) -> bool {
     (1..=256).contains(&s.len())
-        && s
-            .chars()
+        && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
 }
 
