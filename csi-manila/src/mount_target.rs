@@ -19,7 +19,8 @@ use crate::options::ShareProtocol;
 use crate::parameters::{EXPORT_LOCATIONS_KEY, FS_NAME_KEY, NodeParameters, exports_to_context};
 use crate::runtime_config::Cidr;
 use crate::shares::{
-    check_export, check_fs_name, check_mountable, choose_export, resolve_share, usable_rule,
+    check_cephx, check_export, check_fs_name, check_mountable, choose_export, resolve_share,
+    usable_rule,
 };
 
 /// The CephFS file system a share lives in, from Manila's
@@ -159,11 +160,33 @@ pub async fn from_manila(
 impl MountTarget {
     /// What Manila (or the context) said, checked before it reaches
     /// mount(8) or a Ceph file.
-    pub fn check(&self) -> DriverResult<()> {
+    pub fn check(&self, protocol: ShareProtocol) -> DriverResult<()> {
         check_export(&self.export)?;
         if let Some(f) = &self.fs_name {
             check_fs_name(f)?;
         }
+        if protocol == ShareProtocol::Cephfs {
+            check_cephx(
+                &self.rule.access_to,
+                self.rule.access_key.as_deref().unwrap_or_default(),
+            )?;
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ceph_fs_name_from_share_metadata() {
+        let m = |v: &str| {
+            std::collections::BTreeMap::from([("__mount_options".to_string(), v.to_string())])
+        };
+        assert_eq!(fs_name(&m("fs=cephfs")).as_deref(), Some("cephfs"));
+        assert_eq!(fs_name(&m("noatime, fs=other")).as_deref(), Some("other"));
+        assert_eq!(fs_name(&m("fs=")), None);
+        assert_eq!(fs_name(&Default::default()), None);
     }
 }

@@ -35,7 +35,7 @@ use crate::mounts::{self, Health, MountKind, StageRecord, StateDir};
 use crate::options::ShareProtocol;
 use crate::parameters::{CephMounter, NodeParameters};
 use crate::runtime_config::{Cidr, RuntimeConfigFile};
-use crate::shares::{check_cephx, split_export};
+use crate::shares::split_export;
 
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -225,7 +225,7 @@ impl NodeService {
         target: &MountTarget,
         deadline: Instant,
     ) -> DriverResult<()> {
-        target.check()?;
+        target.check(self.opts.protocol)?;
         let rule = &target.rule;
         let mount = match self.opts.protocol {
             ShareProtocol::Nfs => MountKind::Nfs {
@@ -237,7 +237,6 @@ impl NodeService {
                 let (monitors, root) = (monitors.to_string(), root.to_string());
                 let fs_name = target.fs_name.clone();
                 let client_id = rule.access_to.clone();
-                check_cephx(&client_id, rule.access_key.as_deref().unwrap_or_default())?;
                 match params.mount.cephfs_mounter {
                     CephMounter::Fuse => MountKind::CephFuse {
                         monitors,
@@ -625,17 +624,9 @@ csi_node_service!(NodeService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mount_target::fs_name;
 
     #[test]
-    fn ceph_fs_name_from_share_metadata() {
-        let m = |v: &str| {
-            std::collections::BTreeMap::from([("__mount_options".to_string(), v.to_string())])
-        };
-        assert_eq!(fs_name(&m("fs=cephfs")).as_deref(), Some("cephfs"));
-        assert_eq!(fs_name(&m("noatime, fs=other")).as_deref(), Some("other"));
-        assert_eq!(fs_name(&m("fs=")), None);
-        assert_eq!(fs_name(&Default::default()), None);
+    fn mount_options_join() {
         assert_eq!(
             join_options(Some("noatime"), &["ro".to_string()]).as_deref(),
             Some("noatime,ro")
