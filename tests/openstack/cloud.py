@@ -10,9 +10,10 @@ Profiles: kms = Keystone + Barbican (sqlite, no broker); block = Keystone +
 Cinder (a fake driver keeping volume data in image files) + cinder-backup
 (POSIX driver) + Nova (fake driver) + Placement + MariaDB + RabbitMQ;
 file = Keystone + a real single-node Ceph (mon, mgr, OSD on a sparse file,
-MDS, CephFS, cephx) + Manila with two backends (the dummy driver for NFS,
-Manila's own CephFS native driver on that Ceph) + MariaDB + RabbitMQ;
-all = every one.
+MDS, CephFS, cephx) + NFS-Ganesha serving that CephFS (its Ceph FSAL) +
+Manila with three backends (the dummy driver for NFS, Manila's CephFS
+driver on that Ceph natively, and the same driver exporting through
+Ganesha over NFS) + MariaDB + RabbitMQ; all = every one.
 
 Everything lives under the state directory ($OS_TEST_CLOUD_DIR, default
 .openstack-cloud in the repository): configuration, databases, logs, the
@@ -61,6 +62,8 @@ PORTS = {
     # hands out the v1 address, and clients read a bare 6789 as v1 only
     "ceph-mon-v2": 3300,
     "ceph-mon-v1": 6789,
+    # NFS clients (mount(8), libnfs) assume the well-known port
+    "nfs": 2049,
 }
 # the other Ceph daemons bind within this range
 CEPH_PORT_RANGE = (PORT_BASE + 100, PORT_BASE + 199)
@@ -74,8 +77,8 @@ SERVICE_PASSWORD = "service-secret"
 PROFILES = {
     "kms": ["keystone", "barbican"],
     "block": ["keystone", "cinder", "nova"],
-    "file": ["keystone", "ceph", "manila"],
-    "all": ["keystone", "barbican", "cinder", "nova", "ceph", "manila"],
+    "file": ["keystone", "ceph", "ganesha", "manila"],
+    "all": ["keystone", "barbican", "cinder", "nova", "ceph", "ganesha", "manila"],
 }
 
 PACKAGES = {
@@ -85,6 +88,7 @@ PACKAGES = {
     "nova": ["nova", "openstack-placement", "PyMySQL"],
     "manila": ["manila", "PyMySQL"],
     "ceph": [],
+    "ganesha": [],
 }
 CEPH_DEBIAN_PACKAGES = ["ceph-mon", "ceph-mgr", "ceph-mgr-modules-core", "ceph-osd", "ceph-mds", "ceph-fuse",
                         "python3-rados", "python3-cephfs", "ceph-common"]
@@ -1029,10 +1033,94 @@ def manila_ceph_modules():
     site = next((VENV / "lib").glob("python3*/site-packages"))
     (site / "test-cloud-ceph.pth").write_text(str(d) + "\n")
 
+# -------------------------------------------------------------- ganesha
+
+GANESHA = STATE / "ganesha"
+GANESHA_DEBIAN_PACKAGES = ["nfs-ganesha", "nfs-ganesha-ceph", "dbus", "sqlite3", "libnfs-utils"]
+SYSTEM_BUS = Path("/run/dbus/system_bus_socket")
+# Manila's legacy NFS helper of its CephFS driver gives every share its own
+# cephx user and EXPORT block; the auth id it manages them with is its own
+MANILA_NFS_AUTH_ID = "manila-nfs"
+
+
+def system_bus_answers():
+    import socket
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2)
+            s.connect(str(SYSTEM_BUS))
+        return True
+    except OSError:
+        return False
+
+
+def start_system_bus():
+    """Manila applies exports through Ganesha's D-Bus interface on the system
+    bus; with no systemd here nobody else starts one. One that answers
+    already (the machine's own) is used and left alone."""
+    if system_bus_answers():
+        return
+    run(["dbus-uuidgen", "--ensure"])
+    Path("/run/dbus").mkdir(parents=True, exist_ok=True)
+    # a socket file left by a killed daemon makes the new one fail to bind
+    SYSTEM_BUS.unlink(missing_ok=True)
+    start("dbus", ["dbus-daemon", "--system", "--nofork", "--nopidfile"])
+    wait_until("dbus", system_bus_answers, 30)
+
+
+def setup_ganesha():
+    """NFS-Ganesha exporting CephFS subvolumes through its Ceph FSAL, with
+    exports Manila writes under STATE/ganesha/export.d (gotchas in issue 18:
+    Graceless, no NLM, NFSv4.0 left on for libnfs, an INDEX file before the
+    first start). Bound to 127.0.0.1: a test that needs a second client
+    address reaches it from 127.0.0.2 through its own relay."""
+    ensure_debian_packages(GANESHA_DEBIAN_PACKAGES, recommends=False)
+    start_system_bus()
+    for sub in ("export.d", "recovery"):
+        (GANESHA / sub).mkdir(parents=True, exist_ok=True)
+    index = GANESHA / "export.d" / "INDEX.conf"
+    if not index.exists():
+        index.write_text("")
+    conf = GANESHA / "ganesha.conf"
+    conf.write_text(f"""NFS_CORE_PARAM {{
+    Bind_addr = {HOST};
+    NFS_Port = {PORTS['nfs']};
+    Protocols = 4;
+    Enable_NLM = false;
+    Enable_RQUOTA = false;
+}}
+NFSv4 {{
+    # without it every write waits out a ~90 s grace period after a start
+    Graceless = true;
+    RecoveryBackend = fs;
+    RecoveryRoot = {GANESHA}/recovery;
+}}
+NFS_KRB5 {{
+    Active_krb5 = false;
+}}
+CEPH {{
+    Ceph_Conf = {CEPH_CONF};
+}}
+%include {index}
+""")
+    # the Ceph FSAL is loaded by the first export Manila adds over D-Bus,
+    # after the CEPH block was read: libcephfs then finds its conf only
+    # through CEPH_CONF
+    start("ganesha", ["ganesha.nfsd", "-F", "-f", conf, "-L", STATE / "logs" / "ganesha.log",
+                      "-N", "NIV_EVENT", "-p", STATE / "pids" / "ganesha.nfsd.pid"],
+          env={"CEPH_CONF": str(CEPH_CONF)})
+    wait_until("ganesha", lambda: port_open(PORTS["nfs"]), 60, STATE / "logs" / "ganesha.log")
+
+
+def stop_ganesha():
+    """Before Ceph: Ganesha's FSAL is a Ceph client (gotcha 6)."""
+    stop_all(["ganesha"], grace=5)
+
+
 # --------------------------------------------------------------- manila
 
 
-def setup_manila(ks, with_ceph):
+def setup_manila(ks, with_ceph, with_ganesha):
     d = STATE / "manila"
     (d / "locks").mkdir(parents=True, exist_ok=True)
     ks.service_user("manila")
@@ -1041,12 +1129,13 @@ def setup_manila(ks, with_ceph):
     ks.service("shared-file-system", "manila", url)
     shutil.copy(VENV / "etc" / "manila" / "api-paste.ini", d / "api-paste.ini")
     conf = d / "manila.conf"
+    backends = ["dummy"] + (["cephfsnative"] if with_ceph else []) + (["cephfsnfs"] if with_ganesha else [])
     conf.write_text(f"""[DEFAULT]
 {DEBUG_LINE}transport_url = {rabbit_url()}
 rpc_response_timeout = 15
 auth_strategy = keystone
 api_paste_config = {d}/api-paste.ini
-enabled_share_backends = {"dummy,cephfsnative" if with_ceph else "dummy"}
+enabled_share_backends = {",".join(backends)}
 enabled_share_protocols = NFS,CIFS,CEPHFS
 default_share_type = default
 storage_availability_zone = nova
@@ -1076,10 +1165,34 @@ cephfs_conf_path = {CEPH_CONF}
 cephfs_auth_id = manila
 cephfs_cluster_name = ceph
 cephfs_filesystem_name = cephfs
+[cephfsnfs]
+# the legacy NFSProtocolHelper (deprecated in Manila 2025.1, present in the
+# pinned 23.x): it writes EXPORT blocks with one CLIENT block per access
+# level and no export-wide access, so a client no rule names is refused; the
+# mgr-nfs helper needs an orchestrator and Ceph 16.2's mgr exports RO to
+# every client no rule names
+share_driver = manila.share.drivers.cephfs.driver.CephFSDriver
+share_backend_name = CEPHFSNFS
+driver_handles_share_servers = False
+cephfs_protocol_helper_type = NFS
+cephfs_conf_path = {CEPH_CONF}
+cephfs_auth_id = {MANILA_NFS_AUTH_ID}
+cephfs_cluster_name = ceph
+cephfs_filesystem_name = cephfs
+cephfs_ganesha_server_is_remote = False
+cephfs_ganesha_server_ip = {HOST}
+ganesha_config_dir = {GANESHA}
+ganesha_db_path = {d}/ganesha-exports.db
+ganesha_export_template_dir = {d}/ganesha-export-templ.d
 {keystone_authtoken("manila")}
 """)
     if with_ceph:
         manila_ceph_modules()
+    if with_ganesha:
+        keyring = CEPH / "keyring" / f"ceph.client.{MANILA_NFS_AUTH_ID}.keyring"
+        if not keyring.exists():
+            keyring.write_text(ceph("auth", "get-or-create", f"client.{MANILA_NFS_AUTH_ID}",
+                                    "mon", "allow r", "mgr", "allow rw"))
     if not (d / ".synced").exists():
         run([venv_bin("manila-manage"), "--config-file", str(conf), "db", "sync"])
         (d / ".synced").write_text("")
@@ -1089,12 +1202,14 @@ cephfs_filesystem_name = cephfs
     gunicorn("manila-api", "manila_app", PORTS["manila"], {}, threads=4)
     drivers = {"PYTHONPATH": str(HERE / "drivers")}
     start("manila-scheduler", [venv_bin("manila-scheduler"), "--config-file", str(conf)], env=drivers)
+    # as root (we are): the NFS helper's RootExecutor runs mv, sqlite3 and
+    # dbus-send through rootwrap unless the process is root already
     start("manila-share", [venv_bin("manila-share"), "--config-file", str(conf)], env=drivers)
     wait_until("manila-api", lambda: http("GET", f"http://{HOST}:{PORTS['manila']}/")[0] in (200, 300), 120,
                STATE / "logs" / "manila-api.log")
 
 
-def configure_file(with_ceph):
+def configure_file(with_ceph, with_ganesha):
     """A default share type (DHSS=False, snapshots) and a share service that
     reports in before tests start creating shares."""
     api = Api()
@@ -1111,6 +1226,8 @@ def configure_file(with_ceph):
     wanted = {"default": "dummy", "no-snapshots": "dummy"}
     if with_ceph:
         wanted["cephfs"] = "CEPHFSNATIVE"
+    if with_ganesha:
+        wanted["cephfs-nfs"] = "CEPHFSNFS"
     for name, backend in wanted.items():
         snapshots = "False" if name == "no-snapshots" else "True"
         specs = {"driver_handles_share_servers": "False", "snapshot_support": snapshots,
@@ -1121,9 +1238,11 @@ def configure_file(with_ceph):
         elif types[name].get("extra_specs", {}).get("share_backend_name") != backend:
             api.call("POST", f"{manila}/types/{types[name]['id']}/extra_specs", {"extra_specs": specs}, headers=mv)
     # the scheduler needs each backend's first capability report
+    backends = ["dummy"] + (["cephfsnative"] if with_ceph else []) + (["cephfsnfs"] if with_ganesha else [])
+
     def pools():
         names = [p["name"] for p in api.call("GET", manila + "/scheduler-stats/pools", headers=mv)["pools"]]
-        return any("@dummy" in n for n in names) and (not with_ceph or any("@cephfsnative" in n for n in names))
+        return all(any(f"@{b}" in n for n in names) for b in backends)
     wait_until("the manila pools", pools, 120, STATE / "logs" / "manila-app.log")
 
 
@@ -1188,6 +1307,7 @@ def health(service):
         "manila": (["mariadb", "rabbitmq", "manila-api", "manila-scheduler", "manila-share"],
                    lambda: http("GET", f"http://{HOST}:{PORTS['manila']}/")[0] in (200, 300)),
         "ceph": (CEPH_DAEMONS, lambda: CEPH_CONF.exists() and ceph_healthy()),
+        "ganesha": (["ganesha"], lambda: port_open(PORTS["nfs"]) and system_bus_answers()),
     }
     processes, check = checks[service]
     try:
@@ -1227,9 +1347,11 @@ def cmd_up(profile):
         configure_block()
     if "ceph" in services:
         setup_ceph()
+    if "ganesha" in services:
+        setup_ganesha()
     if "manila" in services:
-        setup_manila(ks, "ceph" in services)
-        configure_file("ceph" in services)
+        setup_manila(ks, "ceph" in services, "ganesha" in services)
+        configure_file("ceph" in services, "ganesha" in services)
     write_client_files(profile)
     if "nova" in services:
         start_hypervisor_agent()
@@ -1260,7 +1382,7 @@ def cmd_status(profile):
         ok &= h
         print(f"{s:10} {'up' if h else 'DOWN'}")
     total = 0
-    for name in SERVICE_PROCESSES + CEPH_DAEMONS + INFRA_PROCESSES:
+    for name in SERVICE_PROCESSES + ["ganesha"] + CEPH_DAEMONS + INFRA_PROCESSES:
         pgid = _group(name) if (STATE / "pids").exists() else None
         if pgid is not None and process_alive(name):
             rss = group_rss_kib(pgid)
@@ -1278,12 +1400,13 @@ SERVICE_PROCESSES = [
     "cinder-backup", "cinder-volume", "cinder-scheduler", "cinder-api",
     "barbican", "keystone",
 ]
-INFRA_PROCESSES = ["rabbitmq", "epmd", "mariadb"]
+INFRA_PROCESSES = ["rabbitmq", "epmd", "mariadb", "dbus"]
 
 
 def cmd_down(purge):
     if (STATE / "pids").exists():
         stop_all(SERVICE_PROCESSES)
+        stop_ganesha()
         stop_ceph()
         stop_all(INFRA_PROCESSES, grace=30)
     if purge and STATE.exists():
