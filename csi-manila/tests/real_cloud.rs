@@ -9,117 +9,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use csi_sanity::harness::ManilaOnRealCloud;
-use openstack_client::config::{CloudConf, ConfigEnv};
-use openstack_client::manila::{AccessRuleState, CreateShare, GrantAccess, SharedFileSystems};
-use openstack_client::{Session, SessionOptions};
+use openstack_client::manila::{AccessRuleState, CreateShare, GrantAccess};
 use proto::csi::v1 as csi;
-use proto::csi::v1::controller_client::ControllerClient;
-use proto::csi::v1::node_client::NodeClient;
 use proto::csi::v1::volume_capability::access_mode::Mode;
 use tonic::Code;
-use tonic::transport::Channel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_manila-csi-plugin");
-const GIB: i64 = 1 << 30;
-const RPC_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// One test at a time: they share the cloud, and one freezes Ceph.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn cloud_dir() -> PathBuf {
-    assert_eq!(
-        std::env::var("OPENSTACK_TEST_BACKEND").as_deref(),
-        Ok("real"),
-        "these tests run against the real test cloud: set OPENSTACK_TEST_BACKEND=real"
-    );
-    std::env::var_os("OPENSTACK_TEST_CLOUD_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.openstack-cloud"))
-        })
-}
-
-struct Env {
-    h: ManilaOnRealCloud,
-    c: ControllerClient<Channel>,
-    n: NodeClient<Channel>,
-    manila: SharedFileSystems,
-}
-
-async fn env() -> Env {
-    let dir = cloud_dir();
-    let log = std::env::temp_dir().join("manila-csi-real.log");
-    let h = ManilaOnRealCloud::start(Path::new(BIN), &dir, "CEPHFS", false, &[], Some(log))
-        .await
-        .unwrap();
-    csi_sanity::harness::wait_until_ready(&h.socket)
-        .await
-        .unwrap();
-    let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
-    let conf = CloudConf::from_texts(
-        &[(
-            "member.conf".into(),
-            std::fs::read_to_string(dir.join("cloud-member.conf")).unwrap(),
-        )],
-        ConfigEnv::default(),
-    )
-    .unwrap();
-    let manila = SharedFileSystems::new(
-        Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap(),
-    );
-    Env {
-        c: ControllerClient::new(ch.clone()),
-        n: NodeClient::new(ch),
-        h,
-        manila,
-    }
-}
-
-fn timed<T>(msg: T) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.set_timeout(RPC_TIMEOUT);
-    r
-}
-
-fn cap(mode: Mode) -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(csi::volume_capability::AccessType::Mount(
-            csi::volume_capability::MountVolume::default(),
-        )),
-        access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
-    }
-}
-
-fn unique(what: &str) -> String {
-    format!("csi-real-{what}-{}-{}", std::process::id(), rand_suffix())
-}
-
-fn rand_suffix() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos()
-}
-
-fn source(t: csi::volume_content_source::Type) -> Option<csi::VolumeContentSource> {
-    Some(csi::VolumeContentSource { r#type: Some(t) })
-}
-
-/// `ceph` admin CLI of the test cloud.
-fn ceph(args: &[&str]) -> std::process::Output {
-    let conf = cloud_dir().join("ceph/ceph.conf");
-    std::process::Command::new("ceph")
-        .arg("--conf")
-        .arg(conf)
-        .args(["--connect-timeout", "10"])
-        .args(args)
-        .output()
-        .unwrap()
-}
+mod real_common;
+use real_common::*;
 
 fn ceph_fuse_processes_under(dir: &Path) -> usize {
     std::fs::read_dir("/proc")
@@ -146,119 +45,11 @@ fn bounded_total_bytes(path: &Path) -> Option<u64> {
     rx.recv_timeout(Duration::from_secs(5)).ok().flatten()
 }
 
-impl Env {
-    async fn create(
-        &mut self,
-        name: &str,
-        gib: i64,
-        src: Option<csi::VolumeContentSource>,
-    ) -> csi::Volume {
-        self.c
-            .create_volume(timed(csi::CreateVolumeRequest {
-                name: name.into(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: gib * GIB,
-                    limit_bytes: 0,
-                }),
-                volume_capabilities: vec![cap(Mode::MultiNodeMultiWriter)],
-                parameters: HashMap::from([("type".to_string(), "cephfs".to_string())]),
-                secrets: self.h.secrets.clone(),
-                volume_content_source: src,
-                ..Default::default()
-            }))
-            .await
-            .unwrap_or_else(|s| panic!("CreateVolume {name}: {s}"))
-            .into_inner()
-            .volume
-            .unwrap()
-    }
-
-    async fn stage(&mut self, volume_id: &str, context: &HashMap<String, String>) -> PathBuf {
-        let (staging, _) = self.h.paths(volume_id, "pod-a");
-        self.n
-            .node_stage_volume(timed(csi::NodeStageVolumeRequest {
-                volume_id: volume_id.into(),
-                staging_target_path: staging.to_string_lossy().into(),
-                volume_capability: Some(cap(Mode::MultiNodeMultiWriter)),
-                secrets: self.h.secrets.clone(),
-                volume_context: context.clone(),
-                ..Default::default()
-            }))
-            .await
-            .unwrap_or_else(|s| panic!("NodeStageVolume: {s}"));
-        staging
-    }
-
-    async fn publish(&mut self, volume_id: &str, pod: &str, readonly: bool) -> PathBuf {
-        let (staging, target) = self.h.paths(volume_id, pod);
-        self.n
-            .node_publish_volume(timed(csi::NodePublishVolumeRequest {
-                volume_id: volume_id.into(),
-                staging_target_path: staging.to_string_lossy().into(),
-                target_path: target.to_string_lossy().into(),
-                volume_capability: Some(cap(Mode::MultiNodeMultiWriter)),
-                readonly,
-                ..Default::default()
-            }))
-            .await
-            .unwrap_or_else(|s| panic!("NodePublishVolume {pod}: {s}"));
-        target
-    }
-
-    async fn unpublish(&mut self, volume_id: &str, pod: &str) -> Result<(), tonic::Status> {
-        let (_, target) = self.h.paths(volume_id, pod);
-        self.n
-            .node_unpublish_volume(timed(csi::NodeUnpublishVolumeRequest {
-                volume_id: volume_id.into(),
-                target_path: target.to_string_lossy().into(),
-            }))
-            .await
-            .map(|_| ())
-    }
-
-    async fn unstage(&mut self, volume_id: &str) -> Result<(), tonic::Status> {
-        let (staging, _) = self.h.paths(volume_id, "pod-a");
-        self.n
-            .node_unstage_volume(timed(csi::NodeUnstageVolumeRequest {
-                volume_id: volume_id.into(),
-                staging_target_path: staging.to_string_lossy().into(),
-            }))
-            .await
-            .map(|_| ())
-    }
-
-    async fn stats(&mut self, path: &Path) -> csi::NodeGetVolumeStatsResponse {
-        self.n
-            .node_get_volume_stats(timed(csi::NodeGetVolumeStatsRequest {
-                volume_id: "v".into(),
-                volume_path: path.to_string_lossy().into(),
-                staging_target_path: String::new(),
-            }))
-            .await
-            .unwrap()
-            .into_inner()
-    }
-
-    async fn delete(&mut self, id: &str) {
-        self.c
-            .delete_volume(timed(csi::DeleteVolumeRequest {
-                volume_id: id.into(),
-                secrets: self.h.secrets.clone(),
-            }))
-            .await
-            .unwrap_or_else(|s| panic!("DeleteVolume {id}: {s}"));
-    }
-
-    fn mounted(&self, path: &Path) -> bool {
-        !host_ops::mounts_at(path).unwrap_or_default().is_empty()
-    }
-}
-
 #[tokio::test]
 #[ignore = "needs root and the real test cloud (tests/openstack/cloud.py up file)"]
 async fn cephfs_share_lives_through_csi_on_real_manila_and_ceph() {
     let _serial = SERIAL.lock().await;
-    let mut e = env().await;
+    let mut e = env("CEPHFS", &[("type", "cephfs")]).await;
     let name = unique("rwx");
     let v = e.create(&name, 1, None).await;
     let id = v.volume_id.clone();
@@ -449,7 +240,7 @@ async fn cephfs_share_lives_through_csi_on_real_manila_and_ceph() {
 #[ignore = "needs root and the real test cloud (tests/openstack/cloud.py up file)"]
 async fn static_pv_of_a_hand_made_share_is_staged_and_never_deleted() {
     let _serial = SERIAL.lock().await;
-    let mut e = env().await;
+    let mut e = env("CEPHFS", &[("type", "cephfs")]).await;
     let share = e
         .manila
         .create_share(&CreateShare {
@@ -560,7 +351,7 @@ impl Drop for FrozenCeph {
 #[ignore = "needs root and the real test cloud (tests/openstack/cloud.py up file)"]
 async fn dead_daemons_and_a_frozen_cluster_are_survived() {
     let _serial = SERIAL.lock().await;
-    let mut e = env().await;
+    let mut e = env("CEPHFS", &[("type", "cephfs")]).await;
     let v = e.create(&unique("faults"), 1, None).await;
     let id = v.volume_id.clone();
     e.stage(&id, &v.volume_context).await;

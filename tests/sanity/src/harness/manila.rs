@@ -1,19 +1,15 @@
 //! `manila-csi-plugin` (controller and node in one process) against a
 //! backend:
 //!
-//! - [`ManilaOnEmulator`]: the in-process emulator's Manila. This machine
-//!   has no NFS or CephFS kernel client, so the plugin runs in a private
-//!   mount namespace where `/usr/sbin` carries stand-in `mount.nfs` and
-//!   `mount.ceph` helpers and `PATH` a stand-in `ceph-fuse`: each records
-//!   its exact arguments and bind-mounts a local directory per export, so
-//!   mount(8) is exercised for real up to the helper, and two publishers
-//!   of one share see the same files. Needs root.
-//! - [`ManilaOnRealCloud`]: real Keystone + Manila + Ceph of
-//!   `tests/openstack/cloud.py` (profile `file` or `all`), real ceph-fuse
-//!   mounts.
+//! - [`ManilaOnEmulator`]: the in-process emulator's Manila, the node's
+//!   clients are stand-ins (see [`super::stand_ins`]). Needs root.
+//! - [`ManilaOnRealCloud`]: real Keystone + Manila + Ceph + NFS-Ganesha of
+//!   `tests/openstack/cloud.py` (profile `file` or `all`): real ceph-fuse
+//!   mounts for CephFS; for NFS the stand-in `mount.nfs` that asks the
+//!   real server for the export before it binds (no kernel NFS client
+//!   here).
 
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Arc;
@@ -21,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use openstack_emulator::{Emulator, EmulatorConfig};
 
+use super::stand_ins::{HelperCall, NfsServer, StandIns, kill_with_namespace};
 use super::{
     HarnessError, metadata_document, mounts_below, serve_metadata, stderr_to, wait_for_socket,
 };
@@ -62,73 +59,6 @@ impl ManilaOptions {
     }
 }
 
-const MOUNT_HELPER: &str = r#"#!/bin/bash
-# stand-in for mount.<type> (this machine has no NFS/CephFS client): records
-# its arguments, then binds a local directory standing for the export
-set -eu
-type=${0##*/mount.}
-src=$1; tgt=$2; shift 2
-opts=""
-while [ $# -gt 0 ]; do case "$1" in -o) opts=$2; shift 2;; *) shift;; esac; done
-if [ "$type" = ceph ]; then
-  sf=$(echo "$opts" | tr , '\n' | sed -n 's/^secretfile=//p')
-  if [ -z "$sf" ] || [ "$(stat -c %a "$sf")" != 600 ] || [ ! -s "$sf" ]; then
-    echo "mount.ceph: secretfile missing, empty or not mode 600" >&2; exit 32
-  fi
-  src_key=$(echo "$src" | sed 's/^\(.*\):\(\/.*\)$/\1:\2/')
-else
-  src_key=$src
-fi
-# 127.0.0.9 stands for a server that no longer answers (an export that
-# moved away)
-case "$src" in 127.0.0.9:*) echo "mount.$type: $src: no route to host" >&2; exit 32;; esac
-echo "$type|$src|$tgt|$opts" >> "@LOG@"
-dir="@EXPORTS@/$(printf %s "$src_key" | tr -c 'A-Za-z0-9._-' _)"
-mkdir -p "$dir"
-mount --bind "$dir" "$tgt"
-"#;
-
-const CEPH_FUSE: &str = r#"#!/bin/bash
-# stand-in for ceph-fuse: checks its keyring is private and not on the
-# command line, records its arguments, binds a local directory standing for
-# the CephFS path, and leaves a "daemon" that lives as long as its mount
-set -eu
-conf= id= keyring= root= fs= mnt= opts=
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --conf) conf=$2; shift 2;;
-    --id) id=$2; shift 2;;
-    --keyring) keyring=$2; shift 2;;
-    -r) root=$2; shift 2;;
-    --client_fs=*) fs=${1#--client_fs=}; shift;;
-    -o) opts=$2; shift 2;;
-    -*) echo "ceph-fuse: unknown option $1" >&2; exit 2;;
-    *) mnt=$1; shift;;
-  esac
-done
-if [ "$(stat -c %a "$keyring")" != 600 ] || ! grep -q "^\[client\.$id\]" "$keyring" || ! grep -q "key = ." "$keyring"; then
-  echo "ceph-fuse: keyring $keyring unusable" >&2; exit 1
-fi
-mons=$(sed -n 's/^mon_host = //p' "$conf")
-pidfile=$(sed -n 's/^pid_file = //p' "$conf")
-echo "ceph-fuse|$mons:$root|$mnt|id=$id,fs=$fs,opts=$opts" >> "@LOG@"
-dir="@EXPORTS@/$(printf %s "$mons:$root" | tr -c 'A-Za-z0-9._-' _)"
-mkdir -p "$dir"
-mount --bind "$dir" "$mnt"
-setsid bash -c 'while mountpoint -q "$1"; do sleep 0.1; done' _ "$mnt" </dev/null >/dev/null 2>&1 &
-echo $! > "$pidfile"
-"#;
-
-/// One call of a stand-in helper.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HelperCall {
-    /// `nfs`, `ceph` (mount(8) helpers) or `ceph-fuse`.
-    pub program: String,
-    pub source: String,
-    pub target: String,
-    pub options: String,
-}
-
 pub struct ManilaOnEmulator {
     pub emulator: Arc<Emulator>,
     pub dir: tempfile::TempDir,
@@ -138,8 +68,7 @@ pub struct ManilaOnEmulator {
     pub state_dir: PathBuf,
     pub cloud_conf: PathBuf,
     pub node_id: String,
-    helpers: PathBuf,
-    helper_log: PathBuf,
+    stand_ins: StandIns,
     plugin: Option<Child>,
     options: ManilaOptions,
 }
@@ -152,47 +81,12 @@ impl std::fmt::Debug for ManilaOnEmulator {
     }
 }
 
-fn write_script(path: &Path, text: &str) -> Result<(), HarnessError> {
-    std::fs::write(path, text)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
-    Ok(())
-}
-
-/// Processes whose mount namespace is `ns` (the link text of
-/// `/proc/<pid>/ns/mnt`).
-fn processes_in(ns: &str) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
-                .map(|l| l.to_string_lossy() == ns)
-                .unwrap_or(false)
-        })
-        .collect()
-}
-
 impl ManilaOnEmulator {
     pub async fn start(options: ManilaOptions) -> Result<Self, HarnessError> {
         let dir = tempfile::Builder::new().prefix("manila-csi-").tempdir()?;
         let kubelet_dir = dir.path().join("kubelet");
-        let helpers = dir.path().join("helpers");
-        let exports = dir.path().join("exports");
-        for d in [&kubelet_dir, &helpers, &exports] {
-            std::fs::create_dir_all(d)?;
-        }
-        let helper_log = dir.path().join("helper-calls.log");
-        std::fs::write(&helper_log, "")?;
-        let fill = |t: &str| {
-            t.replace("@LOG@", &helper_log.to_string_lossy())
-                .replace("@EXPORTS@", &exports.to_string_lossy())
-        };
-        write_script(&helpers.join("mount.nfs"), &fill(MOUNT_HELPER))?;
-        write_script(&helpers.join("mount.ceph"), &fill(MOUNT_HELPER))?;
-        write_script(&helpers.join("ceph-fuse"), &fill(CEPH_FUSE))?;
+        std::fs::create_dir_all(&kubelet_dir)?;
+        let stand_ins = StandIns::create(dir.path(), NfsServer::Local)?;
         let emulator = match &options.emulator {
             Some(shared) => shared.clone(),
             None => Arc::new(
@@ -236,8 +130,7 @@ impl ManilaOnEmulator {
             state_dir,
             cloud_conf,
             node_id,
-            helpers,
-            helper_log,
+            stand_ins,
             plugin: None,
             options,
             dir,
@@ -277,28 +170,15 @@ impl ManilaOnEmulator {
     async fn start_plugin(&mut self) -> Result<(), HarnessError> {
         let _ = std::fs::remove_file(&self.socket);
         let mut cmd = if self.options.stand_ins {
-            // a private mount namespace: the helpers overlay /usr/sbin only
-            // there, and every mount made there dies with it
-            let mut c = Command::new("unshare");
-            c.args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
-                .arg(format!(
-                    "mount -t overlay overlay -o lowerdir={}:/usr/sbin /usr/sbin && exec \"$0\" \"$@\"",
-                    self.helpers.display()
-                ))
-                .arg(&self.options.plugin_binary);
-            c
+            self.stand_ins.command(&self.options.plugin_binary)
         } else {
-            Command::new(&self.options.plugin_binary)
+            let mut c = Command::new(&self.options.plugin_binary);
+            self.stand_ins.put_first_in_path(&mut c);
+            c
         };
-        let path = format!(
-            "{}:{}",
-            self.helpers.display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
         let child = cmd
             .args(self.plugin_args())
             .env("RUST_LOG", &self.options.log_level)
-            .env("PATH", path)
             .stderr(stderr_to(self.options.log_file.as_deref())?)
             .spawn()?;
         self.plugin = Some(child);
@@ -345,19 +225,7 @@ impl ManilaOnEmulator {
 
     /// The stand-in helpers' calls so far.
     pub fn helper_calls(&self) -> Vec<HelperCall> {
-        std::fs::read_to_string(&self.helper_log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.splitn(4, '|');
-                Some(HelperCall {
-                    program: f.next()?.to_string(),
-                    source: f.next()?.to_string(),
-                    target: f.next()?.to_string(),
-                    options: f.next()?.to_string(),
-                })
-            })
-            .collect()
+        self.stand_ins.calls()
     }
 
     /// The staging and target paths a kubelet would use for `volume_id`
@@ -406,23 +274,8 @@ impl ManilaOnEmulator {
 
     /// Kills the plugin and everything left in its mount namespace.
     fn stop_plugin(&mut self) {
-        if let Some(mut c) = self.plugin.take() {
-            let ns = std::fs::read_link(format!("/proc/{}/ns/mnt", c.id()))
-                .ok()
-                .map(|l| l.to_string_lossy().into_owned());
-            let host_ns = std::fs::read_link("/proc/self/ns/mnt")
-                .ok()
-                .map(|l| l.to_string_lossy().into_owned());
-            let _ = c.kill();
-            let _ = c.wait();
-            if let Some(ns) = ns.filter(|n| Some(n) != host_ns.as_ref()) {
-                for pid in processes_in(&ns) {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-            }
+        if let Some(c) = self.plugin.take() {
+            kill_with_namespace(c);
         }
     }
 }
@@ -444,7 +297,9 @@ impl Drop for ManilaOnEmulator {
 }
 
 /// `manila-csi-plugin` against the real test cloud (profile `file` or
-/// `all`): real Keystone, Manila and Ceph, real ceph-fuse mounts. The
+/// `all`): real Keystone, Manila, Ceph and NFS-Ganesha; real ceph-fuse
+/// mounts, and for NFS the stand-in `mount.nfs` of
+/// [`NfsServer::Real`] in a mount namespace of the plugin's own. The
 /// plugin has no cloud.conf credentials unless asked: calls carry the
 /// member's secrets, as upstream's StorageClasses do.
 pub struct ManilaOnRealCloud {
@@ -459,6 +314,8 @@ pub struct ManilaOnRealCloud {
     log_file: Option<PathBuf>,
     plugin: Option<Child>,
     metadata: tokio::task::JoinHandle<()>,
+    /// NFS only: there is no kernel NFS client here.
+    stand_ins: Option<StandIns>,
 }
 
 impl std::fmt::Debug for ManilaOnRealCloud {
@@ -540,7 +397,13 @@ impl ManilaOnRealCloud {
             "--cluster-id=sanity-real".into(),
         ];
         args.extend(extra_args.iter().cloned());
+        let stand_ins = if protocol.eq_ignore_ascii_case("NFS") {
+            Some(StandIns::create(dir.path(), NfsServer::Real)?)
+        } else {
+            None
+        };
         let mut h = Self {
+            stand_ins,
             dir,
             socket,
             kubelet_dir,
@@ -559,7 +422,11 @@ impl ManilaOnRealCloud {
 
     async fn start_plugin(&mut self) -> Result<(), HarnessError> {
         let _ = std::fs::remove_file(&self.socket);
-        let child = Command::new(&self.binary)
+        let mut cmd = match &self.stand_ins {
+            Some(s) => s.command(&self.binary),
+            None => Command::new(&self.binary),
+        };
+        let child = cmd
             .args(&self.args)
             .env("RUST_LOG", "info")
             .stderr(stderr_to(self.log_file.as_deref())?)
@@ -583,11 +450,18 @@ impl ManilaOnRealCloud {
     }
 
     pub async fn restart_plugin(&mut self) -> Result<(), HarnessError> {
-        if let Some(mut c) = self.plugin.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(c) = self.plugin.take() {
+            kill_with_namespace(c);
         }
         self.start_plugin().await
+    }
+
+    /// The stand-in `mount.nfs` calls so far (NFS only).
+    pub fn helper_calls(&self) -> Vec<HelperCall> {
+        self.stand_ins
+            .as_ref()
+            .map(StandIns::calls)
+            .unwrap_or_default()
     }
 
     /// The staging and target paths a kubelet would use.
@@ -605,9 +479,8 @@ impl ManilaOnRealCloud {
 
 impl Drop for ManilaOnRealCloud {
     fn drop(&mut self) {
-        if let Some(mut c) = self.plugin.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(c) = self.plugin.take() {
+            kill_with_namespace(c);
         }
         self.metadata.abort();
         // a ceph-fuse mount whose daemon lives on: end the daemon first

@@ -12,9 +12,11 @@ use std::time::{Duration, Instant};
 
 pub mod cinder;
 pub mod manila;
+pub mod stand_ins;
 
 pub use cinder::{CinderOnEmulator, CinderOnRealCloud, HarnessOptions};
 pub use manila::{ManilaOnEmulator, ManilaOnRealCloud, ManilaOptions};
+pub use stand_ins::{HelperCall, NfsServer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
