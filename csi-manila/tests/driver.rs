@@ -587,6 +587,53 @@ async fn nfs_access_is_never_opened_without_being_asked() {
 }
 
 #[tokio::test]
+async fn a_share_only_ever_read_gets_read_only_rules() {
+    for protocol in ["NFS", "CEPHFS"] {
+        let mut e = env_with(protocol, |o| o.stand_ins = false).await;
+        let clients = [("nfs-shareClient", "10.0.0.0/24")];
+        for (i, (modes, want)) in [
+            (vec![Mode::MultiNodeReaderOnly], "ro"),
+            (
+                vec![Mode::SingleNodeReaderOnly, Mode::MultiNodeReaderOnly],
+                "ro",
+            ),
+            (
+                vec![Mode::MultiNodeReaderOnly, Mode::MultiNodeMultiWriter],
+                "rw",
+            ),
+            (vec![Mode::SingleNodeWriter], "rw"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut req = e.create_req(&format!("pvc-{i}"), 1, &clients);
+            req.volume_capabilities = modes.iter().map(|m| mount_cap(*m, &[])).collect();
+            let v =
+                e.c.create_volume(req.clone())
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .volume
+                    .unwrap();
+            let rules = e.manila.list_access_rules(&v.volume_id).await.unwrap();
+            assert_eq!(rules.len(), 1, "{protocol} {modes:?}: {rules:?}");
+            assert_eq!(rules[0].access_level, want, "{protocol} {modes:?}");
+            // a retry finds the rule it granted and grants no other
+            e.c.create_volume(req).await.unwrap();
+            assert_eq!(
+                e.manila
+                    .list_access_rules(&v.volume_id)
+                    .await
+                    .unwrap()
+                    .len(),
+                1
+            );
+            e.delete(&v.volume_id).await.unwrap();
+        }
+    }
+}
+
+#[tokio::test]
 async fn snapshots_restores_and_clones() {
     let mut e = env_with("NFS", |o| {
         o.stand_ins = false;

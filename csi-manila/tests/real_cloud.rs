@@ -157,6 +157,35 @@ async fn cephfs_share_lives_through_csi_on_real_manila_and_ceph() {
             )),
         )
         .await;
+    // restored for readers only (ReadOnlyMany): its cephx key reads and
+    // Ceph refuses its writes, even through a read-write publish
+    let for_readers = e
+        .create_as(
+            &unique("readers"),
+            2,
+            source(csi::volume_content_source::Type::Snapshot(
+                csi::volume_content_source::SnapshotSource {
+                    snapshot_id: snap.snapshot_id.clone(),
+                },
+            )),
+            Mode::MultiNodeReaderOnly,
+        )
+        .await;
+    e.stage(&for_readers.volume_id, &for_readers.volume_context)
+        .await;
+    let t = e.publish(&for_readers.volume_id, "pod-a", false).await;
+    assert_eq!(std::fs::read(t.join("hello")).unwrap(), b"written in pod a");
+    let err = std::fs::write(t.join("scribble"), b"x").unwrap_err();
+    assert!(
+        matches!(
+            err.raw_os_error(),
+            Some(nix::libc::EACCES | nix::libc::EPERM | nix::libc::EROFS)
+        ),
+        "{err}"
+    );
+    e.unpublish(&for_readers.volume_id, "pod-a").await.unwrap();
+    e.unstage(&for_readers.volume_id).await.unwrap();
+
     for copy in [&restored, &clone] {
         e.stage(&copy.volume_id, &copy.volume_context).await;
         let t = e.publish(&copy.volume_id, "pod-a", false).await;
@@ -185,7 +214,7 @@ async fn cephfs_share_lives_through_csi_on_real_manila_and_ceph() {
     }
     assert_eq!(ceph_fuse_processes_under(&e.h.state_dir), 0);
 
-    for v in [&restored, &clone] {
+    for v in [&restored, &clone, &for_readers] {
         e.delete(&v.volume_id).await;
     }
     e.c.delete_snapshot(timed(csi::DeleteSnapshotRequest {

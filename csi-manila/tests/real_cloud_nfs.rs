@@ -524,6 +524,33 @@ async fn snapshot_restore_clone_and_growth_of_an_nfs_share() {
             .contains(&"own".to_string())
     );
 
+    // restored for readers only (ReadOnlyMany): the server refuses writes
+    let for_readers = e
+        .create_as(
+            &unique("nfs-readers"),
+            1,
+            source(csi::volume_content_source::Type::Snapshot(
+                csi::volume_content_source::SnapshotSource {
+                    snapshot_id: snap.snapshot_id.clone(),
+                },
+            )),
+            Mode::MultiNodeReaderOnly,
+        )
+        .await;
+    let readers_export = export_of(&e, &for_readers.volume_id).await;
+    assert_eq!(
+        nfs_read(&readers_export, "kept", Client::Node)
+            .await
+            .unwrap(),
+        b"before the snapshot"
+    );
+    assert!(
+        nfs_write(&readers_export, "scribble", b"x", Client::Node)
+            .await
+            .is_err(),
+        "a ReadOnlyMany share took a write"
+    );
+
     let clone = e
         .create(
             &unique("nfs-clone"),
@@ -577,7 +604,11 @@ async fn snapshot_restore_clone_and_growth_of_an_nfs_share() {
         b"before the snapshot"
     );
 
-    for vol in [&clone.volume_id, &restored.volume_id] {
+    for vol in [
+        &clone.volume_id,
+        &for_readers.volume_id,
+        &restored.volume_id,
+    ] {
         e.delete(vol).await;
     }
     e.c.delete_snapshot(timed(csi::DeleteSnapshotRequest {

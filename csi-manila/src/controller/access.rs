@@ -4,7 +4,8 @@
 //! share gets one `cephx` rule for its client id. CreateVolume returns
 //! once every rule is `active` (and a cephx rule has its key);
 //! DeleteVolume revokes them first, so that a cephx user is deauthorized
-//! and its key no longer mounts.
+//! and its key no longer mounts. A share whose every capability is a
+//! reader's gets `ro` rules: the server, not only the node, refuses writes.
 
 use std::time::Instant;
 
@@ -64,12 +65,15 @@ impl ControllerService {
         ))
     }
 
-    /// The rules a share of this instance's protocol gets.
+    /// The rules a share of this instance's protocol gets: `ro` for a
+    /// share that is only ever read, `rw` otherwise.
     pub(super) fn wanted_rules(
         &self,
         share_name: &str,
         params: &ShareParameters,
+        read_only: bool,
     ) -> DriverResult<Vec<GrantAccess>> {
+        let access_level = if read_only { "ro" } else { "rw" };
         Ok(match self.opts.protocol {
             ShareProtocol::Nfs => self
                 .nfs_clients(params)?
@@ -77,7 +81,7 @@ impl ControllerService {
                 .map(|to| GrantAccess {
                     access_type: "ip".into(),
                     access_to: to,
-                    access_level: "rw".into(),
+                    access_level: access_level.into(),
                 })
                 .collect(),
             ShareProtocol::Cephfs => vec![GrantAccess {
@@ -86,7 +90,7 @@ impl ControllerService {
                     .cephfs_client_id
                     .clone()
                     .unwrap_or_else(|| share_name.to_string()),
-                access_level: "rw".into(),
+                access_level: access_level.into(),
             }],
         })
     }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use csi_common::errors::at_most_one;
-use csi_common::request::{GIB, expansion_gib, is_uuid, require, size_fits, size_gib};
+use csi_common::request::{Capability, GIB, expansion_gib, is_uuid, require, size_fits, size_gib};
 use csi_common::waits::{delete_and_wait_gone, wait_gone, wait_until};
 use csi_common::{Context, DriverError, DriverResult};
 use openstack_client::common::Poll;
@@ -129,7 +129,10 @@ impl ControllerService {
         if !params.ignored.is_empty() {
             tracing::info!(keys = ?params.ignored, "StorageClass parameters this driver does not use are ignored");
         }
-        let wanted = self.wanted_rules(&name, &params)?;
+        // a share only ever read (every capability a reader's) gets
+        // read-only rules: the server refuses writes, not just the node
+        let read_only = caps.iter().all(Capability::read_only_mode);
+        let wanted = self.wanted_rules(&name, &params, read_only)?;
         let source = source_of(&r)?;
         let zone = self.requested_zone(&r, &params);
         let manila = self.manila(&r.secrets)?.with_deadline(deadline);
@@ -247,7 +250,6 @@ impl ControllerService {
             (_, Some(req)) => req.preferred.clone(),
             _ => Vec::new(),
         };
-        let _ = caps;
         Ok(csi::CreateVolumeResponse {
             volume: Some(csi::Volume {
                 capacity_bytes: (share.size as i64).saturating_mul(GIB),

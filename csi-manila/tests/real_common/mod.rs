@@ -134,6 +134,18 @@ impl Env {
         gib: i64,
         src: Option<csi::VolumeContentSource>,
     ) -> csi::Volume {
+        self.create_as(name, gib, src, Mode::MultiNodeMultiWriter)
+            .await
+    }
+
+    /// A share for capabilities of `mode`.
+    pub async fn create_as(
+        &mut self,
+        name: &str,
+        gib: i64,
+        src: Option<csi::VolumeContentSource>,
+        mode: Mode,
+    ) -> csi::Volume {
         self.c
             .create_volume(timed(csi::CreateVolumeRequest {
                 name: name.into(),
@@ -141,7 +153,7 @@ impl Env {
                     required_bytes: gib * GIB,
                     limit_bytes: 0,
                 }),
-                volume_capabilities: vec![cap(Mode::MultiNodeMultiWriter)],
+                volume_capabilities: vec![cap(mode)],
                 parameters: self.parameters.clone(),
                 secrets: self.h.secrets.clone(),
                 volume_content_source: src,
