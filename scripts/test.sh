@@ -190,6 +190,10 @@ tests "Cinder credentials rotated under a running controller (real Keystone)" \
 tests "Manila CSI on real Manila + Ceph (ceph-fuse)" run_tests csi-manila real_cloud --ignored
 tests "Manila CSI conformance (real Manila + Ceph)" \
   run_tests csi-sanity drivers --ignored manila_cephfs_conforms_on_the_real_cloud --nocapture
+tests "Manila NFS on real Manila + NFS-Ganesha (libnfs, stand-in mount.nfs)" \
+  run_tests csi-manila real_cloud_nfs --ignored
+tests "Manila NFS conformance (real Manila + NFS-Ganesha)" \
+  run_tests csi-sanity drivers --ignored manila_nfs_conforms_on_the_real_cloud --nocapture
 tests "preflight of the real cloud (suite-walk)" \
   target/debug/suite-walk --cloud-config .openstack-cloud/cloud-admin.conf \
   --server "$(cat .openstack-cloud/test-server-id)" --share-type default

@@ -326,6 +326,21 @@ async fn manila_conforms_on_the_emulator_for_both_protocols() {
 #[tokio::test]
 #[ignore = "needs root and the real test cloud with Ceph (tests/openstack/cloud.py up file)"]
 async fn manila_cephfs_conforms_on_the_real_cloud() {
+    let (h, log) = manila_on_real_cloud("CEPHFS").await;
+    let mut cfg = csi_sanity::SuiteConfig::new(&h.socket, h.kubelet_dir.join("sanity"));
+    cfg.secrets = h.secrets.clone();
+    cfg.parameters = [("type".to_string(), "cephfs".to_string())].into();
+    cfg.block = false;
+    cfg.shared = true;
+    cfg.quota_on_node = true;
+    cfg.timeout = Duration::from_secs(120);
+    let report = csi_sanity::Suite::connect(cfg).await.unwrap().run().await;
+    check_manila_real_report(&h, &report, &log);
+}
+
+/// The Manila plugin for `protocol` on the real test cloud, with its own
+/// credentials too (calls without secrets), logging to the file returned.
+async fn manila_on_real_cloud(protocol: &str) -> (csi_sanity::harness::ManilaOnRealCloud, PathBuf) {
     assert_eq!(
         std::env::var("OPENSTACK_TEST_BACKEND").as_deref(),
         Ok("real"),
@@ -339,11 +354,15 @@ async fn manila_cephfs_conforms_on_the_real_cloud() {
                 "/../../.openstack-cloud"
             ))
         });
-    let log = std::env::temp_dir().join(format!("manila-sanity-real-{}.log", std::process::id()));
+    let log = std::env::temp_dir().join(format!(
+        "manila-sanity-real-{}-{}.log",
+        protocol.to_ascii_lowercase(),
+        std::process::id()
+    ));
     let h = csi_sanity::harness::ManilaOnRealCloud::start(
         &binaries().join("manila-csi-plugin"),
         &cloud_dir,
-        "CEPHFS",
+        protocol,
         true,
         &[],
         Some(log.clone()),
@@ -351,32 +370,64 @@ async fn manila_cephfs_conforms_on_the_real_cloud() {
     .await
     .unwrap();
     wait_ready(&h.socket).await;
-    let mut cfg = csi_sanity::SuiteConfig::new(&h.socket, h.kubelet_dir.join("sanity"));
-    cfg.secrets = h.secrets.clone();
-    cfg.parameters = [("type".to_string(), "cephfs".to_string())].into();
-    cfg.block = false;
-    cfg.shared = true;
-    cfg.quota_on_node = true;
-    cfg.timeout = Duration::from_secs(120);
-    let report = csi_sanity::Suite::connect(cfg).await.unwrap().run().await;
+    (h, log)
+}
+
+/// No failure; exactly what the emulator's run skips: publish/unpublish
+/// and the attach limit (shares are not attached), group snapshots and
+/// ModifyVolume (Manila has neither); no mount left.
+fn check_manila_real_report(
+    h: &csi_sanity::harness::ManilaOnRealCloud,
+    report: &csi_sanity::Report,
+    log: &Path,
+) {
     println!("{report}");
-    let logs = std::fs::read_to_string(&log).unwrap_or_default();
-    let _ = std::fs::remove_file(&log);
+    let logs = std::fs::read_to_string(log).unwrap_or_default();
+    let _ = std::fs::remove_file(log);
     assert!(
         report.failures().is_empty(),
         "{report}\n--- plugin log ---\n{logs}"
     );
-    // exactly what the emulator's run skips: publish/unpublish and the
-    // attach limit (shares are not attached), group snapshots and
-    // ModifyVolume (Manila has neither)
     assert_eq!(
         report.count(|o| matches!(o, csi_sanity::Outcome::Skip(_))),
         6,
         "{report}"
     );
+    assert!(h.mounts_below_dir().is_empty(), "mounts left behind");
     assert!(
         csi_sanity::harness::mounts_below(h.dir.path()).is_empty(),
         "mounts left behind"
+    );
+}
+
+/// The suite against `manila-csi-plugin` (NFS) on the real test cloud:
+/// real Manila with its CephFS driver exporting through NFS-Ganesha; every
+/// share opened to this node only. The node's mounts go to the stand-in
+/// `mount.nfs` that asks Ganesha for the export first (no kernel NFS
+/// client here), so the quota is not seen on the node.
+#[tokio::test]
+#[ignore = "needs root and the real test cloud with Ganesha (tests/openstack/cloud.py up file)"]
+async fn manila_nfs_conforms_on_the_real_cloud() {
+    let (h, log) = manila_on_real_cloud("NFS").await;
+    let mut cfg = csi_sanity::SuiteConfig::new(&h.socket, h.kubelet_dir.join("sanity"));
+    cfg.secrets = h.secrets.clone();
+    cfg.parameters = [
+        ("type".to_string(), "cephfs-nfs".to_string()),
+        ("nfs-shareClient".to_string(), "127.0.0.1/32".to_string()),
+    ]
+    .into();
+    cfg.block = false;
+    cfg.shared = true;
+    cfg.quota_on_node = false;
+    // the stand-in's mounts live in the plugin's own mount namespace
+    cfg.node_view = Some(PathBuf::from(format!("/proc/{}", h.plugin_pid().unwrap())));
+    cfg.timeout = Duration::from_secs(120);
+    let report = csi_sanity::Suite::connect(cfg).await.unwrap().run().await;
+    check_manila_real_report(&h, &report, &log);
+    // every stage went through the server: the stand-in asked Ganesha
+    assert!(
+        h.helper_calls().iter().any(|c| c.program == "nfs"),
+        "no NFS mount was made"
     );
 }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use openstack_emulator::{Emulator, EmulatorConfig};
 
-use super::stand_ins::{HelperCall, NfsServer, StandIns, kill_with_namespace};
+use super::stand_ins::{HelperCall, NfsServer, StandIns, kill_with_namespace, mounts_seen_by};
 use super::{
     HarnessError, metadata_document, mounts_below, serve_metadata, stderr_to, wait_for_socket,
 };
@@ -212,15 +212,7 @@ impl ManilaOnEmulator {
 
     /// Every mount below the harness directory in the plugin's namespace.
     pub fn mounts_below_dir(&self) -> Vec<PathBuf> {
-        let Some(pid) = self.plugin_pid() else {
-            return Vec::new();
-        };
-        let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
-        host_ops::mountinfo::parse(&text)
-            .into_iter()
-            .map(|m| m.mount_point)
-            .filter(|p| p.starts_with(self.dir.path()))
-            .collect()
+        mounts_seen_by(self.plugin_pid(), self.dir.path())
     }
 
     /// The stand-in helpers' calls so far.
@@ -454,6 +446,12 @@ impl ManilaOnRealCloud {
             kill_with_namespace(c);
         }
         self.start_plugin().await
+    }
+
+    /// Every mount below the harness directory in the plugin's namespace
+    /// (its own with the NFS stand-ins).
+    pub fn mounts_below_dir(&self) -> Vec<PathBuf> {
+        mounts_seen_by(self.plugin_pid(), self.dir.path())
     }
 
     /// The stand-in `mount.nfs` calls so far (NFS only).

@@ -225,3 +225,16 @@ pub fn kill_with_namespace(mut child: Child) {
         }
     }
 }
+
+/// The mounts below `dir` in the mount namespace of process `pid`.
+pub fn mounts_seen_by(pid: Option<u32>, dir: &Path) -> Vec<PathBuf> {
+    let Some(pid) = pid else {
+        return Vec::new();
+    };
+    let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+    host_ops::mountinfo::parse(&text)
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
