@@ -335,6 +335,7 @@ async fn manila_cephfs_conforms_on_the_real_cloud() {
     cfg.quota_on_node = true;
     cfg.timeout = Duration::from_secs(120);
     let report = csi_sanity::Suite::connect(cfg).await.unwrap().run().await;
+    println!("{report}");
     check_manila_real_report(&h, &report, &log);
 }
 
@@ -381,7 +382,6 @@ fn check_manila_real_report(
     report: &csi_sanity::Report,
     log: &Path,
 ) {
-    println!("{report}");
     let logs = std::fs::read_to_string(log).unwrap_or_default();
     let _ = std::fs::remove_file(log);
     assert!(
@@ -423,6 +423,7 @@ async fn manila_nfs_conforms_on_the_real_cloud() {
     cfg.node_view = Some(PathBuf::from(format!("/proc/{}", h.plugin_pid().unwrap())));
     cfg.timeout = Duration::from_secs(120);
     let report = csi_sanity::Suite::connect(cfg).await.unwrap().run().await;
+    println!("{report}");
     check_manila_real_report(&h, &report, &log);
     // every stage went through the server: the stand-in asked Ganesha
     assert!(
