@@ -23,9 +23,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use csi_sanity::harness::{ManilaOnEmulator, ManilaOnRealCloud, ManilaOptions};
-use openstack_client::config::{CloudConf, ConfigEnv};
-use openstack_client::manila::SharedFileSystems;
-use openstack_client::{Session, SessionOptions};
 use openstack_emulator::{Delays, FaultAction, FaultRule};
 use proto::csi::v1 as csi;
 use proto::csi::v1::controller_client::ControllerClient;
@@ -222,17 +219,7 @@ async fn stage_vs_bare_ceph_fuse() {
         staged.push(t.elapsed());
         n.node_unstage_volume(unstage.clone()).await.unwrap();
     }
-    let conf = CloudConf::from_texts(
-        &[(
-            "m".into(),
-            std::fs::read_to_string(dir.join("cloud-member.conf")).unwrap(),
-        )],
-        ConfigEnv::default(),
-    )
-    .unwrap();
-    let m = SharedFileSystems::new(
-        Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap(),
-    );
+    let m = h.member_manila().unwrap();
     let rule = m.list_access_rules(&v.volume_id).await.unwrap().remove(0);
     let export = m
         .list_export_locations(&v.volume_id)

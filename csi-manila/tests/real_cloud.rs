@@ -82,19 +82,7 @@ async fn cephfs_share_lives_through_csi_on_real_manila_and_ceph() {
     assert!(!st.volume_condition.unwrap().abnormal);
 
     // growth shows in df at once
-    let grown =
-        e.c.controller_expand_volume(timed(csi::ControllerExpandVolumeRequest {
-            volume_id: id.clone(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: 2 * GIB,
-                limit_bytes: 0,
-            }),
-            secrets: e.h.secrets.clone(),
-            volume_capability: Some(cap(Mode::MultiNodeMultiWriter)),
-        }))
-        .await
-        .unwrap()
-        .into_inner();
+    let grown = e.expand(&id, 2).await;
     assert_eq!(grown.capacity_bytes, 2 * GIB);
     let until = Instant::now() + Duration::from_secs(10);
     while bounded_total_bytes(&a) != Some(2 * GIB as u64) && Instant::now() < until {
@@ -103,18 +91,7 @@ async fn cephfs_share_lives_through_csi_on_real_manila_and_ceph() {
     assert_eq!(bounded_total_bytes(&a), Some(2 * GIB as u64));
 
     // a snapshot, a share from it, and a clone: both hold the file
-    let snap =
-        e.c.create_snapshot(timed(csi::CreateSnapshotRequest {
-            source_volume_id: id.clone(),
-            name: unique("snap"),
-            secrets: e.h.secrets.clone(),
-            parameters: HashMap::new(),
-        }))
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let snap = e.snapshot(&id, &unique("snap")).await;
     let mut tries = 0;
     while !e
         .c
@@ -136,38 +113,16 @@ async fn cephfs_share_lives_through_csi_on_real_manila_and_ceph() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let restored = e
-        .create(
-            &unique("restored"),
-            2,
-            source(csi::volume_content_source::Type::Snapshot(
-                csi::volume_content_source::SnapshotSource {
-                    snapshot_id: snap.snapshot_id.clone(),
-                },
-            )),
-        )
+        .create(&unique("restored"), 2, of_snapshot(&snap.snapshot_id))
         .await;
-    let clone = e
-        .create(
-            &unique("clone"),
-            2,
-            source(csi::volume_content_source::Type::Volume(
-                csi::volume_content_source::VolumeSource {
-                    volume_id: id.clone(),
-                },
-            )),
-        )
-        .await;
+    let clone = e.create(&unique("clone"), 2, of_volume(&id)).await;
     // restored for readers only (ReadOnlyMany): its cephx key reads and
     // Ceph refuses its writes, even through a read-write publish
     let for_readers = e
         .create_as(
             &unique("readers"),
             2,
-            source(csi::volume_content_source::Type::Snapshot(
-                csi::volume_content_source::SnapshotSource {
-                    snapshot_id: snap.snapshot_id.clone(),
-                },
-            )),
+            of_snapshot(&snap.snapshot_id),
             Mode::MultiNodeReaderOnly,
         )
         .await;
@@ -217,12 +172,7 @@ async fn cephfs_share_lives_through_csi_on_real_manila_and_ceph() {
     for v in [&restored, &clone, &for_readers] {
         e.delete(&v.volume_id).await;
     }
-    e.c.delete_snapshot(timed(csi::DeleteSnapshotRequest {
-        snapshot_id: snap.snapshot_id.clone(),
-        secrets: e.h.secrets.clone(),
-    }))
-    .await
-    .unwrap();
+    e.delete_snapshot(&snap.snapshot_id).await;
     e.delete(&id).await;
 
     // the subvolume is gone, the cephx user deauthorized: its key no

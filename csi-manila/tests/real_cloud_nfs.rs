@@ -15,7 +15,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -463,18 +462,7 @@ async fn snapshot_restore_clone_and_growth_of_an_nfs_share() {
         .await
         .unwrap();
 
-    let snap =
-        e.c.create_snapshot(timed(csi::CreateSnapshotRequest {
-            source_volume_id: id.clone(),
-            name: unique("nfs-snap"),
-            secrets: e.h.secrets.clone(),
-            parameters: HashMap::new(),
-        }))
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let snap = e.snapshot(&id, &unique("nfs-snap")).await;
     assert!(snap.ready_to_use, "CreateSnapshot waits for Manila");
     // written after the snapshot: neither the restore nor the snapshot has it
     nfs_write(&export, "later", b"after", Client::Node)
@@ -482,15 +470,7 @@ async fn snapshot_restore_clone_and_growth_of_an_nfs_share() {
         .unwrap();
 
     let restored = e
-        .create(
-            &unique("nfs-restored"),
-            1,
-            source(csi::volume_content_source::Type::Snapshot(
-                csi::volume_content_source::SnapshotSource {
-                    snapshot_id: snap.snapshot_id.clone(),
-                },
-            )),
-        )
+        .create(&unique("nfs-restored"), 1, of_snapshot(&snap.snapshot_id))
         .await;
     let restored_export = export_of(&e, &restored.volume_id).await;
     assert_ne!(restored_export, export);
@@ -529,11 +509,7 @@ async fn snapshot_restore_clone_and_growth_of_an_nfs_share() {
         .create_as(
             &unique("nfs-readers"),
             1,
-            source(csi::volume_content_source::Type::Snapshot(
-                csi::volume_content_source::SnapshotSource {
-                    snapshot_id: snap.snapshot_id.clone(),
-                },
-            )),
+            of_snapshot(&snap.snapshot_id),
             Mode::MultiNodeReaderOnly,
         )
         .await;
@@ -551,17 +527,7 @@ async fn snapshot_restore_clone_and_growth_of_an_nfs_share() {
         "a ReadOnlyMany share took a write"
     );
 
-    let clone = e
-        .create(
-            &unique("nfs-clone"),
-            1,
-            source(csi::volume_content_source::Type::Volume(
-                csi::volume_content_source::VolumeSource {
-                    volume_id: id.clone(),
-                },
-            )),
-        )
-        .await;
+    let clone = e.create(&unique("nfs-clone"), 1, of_volume(&id)).await;
     let clone_export = export_of(&e, &clone.volume_id).await;
     assert_eq!(
         nfs_read(&clone_export, "later", Client::Node)
@@ -571,19 +537,7 @@ async fn snapshot_restore_clone_and_growth_of_an_nfs_share() {
     );
 
     // growth: the subvolume's quota follows, and the share still answers
-    let grown =
-        e.c.controller_expand_volume(timed(csi::ControllerExpandVolumeRequest {
-            volume_id: id.clone(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: 2 * GIB,
-                limit_bytes: 0,
-            }),
-            secrets: e.h.secrets.clone(),
-            volume_capability: Some(cap(Mode::MultiNodeMultiWriter)),
-        }))
-        .await
-        .unwrap()
-        .into_inner();
+    let grown = e.expand(&id, 2).await;
     assert_eq!(grown.capacity_bytes, 2 * GIB);
     assert!(!grown.node_expansion_required);
     let instance = export.split('/').nth(3).unwrap();
@@ -611,11 +565,6 @@ async fn snapshot_restore_clone_and_growth_of_an_nfs_share() {
     ] {
         e.delete(vol).await;
     }
-    e.c.delete_snapshot(timed(csi::DeleteSnapshotRequest {
-        snapshot_id: snap.snapshot_id.clone(),
-        secrets: e.h.secrets.clone(),
-    }))
-    .await
-    .unwrap();
+    e.delete_snapshot(&snap.snapshot_id).await;
     e.delete(&id).await;
 }

@@ -9,9 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use csi_sanity::harness::ManilaOnRealCloud;
-use openstack_client::config::{CloudConf, ConfigEnv};
 use openstack_client::manila::SharedFileSystems;
-use openstack_client::{Session, SessionOptions};
 use proto::csi::v1 as csi;
 use proto::csi::v1::controller_client::ControllerClient;
 use proto::csi::v1::node_client::NodeClient;
@@ -62,17 +60,7 @@ pub async fn env(protocol: &str, parameters: &[(&str, &str)]) -> Env {
         .await
         .unwrap();
     let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
-    let conf = CloudConf::from_texts(
-        &[(
-            "member.conf".into(),
-            std::fs::read_to_string(dir.join("cloud-member.conf")).unwrap(),
-        )],
-        ConfigEnv::default(),
-    )
-    .unwrap();
-    let manila = SharedFileSystems::new(
-        Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap(),
-    );
+    let manila = h.member_manila().unwrap();
     Env {
         parameters: parameters
             .iter()
@@ -111,8 +99,24 @@ pub fn rand_suffix() -> u32 {
         .subsec_nanos()
 }
 
-pub fn source(t: csi::volume_content_source::Type) -> Option<csi::VolumeContentSource> {
-    Some(csi::VolumeContentSource { r#type: Some(t) })
+pub fn of_snapshot(snapshot_id: &str) -> Option<csi::VolumeContentSource> {
+    Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource {
+                snapshot_id: snapshot_id.into(),
+            },
+        )),
+    })
+}
+
+pub fn of_volume(volume_id: &str) -> Option<csi::VolumeContentSource> {
+    Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Volume(
+            csi::volume_content_source::VolumeSource {
+                volume_id: volume_id.into(),
+            },
+        )),
+    })
 }
 
 /// `ceph` admin CLI of the test cloud.
@@ -240,6 +244,47 @@ impl Env {
             }))
             .await
             .unwrap_or_else(|s| panic!("DeleteVolume {id}: {s}"));
+    }
+
+    pub async fn snapshot(&mut self, source_volume_id: &str, name: &str) -> csi::Snapshot {
+        self.c
+            .create_snapshot(timed(csi::CreateSnapshotRequest {
+                source_volume_id: source_volume_id.into(),
+                name: name.into(),
+                secrets: self.h.secrets.clone(),
+                parameters: HashMap::new(),
+            }))
+            .await
+            .unwrap_or_else(|s| panic!("CreateSnapshot {name}: {s}"))
+            .into_inner()
+            .snapshot
+            .unwrap()
+    }
+
+    pub async fn delete_snapshot(&mut self, id: &str) {
+        self.c
+            .delete_snapshot(timed(csi::DeleteSnapshotRequest {
+                snapshot_id: id.into(),
+                secrets: self.h.secrets.clone(),
+            }))
+            .await
+            .unwrap_or_else(|s| panic!("DeleteSnapshot {id}: {s}"));
+    }
+
+    pub async fn expand(&mut self, id: &str, gib: i64) -> csi::ControllerExpandVolumeResponse {
+        self.c
+            .controller_expand_volume(timed(csi::ControllerExpandVolumeRequest {
+                volume_id: id.into(),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: gib * GIB,
+                    limit_bytes: 0,
+                }),
+                secrets: self.h.secrets.clone(),
+                volume_capability: Some(cap(Mode::MultiNodeMultiWriter)),
+            }))
+            .await
+            .unwrap_or_else(|s| panic!("ControllerExpandVolume {id}: {s}"))
+            .into_inner()
     }
 
     pub fn mounted(&self, path: &Path) -> bool {

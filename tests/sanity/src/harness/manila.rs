@@ -15,6 +15,9 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use openstack_client::config::{CloudConf, ConfigEnv};
+use openstack_client::manila::SharedFileSystems;
+use openstack_client::{Session, SessionOptions};
 use openstack_emulator::{Emulator, EmulatorConfig};
 
 use super::stand_ins::{HelperCall, NfsServer, StandIns, kill_with_namespace, mounts_seen_by};
@@ -452,6 +455,22 @@ impl ManilaOnRealCloud {
     /// (its own with the NFS stand-ins).
     pub fn mounts_below_dir(&self) -> Vec<PathBuf> {
         mounts_seen_by(self.plugin_pid(), self.dir.path())
+    }
+
+    /// Manila as the member (whose secrets the calls carry) sees it.
+    pub fn member_manila(&self) -> Result<SharedFileSystems, HarnessError> {
+        let cloud = |e: openstack_client::config::ConfigError| HarnessError::Cloud(e.to_string());
+        let conf = CloudConf::from_texts(
+            &[(
+                "cloud-member.conf".into(),
+                std::fs::read_to_string(self.cloud_dir.join("cloud-member.conf"))?,
+            )],
+            ConfigEnv::default(),
+        )
+        .map_err(cloud)?;
+        let session = Session::new(conf.cloud("").map_err(cloud)?, SessionOptions::default())
+            .map_err(|e| HarnessError::Cloud(e.to_string()))?;
+        Ok(SharedFileSystems::new(session))
     }
 
     /// The stand-in `mount.nfs` calls so far (NFS only).

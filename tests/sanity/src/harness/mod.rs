@@ -26,6 +26,8 @@ pub enum HarnessError {
     Io(#[from] std::io::Error),
     #[error("the plugin never opened {0}")]
     NoSocket(PathBuf),
+    #[error("the test cloud's credentials: {0}")]
+    Cloud(String),
 }
 
 /// Waits (up to 20 s) until the plugin's log file holds `needle` at
