@@ -987,9 +987,31 @@ def setup_ceph():
         # Manila's CephFS driver talks to the mgr's volumes module
         (CEPH / "keyring" / "ceph.client.manila.keyring").write_text(
             ceph("auth", "get-or-create", "client.manila", "mon", "allow r", "mgr", "allow rw"))
-    wait_until("ceph-mds", lambda: any(m.get("state") == "active"
-                                       for m in ceph_json("fs", "status").get("mdsmap", [])), 120)
+    wait_until("ceph-mds", mds_active, 120)
     wait_until("ceph", ceph_healthy, 180, STATE / "logs" / "ceph-cluster.log", process="ceph-mon")
+
+
+def mds_active():
+    """The MDS is active; one that waits in reconnect or clientreplay for
+    sessions Ganesha left to be reclaimed (its Ceph FSAL keeps them over
+    its own restart) while no Ganesha runs, gets them evicted: they would
+    hold it there for good."""
+    states = [m.get("state") for m in ceph_json("fs", "status").get("mdsmap", [])]
+    if "active" in states:
+        return True
+    if any(s in ("reconnect", "clientreplay") for s in states) and not process_alive("ganesha"):
+        evict_ganesha_sessions()
+    return False
+
+
+def evict_ganesha_sessions():
+    """Evicts the MDS sessions of Ganesha's per-share cephx users."""
+    sessions = json.loads(ceph("tell", "mds.a", "session", "ls", "--format", "json", timeout=30))
+    for session in sessions:
+        entity = session.get("client_metadata", {}).get("entity_id", "")
+        if entity.startswith("ganesha-"):
+            ceph("tell", "mds.a", "client", "evict", f"id={session['id']}", timeout=30)
+            log(f"evicted the MDS session of client.{entity}")
 
 
 def stop_ceph():
@@ -1113,11 +1135,32 @@ CEPH {{
 
 
 def stop_ganesha():
-    """Before Ceph: Ganesha's FSAL is a Ceph client (gotcha 6)."""
-    stop_all(["ganesha"], grace=5)
+    """Before Ceph: Ganesha's FSAL is a Ceph client (gotcha 6). It leaves
+    its MDS sessions open on purpose (to reclaim them when it restarts);
+    with the cluster stopping too they would hold the next MDS start in
+    clientreplay, so they are evicted while the MDS still answers."""
+    stop_all(["ganesha"], grace=10)
+    if process_alive("ceph-mds"):
+        try:
+            evict_ganesha_sessions()
+        except (CloudError, subprocess.TimeoutExpired, ValueError) as e:
+            log(f"Ganesha's MDS sessions not evicted ({e}); the next start evicts them")
 
 
 # --------------------------------------------------------------- manila
+
+
+def cephfs_backend(section, backend_name, helper, auth_id):
+    """A manila.conf section of the CephFS driver on our Ceph."""
+    return f"""[{section}]
+share_driver = manila.share.drivers.cephfs.driver.CephFSDriver
+share_backend_name = {backend_name}
+driver_handles_share_servers = False
+cephfs_protocol_helper_type = {helper}
+cephfs_conf_path = {CEPH_CONF}
+cephfs_auth_id = {auth_id}
+cephfs_cluster_name = ceph
+cephfs_filesystem_name = cephfs"""
 
 
 def setup_manila(ks, with_ceph, with_ganesha):
@@ -1156,29 +1199,13 @@ share_backend_name = dummy
 driver_handles_share_servers = False
 dummy_driver_default_driver_method_delay = 0.1
 dummy_driver_driver_methods_delays = ensure_share:0.1,create_share:0.3,get_pool:0.05,do_setup:0.01,_get_pools_info:0.01,_update_share_stats:0.05
-[cephfsnative]
-share_driver = manila.share.drivers.cephfs.driver.CephFSDriver
-share_backend_name = CEPHFSNATIVE
-driver_handles_share_servers = False
-cephfs_protocol_helper_type = CEPHFS
-cephfs_conf_path = {CEPH_CONF}
-cephfs_auth_id = manila
-cephfs_cluster_name = ceph
-cephfs_filesystem_name = cephfs
-[cephfsnfs]
+{cephfs_backend("cephfsnative", "CEPHFSNATIVE", "CEPHFS", "manila")}
 # the legacy NFSProtocolHelper (deprecated in Manila 2025.1, present in the
 # pinned 23.x): it writes EXPORT blocks with one CLIENT block per access
 # level and no export-wide access, so a client no rule names is refused; the
 # mgr-nfs helper needs an orchestrator and Ceph 16.2's mgr exports RO to
 # every client no rule names
-share_driver = manila.share.drivers.cephfs.driver.CephFSDriver
-share_backend_name = CEPHFSNFS
-driver_handles_share_servers = False
-cephfs_protocol_helper_type = NFS
-cephfs_conf_path = {CEPH_CONF}
-cephfs_auth_id = {MANILA_NFS_AUTH_ID}
-cephfs_cluster_name = ceph
-cephfs_filesystem_name = cephfs
+{cephfs_backend("cephfsnfs", "CEPHFSNFS", "NFS", MANILA_NFS_AUTH_ID)}
 cephfs_ganesha_server_is_remote = False
 cephfs_ganesha_server_ip = {HOST}
 ganesha_config_dir = {GANESHA}
