@@ -10,8 +10,9 @@
 //!    each paying the latency), in waves of 25.
 //! 2. NodeStage of a CephFS share through ceph-fuse against a bare
 //!    `ceph-fuse` mount of the same subvolume with the same key (medians
-//!    of 5; the stage includes asking Manila for the share, its rule and
-//!    its export location).
+//!    of 5; the stage asks Manila for the access rule, the volume context
+//!    carrying the export), against the bare mount plus one Manila round
+//!    trip.
 //! 3. Peak RSS (VmHWM) of an idle node plugin (ceph-fuse daemons are
 //!    processes of their own, counted apart) and of the controller after
 //!    figure 1.

@@ -217,9 +217,14 @@ impl ControllerService {
         if let Source::Share(_) = &source {
             self.drop_clone_snapshot(&manila, &name).await;
         }
-        let rule_ids = self
-            .ensure_access(&manila, &share, &wanted, fresh, deadline)
-            .await?;
+        // the export locations (what NodeStage would otherwise ask Manila
+        // for on every node) are there once the share is available: asked
+        // while the rules are granted, they cost no wait of their own
+        let (rule_ids, locations) = tokio::join!(
+            self.ensure_access(&manila, &share, &wanted, fresh, deadline),
+            manila.list_export_locations(&share.id),
+        );
+        let rule_ids = rule_ids?;
         let mut context = HashMap::from([
             ("shareID".to_string(), share.id.clone()),
             ("shareAccessIDs".to_string(), rule_ids.join(",")),
@@ -227,8 +232,7 @@ impl ControllerService {
         if self.opts.protocol == ShareProtocol::Cephfs {
             params.mount.to_context(&mut context);
         }
-        // what NodeStage would otherwise ask Manila for on every node
-        match manila.list_export_locations(&share.id).await {
+        match locations {
             Ok(locations) => crate::mount_target::context_for_stage(
                 &share,
                 &locations,
