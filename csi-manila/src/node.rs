@@ -57,8 +57,6 @@ pub struct NodeService {
     locks: KeyedLocks,
 }
 
-/// `__mount_options` share metadata: `fs=<name>` names the CephFS file
-/// system.
 impl NodeService {
     pub fn new(
         identity: Arc<RwLock<Option<NodeIdentity>>>,

@@ -87,13 +87,10 @@ fn nfs_url(export: &str, file: &str, client: Client) -> String {
     } else {
         format!("/{file}")
     };
-    let port = match client {
-        Client::Node => String::new(),
-        Client::Relayed(p) => format!("&nfsport={p}"),
-    };
-    let server = match client {
-        Client::Node => server.to_string(),
-        Client::Relayed(_) => "127.0.0.1".to_string(),
+    // the relay listens on 127.0.0.1 at a port of its own
+    let (server, port) = match client {
+        Client::Node => (server, String::new()),
+        Client::Relayed(p) => ("127.0.0.1", format!("&nfsport={p}")),
     };
     format!("nfs://{server}/{path}{file}?version=4{port}")
 }

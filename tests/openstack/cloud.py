@@ -1129,7 +1129,7 @@ CEPH {{
     # after the CEPH block was read: libcephfs then finds its conf only
     # through CEPH_CONF
     start("ganesha", ["ganesha.nfsd", "-F", "-f", conf, "-L", STATE / "logs" / "ganesha.log",
-                      "-N", "NIV_EVENT", "-p", STATE / "pids" / "ganesha.nfsd.pid"],
+                      "-N", "NIV_EVENT", "-p", GANESHA / "ganesha.pid"],
           env={"CEPH_CONF": str(CEPH_CONF)})
     wait_until("ganesha", lambda: port_open(PORTS["nfs"]), 60, STATE / "logs" / "ganesha.log")
 
@@ -1163,6 +1163,11 @@ cephfs_cluster_name = ceph
 cephfs_filesystem_name = cephfs"""
 
 
+def manila_backends(with_ceph, with_ganesha):
+    """The manila.conf sections of the backends enabled."""
+    return ["dummy"] + (["cephfsnative"] if with_ceph else []) + (["cephfsnfs"] if with_ganesha else [])
+
+
 def setup_manila(ks, with_ceph, with_ganesha):
     d = STATE / "manila"
     (d / "locks").mkdir(parents=True, exist_ok=True)
@@ -1172,7 +1177,7 @@ def setup_manila(ks, with_ceph, with_ganesha):
     ks.service("shared-file-system", "manila", url)
     shutil.copy(VENV / "etc" / "manila" / "api-paste.ini", d / "api-paste.ini")
     conf = d / "manila.conf"
-    backends = ["dummy"] + (["cephfsnative"] if with_ceph else []) + (["cephfsnfs"] if with_ganesha else [])
+    backends = manila_backends(with_ceph, with_ganesha)
     conf.write_text(f"""[DEFAULT]
 {DEBUG_LINE}transport_url = {rabbit_url()}
 rpc_response_timeout = 15
@@ -1265,7 +1270,7 @@ def configure_file(with_ceph, with_ganesha):
         elif types[name].get("extra_specs", {}).get("share_backend_name") != backend:
             api.call("POST", f"{manila}/types/{types[name]['id']}/extra_specs", {"extra_specs": specs}, headers=mv)
     # the scheduler needs each backend's first capability report
-    backends = ["dummy"] + (["cephfsnative"] if with_ceph else []) + (["cephfsnfs"] if with_ganesha else [])
+    backends = manila_backends(with_ceph, with_ganesha)
 
     def pools():
         names = [p["name"] for p in api.call("GET", manila + "/scheduler-stats/pools", headers=mv)["pools"]]
