@@ -16,9 +16,10 @@ deploy/ with our images, for the cluster tier of the tests.
 Needs root, and the real test cloud up (tests/openstack/cloud.py up all):
 the plugins talk to its Keystone, Cinder, Nova, Manila, Barbican and Ceph.
 
-Binaries: Kubernetes v1.36 and the CSI sidecars come from ../shared/k8s
-(unpacked into target/k8s) or from $KUBE_BIN_DIR. Without either, `up`
-exits with status 3 and says so: the tier is skipped, never passed.
+Binaries: Kubernetes v1.36 and the CSI sidecars come from $KUBE_BIN_DIR,
+supplied by whoever runs the tests (the README says how to get them from
+the official releases). Without them, `up` exits with status 3 and says
+so: the tier is skipped, never passed.
 Everything else comes from Debian: etcd-server, containerd, runc,
 containernetworking-plugins, catatonit, busybox-static.
 
@@ -121,28 +122,14 @@ run = SERVICES.run
 
 
 def bin_dir():
-    """Where the Kubernetes and sidecar binaries are: $KUBE_BIN_DIR, or
-    target/k8s unpacked from ../shared/k8s."""
+    """Where the Kubernetes and sidecar binaries are: $KUBE_BIN_DIR (they
+    are supplied, never kept in the repository or ../shared)."""
     explicit = os.environ.get("KUBE_BIN_DIR")
-    if explicit:
-        d = Path(explicit).resolve()
-        if not d.is_dir():
-            raise Skipped(f"KUBE_BIN_DIR={d} does not exist")
-        return d
-    d = TARGET / "k8s"
-    archives = {
-        "kubernetes-v1.36.2-linux-amd64.tar.xz": d / "kubernetes" / "bin" / "kubelet",
-        "csi-sidecars-linux-amd64.tar.xz": d / "csi-sidecars" / "bin" / "csi-provisioner",
-    }
-    for archive, marker in archives.items():
-        src = SHARED_K8S / archive
-        if marker.exists() and (not src.exists() or marker.stat().st_mtime >= src.stat().st_mtime):
-            continue
-        if not src.exists():
-            raise Skipped(f"no Kubernetes binaries: {src} is absent and KUBE_BIN_DIR is not set")
-        d.mkdir(parents=True, exist_ok=True)
-        log(f"unpacking {src.name} into {d}")
-        run(["tar", "-xJf", src, "-C", d, "--touch"], timeout=600)
+    if not explicit:
+        raise Skipped("no Kubernetes binaries: KUBE_BIN_DIR is not set (the README says how to supply them)")
+    d = Path(explicit).resolve()
+    if not d.is_dir():
+        raise Skipped(f"KUBE_BIN_DIR={d} does not exist")
     return d
 
 

@@ -14,13 +14,14 @@ repo=$(cd "$here/../../.." && pwd)
 cd "$repo"
 
 [[ $(id -u) == 0 ]] || { echo "needs root (loop devices, mounts)" >&2; exit 2; }
-# the community's csi-sanity: $CSI_SANITY, else master from ../shared/k8s
-# (unpacked by scripts/test.sh into target/k8s), else csi-sanity-upstream on PATH
-upstream_bin=${CSI_SANITY:-$repo/target/k8s/csi-sanity/csi-sanity-master}
+# the community's csi-sanity: $CSI_SANITY, else master from $CSI_SANITY_DIR
+# (README: "Supplying the Kubernetes and csi-sanity binaries"), else
+# csi-sanity-upstream on PATH
+upstream_bin=${CSI_SANITY:-${CSI_SANITY_DIR:-/nonexistent}/csi-sanity-master}
 [[ -x $upstream_bin ]] || upstream_bin=$(command -v csi-sanity-upstream || true)
 if [[ ${1:-} == upstream && -z $upstream_bin ]]; then
-  echo "no community csi-sanity: set CSI_SANITY, unpack ../shared/k8s/csi-sanity-linux-amd64.tar.xz" >&2
-  echo "into target/k8s, or put a build of kubernetes-csi/csi-test's cmd/csi-sanity on PATH as csi-sanity-upstream" >&2
+  echo "no community csi-sanity: set CSI_SANITY (a binary) or CSI_SANITY_DIR (a folder holding" >&2
+  echo "csi-sanity-master), or put csi-sanity on PATH as csi-sanity-upstream" >&2
   exit 2
 fi
 # the same profile and packages as scripts/run-local.sh and the tests: built once

@@ -11,8 +11,9 @@
 //! skip that is not among the driver's known ones below (each with its
 //! reason; the README lists them).
 //!
-//! The binaries come from `../shared/k8s/csi-sanity-linux-amd64.tar.xz`,
-//! unpacked into `target/k8s/csi-sanity` (or `CSI_SANITY_DIR`).
+//! The binaries are supplied by whoever runs the tests: `CSI_SANITY_DIR`
+//! holds `csi-sanity-v5.4.0` and `csi-sanity-master` (the README says how
+//! to get them); scripts/test.sh skips this tier loudly without them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -33,18 +34,13 @@ fn binaries() -> &'static Path {
 }
 
 fn csi_sanity(version: &str) -> PathBuf {
-    let dir = std::env::var_os("CSI_SANITY_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../target/k8s/csi-sanity"
-            ))
-        });
+    let dir = std::env::var_os("CSI_SANITY_DIR").map(PathBuf::from).expect(
+        "CSI_SANITY_DIR is not set: it names the folder holding csi-sanity-v5.4.0 and csi-sanity-master",
+    );
     let bin = dir.join(format!("csi-sanity-{version}"));
     assert!(
         bin.exists(),
-        "{} is missing: unpack ../shared/k8s/csi-sanity-linux-amd64.tar.xz into target/k8s (scripts/test.sh does)",
+        "{} is missing (CSI_SANITY_DIR names the folder holding csi-sanity-v5.4.0 and csi-sanity-master)",
         bin.display()
     );
     bin
@@ -222,7 +218,7 @@ fn secrets_file(path: &Path, secrets: &HashMap<String, String>) {
 }
 
 #[tokio::test]
-#[ignore = "needs root and the community's csi-sanity binaries (scripts/test.sh unpacks them)"]
+#[ignore = "needs root and the community's csi-sanity binaries (CSI_SANITY_DIR)"]
 async fn community_csi_sanity_passes_against_cinder() {
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -345,13 +341,13 @@ async fn manila(protocol: &str, parameters: &[(&str, &str)]) {
 }
 
 #[tokio::test]
-#[ignore = "needs root and the community's csi-sanity binaries (scripts/test.sh unpacks them)"]
+#[ignore = "needs root and the community's csi-sanity binaries (CSI_SANITY_DIR)"]
 async fn community_csi_sanity_passes_against_manila_nfs() {
     manila("NFS", &[("nfs-shareClient", "10.0.0.0/8")]).await;
 }
 
 #[tokio::test]
-#[ignore = "needs root and the community's csi-sanity binaries (scripts/test.sh unpacks them)"]
+#[ignore = "needs root and the community's csi-sanity binaries (CSI_SANITY_DIR)"]
 async fn community_csi_sanity_passes_against_manila_cephfs() {
     manila("CEPHFS", &[("type", "cephfs")]).await;
 }
@@ -405,7 +401,7 @@ fn community_specs(version: &str, dir: &Path) -> Vec<String> {
 /// A new csi-sanity spec, a renamed check of ours, or a spec csi-sanity
 /// dropped fails this test until the table says what answers it.
 #[test]
-#[ignore = "needs the community's csi-sanity binaries (scripts/test.sh unpacks them)"]
+#[ignore = "needs the community's csi-sanity binaries (CSI_SANITY_DIR)"]
 fn every_community_spec_is_answered_by_a_check_of_ours_or_a_reason() {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
