@@ -19,7 +19,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::mount_pods::MountPods;
-use crate::mounts::{StageRecord, StateDir, reap_process, run_bounded};
+use crate::processes::{reap_process, run_bounded};
+use crate::stage_record::{StageRecord, StateDir};
 
 #[derive(Debug, Clone)]
 pub enum FuseDaemons {

@@ -6,14 +6,16 @@
 //! - [`controller`]: shares, access rules, snapshots (Manila through
 //!   `openstack-client`);
 //! - [`node`]: staging, publishing, usage and health of mounted shares;
-//! - [`mounts`]: ceph-fuse, kernel CephFS and NFS mounts, and the node's
-//!   records of them;
+//! - [`mounts`]: ceph-fuse, kernel CephFS and NFS mounts;
+//!   [`stage_record`]: the node's records of them; [`processes`]: the
+//!   commands and daemons they run;
 //! - [`daemons`], [`mount_pods`]: who runs the ceph-fuse daemons: the
 //!   plugin, or a pod of their own per share (`--mount-pods`), so that a
 //!   restart of the plugin never breaks a mount;
 //! - [`shares`]: what controller and node both know about shares;
 //! - [`parameters`]: StorageClass parameters and volume attributes;
-//! - [`capabilities`], [`errors`], [`options`], [`runtime_config`];
+//! - [`capabilities`], [`errors`], [`options`], [`runtime_config`],
+//!   [`share_protocol`];
 //! - [`plugin`]: the lifecycle the binary runs.
 //!
 //! What the Cinder driver does alike (deadlines, de-duplication, paging,
@@ -30,10 +32,14 @@ pub mod node;
 pub mod options;
 pub mod parameters;
 pub mod plugin;
+pub mod processes;
 pub mod runtime_config;
+pub mod share_protocol;
 pub mod shares;
+pub mod stage_record;
 
-pub use options::{Options, ShareProtocol};
+pub use options::Options;
+pub use share_protocol::ShareProtocol;
 
 /// Upstream's default driver name and topology key.
 pub const DEFAULT_DRIVER_NAME: &str = "manila.csi.openstack.org";

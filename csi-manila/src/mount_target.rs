@@ -15,9 +15,9 @@ use std::collections::HashMap;
 use csi_common::{Context, DriverError, DriverResult};
 use openstack_client::manila::{AccessRule, ExportLocation, Share, SharedFileSystems};
 
-use crate::options::ShareProtocol;
 use crate::parameters::{EXPORT_LOCATIONS_KEY, FS_NAME_KEY, NodeParameters, exports_to_context};
 use crate::runtime_config::Cidr;
+use crate::share_protocol::ShareProtocol;
 use crate::shares::{
     check_cephx, check_export, check_fs_name, check_mountable, choose_export, resolve_share,
     usable_rule,

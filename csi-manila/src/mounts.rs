@@ -14,278 +14,23 @@
 //! mount whose cluster is gone hangs every access, unmount included,
 //! until its daemon is killed.
 
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use csi_common::node_ops::io_ctx;
 use csi_common::{DriverError, DriverResult};
 use host_ops::Mounter;
 use nix::mount::{MntFlags, umount2};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use serde::{Deserialize, Serialize};
 
 use crate::daemons::{Daemon, FuseDaemons};
+use crate::processes::run_bounded;
+use crate::stage_record::{MountKind, StageRecord, StateDir, write_private};
 
 /// How long one look at a FUSE mount may take before it counts as hung.
 pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long an unmount may block before the FUSE daemon is killed.
 const UNMOUNT_PATIENCE: Duration = Duration::from_secs(2);
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum MountKind {
-    CephFuse {
-        monitors: String,
-        root: String,
-        client_id: String,
-        fs_name: Option<String>,
-        options: Option<String>,
-    },
-    CephKernel {
-        monitors: String,
-        root: String,
-        client_id: String,
-        fs_name: Option<String>,
-        options: Option<String>,
-    },
-    Nfs {
-        export: String,
-        options: Vec<String>,
-    },
-}
-
-impl MountKind {
-    pub fn is_fuse(&self) -> bool {
-        matches!(self, MountKind::CephFuse { .. })
-    }
-}
-
-/// What a staged share is mounted as.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StageRecord {
-    pub volume_id: String,
-    pub share_id: String,
-    pub staging: PathBuf,
-    pub mount: MountKind,
-    /// Target paths published from this staging path.
-    #[serde(default)]
-    pub targets: Vec<PathBuf>,
-    /// Those of them published read-only (a repaired bind keeps it).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub read_only_targets: Vec<PathBuf>,
-}
-
-/// The node's records, one directory per staging path (root only: the
-/// keyrings live there).
-#[derive(Debug, Clone)]
-pub struct StateDir {
-    root: PathBuf,
-}
-
-fn digest_hex(s: &str) -> String {
-    let d = ring::digest::digest(&ring::digest::SHA256, s.as_bytes());
-    d.as_ref()[..12]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-fn write_private(path: &Path, text: &str) -> DriverResult<()> {
-    let _ = std::fs::remove_file(path);
-    let mut f = io_ctx(
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path),
-        format!("creating {}", path.display()),
-    )?;
-    io_ctx(
-        f.write_all(text.as_bytes()),
-        format!("writing {}", path.display()),
-    )
-}
-
-impl StateDir {
-    pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
-    }
-
-    /// Creates the directory, closed to everyone but root.
-    pub fn ensure(&self) -> DriverResult<()> {
-        let v = self.root.join("volumes");
-        io_ctx(
-            std::fs::create_dir_all(&v),
-            format!("creating {}", v.display()),
-        )?;
-        for d in [&self.root, &v] {
-            io_ctx(
-                std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)),
-                format!("restricting {}", d.display()),
-            )?;
-        }
-        Ok(())
-    }
-
-    pub fn dir_for(&self, staging: &Path) -> PathBuf {
-        self.root
-            .join("volumes")
-            .join(digest_hex(&staging.to_string_lossy()))
-    }
-
-    pub fn load(&self, staging: &Path) -> Option<StageRecord> {
-        let text = std::fs::read_to_string(self.dir_for(staging).join("stage.json")).ok()?;
-        serde_json::from_str(&text).ok()
-    }
-
-    pub fn save(&self, r: &StageRecord) -> DriverResult<()> {
-        let dir = self.dir_for(&r.staging);
-        io_ctx(
-            std::fs::create_dir_all(&dir),
-            format!("creating {}", dir.display()),
-        )?;
-        io_ctx(
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)),
-            format!("restricting {}", dir.display()),
-        )?;
-        let text = serde_json::to_string_pretty(r)
-            .map_err(|e| DriverError::Internal(format!("recording the stage: {e}")))?;
-        let tmp = dir.join("stage.json.tmp");
-        write_private(&tmp, &text)?;
-        io_ctx(
-            std::fs::rename(&tmp, dir.join("stage.json")),
-            format!("recording the stage in {}", dir.display()),
-        )
-    }
-
-    /// Forgets a staging path: its record and its keys.
-    pub fn remove(&self, staging: &Path) -> DriverResult<()> {
-        let dir = self.dir_for(staging);
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => io_ctx(Err(e), format!("removing {}", dir.display())),
-        }
-    }
-
-    pub fn all(&self) -> Vec<StageRecord> {
-        let Ok(entries) = std::fs::read_dir(self.root.join("volumes")) else {
-            return Vec::new();
-        };
-        entries
-            .filter_map(Result::ok)
-            .filter_map(|e| std::fs::read_to_string(e.path().join("stage.json")).ok())
-            .filter_map(|t| serde_json::from_str(&t).ok())
-            .collect()
-    }
-
-    /// The record a target path was published from.
-    pub fn for_target(&self, target: &Path) -> Option<StageRecord> {
-        self.all()
-            .into_iter()
-            .find(|r| r.targets.iter().any(|t| t == target))
-    }
-
-    fn pid_file(&self, staging: &Path) -> PathBuf {
-        self.dir_for(staging).join("ceph-fuse.pid")
-    }
-
-    /// The ceph-fuse daemon of a staging path, if it still runs.
-    pub fn fuse_pid(&self, staging: &Path) -> Option<Pid> {
-        let pid: i32 = std::fs::read_to_string(self.pid_file(staging))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
-        let pid = Pid::from_raw(pid);
-        alive(pid).then_some(pid)
-    }
-}
-
-/// Running and not a zombie.
-pub fn alive(pid: Pid) -> bool {
-    if kill(pid, None).is_err() {
-        return false;
-    }
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
-        .unwrap_or(false)
-}
-
-/// Runs a command until it exits or the deadline passes (then it is
-/// killed); non-zero exit is an error carrying its output.
-pub(crate) async fn run_bounded(
-    program: &str,
-    args: &[String],
-    deadline: Instant,
-    what: &str,
-    output: Option<&Path>,
-) -> DriverResult<()> {
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args)
-        .stdin(std::process::Stdio::null())
-        .env("LC_ALL", "C")
-        .kill_on_drop(true);
-    // a daemonizing child keeps stdout/stderr: point them at a file, not
-    // a pipe we would wait on forever
-    match output {
-        Some(p) => {
-            let f = io_ctx(
-                std::fs::File::create(p),
-                format!("creating {}", p.display()),
-            )?;
-            let g = io_ctx(f.try_clone(), format!("opening {}", p.display()))?;
-            cmd.stdout(f).stderr(g);
-        }
-        None => {
-            cmd.stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped());
-        }
-    }
-    let child = cmd.spawn().map_err(|e| {
-        DriverError::FailedPrecondition(format!("{what}: cannot run {program}: {e}"))
-    })?;
-    let wait = deadline.saturating_duration_since(Instant::now());
-    let out = match tokio::time::timeout(wait, child.wait_with_output()).await {
-        Ok(Ok(o)) => o,
-        Ok(Err(e)) => return Err(DriverError::Internal(format!("{what}: {program}: {e}"))),
-        Err(_) => {
-            return Err(DriverError::DeadlineExceeded(format!(
-                "{what}: {program} did not finish in time; a retry starts over"
-            )));
-        }
-    };
-    if out.status.success() {
-        return Ok(());
-    }
-    let mut text = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    if text.is_empty() {
-        text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    }
-    if let Some(p) = output {
-        text = std::fs::read_to_string(p)
-            .unwrap_or_default()
-            .trim()
-            .to_string();
-    }
-    let tail: String = text
-        .lines()
-        .rev()
-        .take(5)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect::<Vec<_>>()
-        .join("; ");
-    Err(DriverError::Internal(format!(
-        "{what}: {program} failed ({}): {tail}",
-        out.status
-    )))
-}
 
 /// The longest path a Unix socket can have (sun_path, with its NUL).
 const MAX_SOCKET_PATH: usize = 107;
@@ -518,21 +263,10 @@ pub async fn unmount_bounded(path: &Path, daemon: Option<&Daemon>) -> DriverResu
     }
 }
 
-/// Waits a moment for a FUSE daemon process to exit after its unmount,
-/// then kills it.
-pub async fn reap_process(pid: Pid) {
-    let until = Instant::now() + Duration::from_secs(2);
-    while alive(pid) && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    if alive(pid) {
-        tracing::warn!(%pid, "ceph-fuse did not exit after its unmount; killing it");
-        let _ = kill(pid, Signal::SIGKILL);
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     #[test]

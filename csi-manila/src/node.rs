@@ -31,11 +31,12 @@ use crate::TOPOLOGY_KEY;
 use crate::capabilities::parse_capability;
 use crate::daemons::FuseDaemons;
 use crate::mount_target::{self, MountTarget};
-use crate::mounts::{self, Health, MountKind, StageRecord, StateDir};
-use crate::options::ShareProtocol;
+use crate::mounts::{self, Health};
 use crate::parameters::{CephMounter, NodeParameters};
 use crate::runtime_config::{Cidr, RuntimeConfigFile};
+use crate::share_protocol::ShareProtocol;
 use crate::shares::split_export;
+use crate::stage_record::{MountKind, StageRecord, StateDir};
 
 #[derive(Debug, Clone)]
 pub struct NodeOptions {

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use csi_common::{DriverError, DriverResult};
 
-use crate::options::ShareProtocol;
+use crate::share_protocol::ShareProtocol;
 
 use csi_common::parameters::is_volume_metadata_key;
 

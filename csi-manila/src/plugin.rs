@@ -22,10 +22,10 @@ use crate::Options;
 use crate::controller::{ControllerOptions, ControllerService};
 use crate::daemons::FuseDaemons;
 use crate::mount_pods::{MountPodOptions, MountPods};
-use crate::mounts::StateDir;
 use crate::node::{NodeOptions, NodeService};
 use crate::parameters::parse_share_clients;
 use crate::runtime_config::RuntimeConfigFile;
+use crate::stage_record::StateDir;
 
 /// Serves until SIGTERM or SIGINT.
 pub async fn run(opts: Options) -> Result<(), PluginError> {

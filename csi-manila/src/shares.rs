@@ -14,9 +14,9 @@ use openstack_client::manila::{
 };
 
 use crate::errors::failure_from_messages;
-use crate::options::ShareProtocol;
 use crate::parameters::NodeParameters;
 use crate::runtime_config::Cidr;
+use crate::share_protocol::ShareProtocol;
 
 /// Upstream's description of the shares it provisions: DeleteVolume
 /// deletes only shares that carry it (ours, and upstream's before a

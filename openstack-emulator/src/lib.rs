@@ -11,6 +11,7 @@ mod admin;
 mod barbican;
 mod cinder;
 mod errors;
+mod faults;
 pub mod hypervisor;
 mod keystone;
 mod manila;
@@ -31,7 +32,7 @@ use tokio::sync::watch;
 use tower::ServiceExt;
 use url::Url;
 
-pub use admin::{FaultAction, FaultRule};
+pub use faults::{FaultAction, FaultRule};
 use state::World;
 pub use state::{Delays, Quotas};
 

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use http::Method;
 use serde::{Deserialize, Serialize};
 
-use crate::admin::{FaultAction, FaultRule};
+use crate::faults::{FaultAction, FaultRule};
 use crate::{
     ADMIN_PASSWORD, ADMIN_USER, APP_CRED_ID, APP_CRED_NAME, APP_CRED_SECRET, EmulatorConfig,
     MEMBER_PASSWORD, MEMBER_USER,

@@ -17,8 +17,8 @@ use openstack_client::manila::{
 };
 
 use super::ControllerService;
-use crate::options::ShareProtocol;
 use crate::parameters::{ShareParameters, parse_share_clients};
+use crate::share_protocol::ShareProtocol;
 
 /// `10.0.0.1` and `10.0.0.1/32` name the same client.
 fn same_client(a: &str, b: &str) -> bool {

@@ -22,8 +22,8 @@ use proto::csi::v1 as csi;
 use proto::csi::v1::controller_service_capability::rpc::Type as Rpc;
 
 use crate::TOPOLOGY_KEY;
-use crate::options::ShareProtocol;
 use crate::runtime_config::RuntimeConfigFile;
+use crate::share_protocol::ShareProtocol;
 use crate::shares::CLONE_OF_KEY;
 
 #[derive(Debug, Clone)]

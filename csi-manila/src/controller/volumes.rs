@@ -20,8 +20,8 @@ use super::ControllerService;
 use crate::TOPOLOGY_KEY;
 use crate::capabilities::parse_capabilities;
 use crate::errors::scheduling_may_pass_later;
-use crate::options::ShareProtocol;
 use crate::parameters::ShareParameters;
+use crate::share_protocol::ShareProtocol;
 use crate::shares::{
     CLONE_OF_KEY, CLUSTER_KEY, DESCRIPTION, clone_snapshot_name, is_gone, provisioned_here,
     wait_share_available,
