@@ -13,6 +13,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+/// A source file may be this long (lines), a test file this long.
+const SOURCE_LIMIT: usize = 850;
+const TEST_LIMIT: usize = 1_550;
+
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -306,5 +310,32 @@ fn the_checker_finds_a_circle_and_resolves_groups_and_super() {
     assert_eq!(
         found[0].iter().map(&names).collect::<Vec<_>>(),
         ["a/inner.rs", "a/mod.rs", "b.rs"]
+    );
+}
+
+#[test]
+fn no_file_grows_past_one_reading() {
+    let mut long = Vec::new();
+    for crate_dir in members() {
+        for (dir, limit) in [
+            ("src", SOURCE_LIMIT),
+            ("tests", TEST_LIMIT),
+            ("benches", TEST_LIMIT),
+        ] {
+            let mut files = Vec::new();
+            rust_files(&crate_dir.join(dir), &mut files);
+            for f in files {
+                let lines = std::fs::read_to_string(&f).unwrap().lines().count();
+                if lines > limit {
+                    let rel = f.strip_prefix(workspace()).unwrap();
+                    long.push(format!("{} ({lines} lines; limit {limit})", rel.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "files past one reading (split them where their own structure cuts them):\n{}",
+        long.join("\n")
     );
 }

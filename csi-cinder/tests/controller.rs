@@ -1,0 +1,873 @@
+//! `cinder-csi-plugin`'s controller through its socket against the
+//! emulator, beyond the conformance suite: topology, metadata and
+//! multi-attach, idempotent creation, quotas and failures, attachments
+//! and the attach limit, retypes, snapshots and backups, and faults.
+//! Tests needing root return early (and say so) without it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use csi_sanity::harness::{CinderOnEmulator, HarnessOptions};
+use openstack_emulator::{Delays, FaultAction, FaultRule, Quotas};
+use proto::csi::v1 as csi;
+use proto::csi::v1::controller_client::ControllerClient;
+use proto::csi::v1::node_client::NodeClient;
+use proto::csi::v1::volume_capability::access_mode::Mode;
+use tonic::Code;
+use tonic::transport::Channel;
+
+mod common;
+use common::*;
+
+#[tokio::test]
+async fn create_volume_topology_metadata_and_multiattach() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    // preferred zone wins over requisite; the answer is the volume's zone
+    let mut r = create_req("topo", mount_cap("ext4", Mode::SingleNodeWriter), 1);
+    let zone = |z: &str| csi::Topology {
+        segments: HashMap::from([(csi_cinder::TOPOLOGY_KEY.to_string(), z.to_string())]),
+    };
+    r.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![zone("nova"), zone("zone-b")],
+        preferred: vec![zone("zone-b")],
+    });
+    r.parameters
+        .insert("csi.storage.k8s.io/pvc/name".into(), "data".into());
+    r.parameters
+        .insert("csi.storage.k8s.io/pvc/namespace".into(), "team-a".into());
+    let v =
+        e.c.create_volume(r)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    assert_eq!(v.accessible_topology, vec![zone("zone-b")]);
+    let got = e.cinder.get_volume(&v.volume_id).await.unwrap();
+    assert_eq!(got.availability_zone, "zone-b");
+    assert_eq!(
+        got.status.as_str(),
+        "available",
+        "CreateVolume answers once the volume is available"
+    );
+    assert_eq!(
+        got.metadata
+            .get("csi.storage.k8s.io/pvc/name")
+            .map(String::as_str),
+        Some("data")
+    );
+    assert_eq!(
+        got.metadata
+            .get("cinder.csi.openstack.org/cluster")
+            .map(String::as_str),
+        Some("sanity")
+    );
+
+    // `availability` overrides topology
+    let mut r = create_req("avail", mount_cap("ext4", Mode::SingleNodeWriter), 1);
+    r.parameters.insert("availability".into(), "nova".into());
+    r.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![],
+        preferred: vec![zone("zone-b")],
+    });
+    let v =
+        e.c.create_volume(r)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    assert_eq!(v.accessible_topology, vec![zone("nova")]);
+
+    // several nodes: only raw block on a multiattach type
+    let mut r = create_req("shared", block_cap(Mode::MultiNodeMultiWriter), 1);
+    let err = e.c.create_volume(r.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    r.parameters.insert("type".into(), "multiattach".into());
+    let v =
+        e.c.create_volume(r)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    assert!(e.cinder.get_volume(&v.volume_id).await.unwrap().multiattach);
+    // the same name with another type is a different volume
+    let mut other = create_req("shared", block_cap(Mode::SingleNodeWriter), 1);
+    other.parameters.insert("type".into(), "__DEFAULT__".into());
+    assert_eq!(
+        e.c.create_volume(other).await.unwrap_err().code(),
+        Code::AlreadyExists
+    );
+}
+
+#[tokio::test]
+async fn concurrent_identical_creates_make_one_volume() {
+    if !root() {
+        return;
+    }
+    let e = env().await;
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let mut c = e.c.clone();
+        tasks.push(tokio::spawn(async move {
+            c.create_volume(create_req(
+                "burst",
+                mount_cap("ext4", Mode::SingleNodeWriter),
+                1,
+            ))
+            .await
+            .map(|r| r.into_inner().volume.unwrap().volume_id)
+        }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.push(t.await.unwrap().unwrap());
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(e.named("burst").await.len(), 1);
+}
+
+#[tokio::test]
+async fn quota_and_backend_failures_leave_nothing_behind() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    e.h.emulator.control().set_quotas(Quotas {
+        volumes: 0,
+        ..Quotas::default()
+    });
+    let err =
+        e.c.create_volume(create_req(
+            "quota",
+            mount_cap("ext4", Mode::SingleNodeWriter),
+            1,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{}", err.message());
+    assert!(e.named("quota").await.is_empty());
+    e.h.emulator.control().set_quotas(Quotas::default());
+
+    e.h.emulator.control().fail_next_volume_creates(1);
+    let err =
+        e.c.create_volume(create_req(
+            "fails",
+            mount_cap("ext4", Mode::SingleNodeWriter),
+            1,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Internal, "{}", err.message());
+    assert!(err.message().contains("deleted"), "{}", err.message());
+    assert!(
+        e.named("fails").await.is_empty(),
+        "the failed volume is deleted"
+    );
+    // the provisioner's retry succeeds
+    let v = e
+        .create("fails", mount_cap("ext4", Mode::SingleNodeWriter), 1)
+        .await;
+    assert_eq!(e.named("fails").await.len(), 1);
+    assert_eq!(e.named("fails").await[0].id, v.volume_id);
+}
+
+#[tokio::test]
+async fn attachments_respect_other_servers_and_gone_servers() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let v = e.create("att", cap.clone(), 1).await;
+    e.publish(&v.volume_id, cap.clone()).await;
+    let other =
+        e.h.emulator
+            .control()
+            .create_server("admin", "node-2", "nova")
+            .unwrap();
+    let err =
+        e.c.controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            node_id: other.clone(),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    // unpublishing from a node it is not attached to changes nothing
+    e.c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        node_id: other,
+        secrets: HashMap::new(),
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        e.cinder
+            .get_volume(&v.volume_id)
+            .await
+            .unwrap()
+            .attachments
+            .len(),
+        1
+    );
+    // still attached: DeleteVolume refuses, ControllerGetVolume lists the node
+    let err =
+        e.c.delete_volume(csi::DeleteVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let got =
+        e.c.controller_get_volume(csi::ControllerGetVolumeRequest {
+            volume_id: v.volume_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        got.status.unwrap().published_node_ids,
+        vec![e.h.node_id.clone()]
+    );
+
+    // a multiattach block volume goes to two servers
+    let mut r = create_req("multi", block_cap(Mode::MultiNodeMultiWriter), 1);
+    r.parameters.insert("type".into(), "multiattach".into());
+    let m =
+        e.c.create_volume(r)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    let node2 =
+        e.h.emulator
+            .control()
+            .create_server("admin", "node-3", "nova")
+            .unwrap();
+    for node in [e.h.node_id.clone(), node2.clone()] {
+        e.c.controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: m.volume_id.clone(),
+            node_id: node,
+            volume_capability: Some(block_cap(Mode::MultiNodeMultiWriter)),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let servers: Vec<String> = e
+        .cinder
+        .get_volume(&m.volume_id)
+        .await
+        .unwrap()
+        .attached_servers()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(servers.len(), 2, "{servers:?}");
+    // detaching from one server keeps the other attachment
+    e.c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+        volume_id: m.volume_id.clone(),
+        node_id: node2,
+        secrets: HashMap::new(),
+    })
+    .await
+    .unwrap();
+    let servers: Vec<String> = e
+        .cinder
+        .get_volume(&m.volume_id)
+        .await
+        .unwrap()
+        .attached_servers()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(servers, vec![e.h.node_id.clone()]);
+}
+
+#[tokio::test]
+async fn modify_volume_retypes_records_claim_keys_and_refuses_unknown_parameters() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let v = e
+        .create("retype", mount_cap("ext4", Mode::SingleNodeWriter), 1)
+        .await;
+    let modify = |params: &[(&str, &str)]| csi::ControllerModifyVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        secrets: HashMap::new(),
+        mutable_parameters: params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    };
+    let err =
+        e.c.controller_modify_volume(modify(&[("iops", "3000")]))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err =
+        e.c.controller_modify_volume(modify(&[("type", "no-such-type")]))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    e.c.controller_modify_volume(modify(&[("type", "multiattach")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        e.cinder
+            .get_volume(&v.volume_id)
+            .await
+            .unwrap()
+            .volume_type
+            .as_deref(),
+        Some("multiattach")
+    );
+    e.c.controller_modify_volume(modify(&[("type", "multiattach")]))
+        .await
+        .unwrap();
+    // csi-resizer --extra-modify-metadata adds the claim's keys: accepted
+    // and recorded, as the provisioner's are at creation
+    e.c.controller_modify_volume(modify(&[
+        ("type", "multiattach"),
+        ("csi.storage.k8s.io/pvc/name", "data"),
+        ("csi.storage.k8s.io/pvc/namespace", "apps"),
+        ("csi.storage.k8s.io/pv/name", "pvc-1"),
+    ]))
+    .await
+    .unwrap();
+    let md = e.cinder.get_volume(&v.volume_id).await.unwrap().metadata;
+    assert_eq!(
+        md.get("csi.storage.k8s.io/pvc/name").map(String::as_str),
+        Some("data")
+    );
+    assert_eq!(
+        md.get("csi.storage.k8s.io/pv/name").map(String::as_str),
+        Some("pvc-1")
+    );
+}
+
+#[tokio::test]
+async fn backup_snapshots_restore_outlive_their_volume_and_delete_cleanly() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let xfs = mount_cap("xfs", Mode::SingleNodeWriter);
+    let (v, staging) = e.staged("backed-up", xfs.clone(), 1).await;
+    std::fs::write(staging.join("kept"), b"in the backup").unwrap();
+    nix::unistd::sync();
+
+    // an attached volume is backed up only when the class says so, and
+    // the refusal says how
+    let err =
+        e.c.create_snapshot(snapshot_req(&v.volume_id, "bk-1", &[("type", "backup")]))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert!(
+        err.message().contains("force-create: \"true\""),
+        "{}",
+        err.message()
+    );
+    let params = [("type", "backup"), ("force-create", "true")];
+    let first =
+        e.c.create_snapshot(snapshot_req(&v.volume_id, "bk-1", &params))
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+    assert_eq!(first.source_volume_id, v.volume_id);
+    // the snapshotter polls until ready; the id is the backup's
+    let mut ready = first.ready_to_use;
+    for _ in 0..100 {
+        if ready {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let again =
+            e.c.create_snapshot(snapshot_req(&v.volume_id, "bk-1", &params))
+                .await
+                .unwrap()
+                .into_inner()
+                .snapshot
+                .unwrap();
+        assert_eq!(again.snapshot_id, first.snapshot_id, "one backup per name");
+        ready = again.ready_to_use;
+    }
+    assert!(ready, "backup never became ready");
+    let id = first.snapshot_id.clone();
+    let backup = e.cinder.get_backup(&id).await.unwrap();
+    assert_eq!(backup.volume_id, v.volume_id);
+    // the snapshot it was made from is not left behind
+    let leftover: Vec<_> = e
+        .cinder
+        .list_snapshots(&openstack_client::cinder::ListSnapshots {
+            volume_id: Some(v.volume_id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|s| s.status.as_str() != "deleting")
+        .collect();
+    assert!(leftover.is_empty(), "{leftover:?}");
+    let got =
+        e.c.get_snapshot(csi::GetSnapshotRequest {
+            snapshot_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert!(got.ready_to_use);
+    let listed =
+        e.c.list_snapshots(csi::ListSnapshotsRequest {
+            snapshot_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    assert_eq!(listed.len(), 1);
+
+    // a backup outlives its volume
+    e.unstage(&v.volume_id).await;
+    e.unpublish(&v.volume_id).await;
+    e.c.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut r = create_req("from-backup", xfs.clone(), 2);
+    r.volume_content_source = from_snapshot(&id);
+    let restored =
+        e.c.create_volume(r.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    assert_eq!(restored.content_source, r.volume_content_source);
+    assert_eq!(
+        restored
+            .volume_context
+            .get("cinder.csi.openstack.org/resizeRequired")
+            .map(String::as_str),
+        Some("true")
+    );
+    // idempotent: the same answer, no second volume
+    let again =
+        e.c.create_volume(r)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    assert_eq!(again.volume_id, restored.volume_id);
+    e.publish(&restored.volume_id, xfs.clone()).await;
+    e.stage(&restored, xfs.clone()).await.unwrap();
+    let (staging_r, _) = e.h.paths(&restored.volume_id);
+    assert_eq!(
+        std::fs::read(staging_r.join("kept")).unwrap(),
+        b"in the backup"
+    );
+    e.unstage(&restored.volume_id).await;
+
+    // deleting it: gone when the call answers, and again is fine
+    for _ in 0..2 {
+        e.c.delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        assert!(e.cinder.get_backup(&id).await.unwrap_err().is_not_found());
+    }
+    let err =
+        e.c.get_snapshot(csi::GetSnapshotRequest {
+            snapshot_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+
+    // a class type this driver does not know is refused, naming it
+    let err =
+        e.c.create_snapshot(snapshot_req(
+            &restored.volume_id,
+            "bk-2",
+            &[("type", "replica")],
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("type"), "{}", err.message());
+}
+
+#[tokio::test]
+async fn legacy_fs_type_formats_and_unknown_class_keys_are_ignored() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    // an in-tree StorageClass: fsType, and a key upstream ignores
+    let mut r = create_req("legacy", mount_cap("", Mode::SingleNodeWriter), 1);
+    r.parameters.insert("fsType".into(), "xfs".into());
+    r.parameters.insert("someOldKey".into(), "x".into());
+    let v =
+        e.c.create_volume(r)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    let cap = mount_cap("", Mode::SingleNodeWriter);
+    e.publish(&v.volume_id, cap.clone()).await;
+    e.stage(&v, cap.clone()).await.unwrap();
+    let (staging, _) = e.h.paths(&v.volume_id);
+    let mounts = host_ops::mounts_at(&staging).unwrap();
+    assert_eq!(
+        mounts.last().map(|m| m.fs_type.as_str()),
+        Some("xfs"),
+        "{mounts:?}"
+    );
+    e.unstage(&v.volume_id).await;
+    e.unpublish(&v.volume_id).await;
+}
+
+/// Where Nova sets no limit (its default), the controller keeps the
+/// server within `[BlockStorage] node-volume-attach-limit`, counting the
+/// server's own disks as Nova does; the node reports the same limit less
+/// the disks Kubernetes does not manage, live: a volume attached and not
+/// staged (by hand) takes one, a staged one does not.
+#[tokio::test]
+async fn the_attach_limit_holds_without_nova_and_the_node_reports_what_is_left() {
+    if !root() {
+        return;
+    }
+    let mut o = HarnessOptions::new(BIN);
+    o.extra_cloud_conf = "\n[BlockStorage]\nnode-volume-attach-limit = 4\n".into();
+    let h = CinderOnEmulator::start(o).await.unwrap();
+    let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
+    csi_sanity::harness::wait_until_ready(&h.socket)
+        .await
+        .unwrap();
+    let (mut c, mut n) = (ControllerClient::new(ch.clone()), NodeClient::new(ch));
+    let own = csi_sanity::harness::cinder::own_disks_of_this_machine() as i64;
+    let max = |n: &mut NodeClient<Channel>| {
+        let mut n = n.clone();
+        async move {
+            n.node_get_info(csi::NodeGetInfoRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .max_volumes_per_node
+        }
+    };
+    assert_eq!(
+        max(&mut n).await,
+        4 - own,
+        "the limit less the server's own disks"
+    );
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let fits = (4 - own) as usize;
+    let mut ids = Vec::new();
+    for i in 0..=fits {
+        let v = c
+            .create_volume(create_req(&format!("lim-{i}"), cap.clone(), 1))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        ids.push(v);
+    }
+    let publish = |id: &str| csi::ControllerPublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: h.node_id.clone(),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    };
+    // attached and not staged: the node counts it as not Kubernetes'
+    c.controller_publish_volume(publish(&ids[0].volume_id))
+        .await
+        .unwrap();
+    assert_eq!(max(&mut n).await, 4 - own - 1, "a volume attached by hand");
+    // staged: Kubernetes' own again
+    let (staging, _) = h.paths(&ids[0].volume_id);
+    n.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: ids[0].volume_id.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+        volume_capability: Some(cap.clone()),
+        volume_context: ids[0].volume_context.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(max(&mut n).await, 4 - own);
+    for v in &ids[1..fits] {
+        c.controller_publish_volume(publish(&v.volume_id))
+            .await
+            .unwrap();
+    }
+    // one more: refused, and nothing attached
+    let last = &ids[fits].volume_id;
+    let err = c
+        .controller_publish_volume(publish(last))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{}", err.message());
+    assert!(
+        err.message().contains("node-volume-attach-limit"),
+        "{}",
+        err.message()
+    );
+    let v = cinder_of(&h).get_volume(last).await.unwrap();
+    assert!(v.attachments.is_empty(), "{v:?}");
+    n.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: ids[0].volume_id.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn publishing_past_novas_disk_limit_is_resource_exhausted_and_attaches_nothing() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    // Nova counts the root disk: three data volumes fit in four devices
+    e.h.emulator.control().set_max_disk_devices(4);
+    let cap = block_cap(Mode::SingleNodeWriter);
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(
+            e.create(&format!("full-{i}"), cap.clone(), 1)
+                .await
+                .volume_id,
+        );
+    }
+    for id in &ids[..3] {
+        e.publish(id, cap.clone()).await;
+    }
+    let node_id = e.h.node_id.clone();
+    let publish = |id: &str| csi::ControllerPublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: node_id.clone(),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    };
+    let req = publish(&ids[3]);
+    let err = e.c.controller_publish_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{}", err.message());
+    let last = e.cinder.get_volume(&ids[3]).await.unwrap();
+    assert_eq!(last.status.as_str(), "available");
+    assert!(last.attachments.is_empty(), "{:?}", last.attachments);
+    // room again once one is detached
+    e.unpublish(&ids[0]).await;
+    let req = publish(&ids[3]);
+    e.c.controller_publish_volume(req).await.unwrap();
+    for id in &ids[1..] {
+        e.unpublish(id).await;
+    }
+}
+
+// ----------------------------------------------------------------- faults
+
+/// Retries like the external-provisioner/attacher: until success or a
+/// final error, each attempt with its own deadline.
+async fn retry<T, F, Fut>(mut call: F) -> (T, Vec<Code>)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let mut codes = Vec::new();
+    for _ in 0..60 {
+        match call().await {
+            Ok(r) => return (r.into_inner(), codes),
+            Err(s) => {
+                assert!(
+                    matches!(
+                        s.code(),
+                        Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::Internal
+                    ),
+                    "not retryable: {s:?}"
+                );
+                // the plugin answered itself, before the caller gave up
+                assert!(
+                    !s.message().contains("Timeout expired"),
+                    "the caller's deadline passed first: {s:?}"
+                );
+                codes.push(s.code());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    panic!("no success after 60 attempts: {codes:?}");
+}
+
+#[tokio::test]
+async fn faults_give_retryable_codes_and_no_orphans_or_duplicates() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let ctl = e.h.emulator.control();
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+
+    // Cinder answers 500 to the first two creates, then drops a connection
+    ctl.add_fault(
+        FaultRule::new(
+            Some("POST"),
+            "/volumes",
+            FaultAction::Status {
+                status: 500,
+                message: None,
+                retry_after: None,
+            },
+        )
+        .times(2),
+    );
+    let c = e.c.clone();
+    let (v, codes) = retry(|| {
+        let mut c = c.clone();
+        async move {
+            c.create_volume(timed(
+                create_req("flaky", mount_cap("ext4", Mode::SingleNodeWriter), 1),
+                Duration::from_secs(5),
+            ))
+            .await
+        }
+    })
+    .await;
+    assert!(!codes.is_empty());
+    assert_eq!(e.named("flaky").await.len(), 1);
+    let flaky = v.volume.unwrap();
+
+    // creation slower than the RPC deadline: the retry adopts the volume
+    ctl.set_delays(Delays {
+        volume_create_ms: 1500,
+        ..Delays::default()
+    });
+    let (v, codes) = retry(|| {
+        let mut c = c.clone();
+        async move {
+            c.create_volume(timed(
+                create_req("slow", mount_cap("ext4", Mode::SingleNodeWriter), 1),
+                Duration::from_millis(600),
+            ))
+            .await
+        }
+    })
+    .await;
+    assert!(codes.contains(&Code::DeadlineExceeded), "{codes:?}");
+    assert_eq!(e.named("slow").await.len(), 1, "no orphan volume");
+    assert_eq!(e.named("slow").await[0].id, v.volume.unwrap().volume_id);
+
+    // Nova's attach stuck in attaching past the deadline; then the API
+    // answering slowly: one attachment in the end
+    ctl.set_delays(Delays {
+        volume_attach_ms: 1500,
+        ..Delays::default()
+    });
+    let id = flaky.volume_id.clone();
+    let node = e.h.node_id.clone();
+    let (_, codes) = retry(|| {
+        let mut c = c.clone();
+        let req = csi::ControllerPublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: node.clone(),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        };
+        async move {
+            c.controller_publish_volume(timed(req, Duration::from_millis(600)))
+                .await
+        }
+    })
+    .await;
+    assert!(codes.contains(&Code::DeadlineExceeded), "{codes:?}");
+    let vol = e.cinder.get_volume(&id).await.unwrap();
+    assert_eq!(
+        vol.attachments.len(),
+        1,
+        "no duplicate attachment: {:?}",
+        vol.attachments
+    );
+    let attach_posts = ctl
+        .calls()
+        .iter()
+        .filter(|c| c.method == "POST" && c.path.ends_with("/os-volume_attachments"))
+        .count();
+    assert_eq!(attach_posts, 1, "one attach request despite the retries");
+
+    // tokens expire mid-operation: the plugin re-authenticates
+    ctl.set_delays(Delays::default());
+    ctl.expire_tokens();
+    e.unpublish(&id).await;
+    ctl.revoke_tokens();
+    let w = e.create("after-revoke", cap.clone(), 1).await;
+
+    // every GET times out once the deadline is short: an answer from the
+    // plugin, in time, saying so
+    ctl.add_fault(
+        FaultRule::new(
+            Some("GET"),
+            "/volumes/",
+            FaultAction::Delay { millis: 3000 },
+        )
+        .times(1),
+    );
+    let err =
+        e.c.controller_get_volume(timed(
+            csi::ControllerGetVolumeRequest {
+                volume_id: w.volume_id.clone(),
+            },
+            Duration::from_secs(1),
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.code(), Code::DeadlineExceeded | Code::Unavailable),
+        "{err:?}"
+    );
+    assert!(
+        !err.message().contains("Timeout expired"),
+        "the plugin must answer before the caller's deadline: {err:?}"
+    );
+
+    // a dropped connection on a delete: retried to success, volume gone
+    ctl.add_fault(FaultRule::new(Some("DELETE"), "/volumes/", FaultAction::Drop).times(1));
+    let wid = w.volume_id.clone();
+    retry(|| {
+        let mut c = c.clone();
+        let req = csi::DeleteVolumeRequest {
+            volume_id: wid.clone(),
+            secrets: HashMap::new(),
+        };
+        async move { c.delete_volume(timed(req, Duration::from_secs(5))).await }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(e.named("after-revoke").await.is_empty());
+}

@@ -1,0 +1,264 @@
+//! `cinder-csi-plugin`'s node through its socket, on real loop devices
+//! and filesystems: what the node reports, staging that never reformats,
+//! restores grown to a larger volume, btrfs. Tests needing root return
+//! early (and say so) without it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+use proto::csi::v1 as csi;
+use proto::csi::v1::volume_capability::access_mode::Mode;
+use tonic::Code;
+
+mod common;
+use common::*;
+
+#[tokio::test]
+async fn node_info_comes_from_metadata_with_a_safe_limit() {
+    if !root() {
+        return;
+    }
+    let mut e = env_with(&["--additional-topology=topology.kubernetes.io/region=RegionOne"]).await;
+    let info =
+        e.n.node_get_info(csi::NodeGetInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(info.node_id, e.h.node_id);
+    // the limit less this machine's own disks (its root)
+    let own = csi_sanity::harness::cinder::own_disks_of_this_machine() as i64;
+    assert_eq!(
+        info.max_volumes_per_node,
+        csi_cinder::node::DEFAULT_ATTACH_LIMIT - own
+    );
+    let seg = info.accessible_topology.unwrap().segments;
+    assert_eq!(
+        seg.get(csi_cinder::TOPOLOGY_KEY).map(String::as_str),
+        Some("nova")
+    );
+    assert_eq!(
+        seg.get("topology.kubernetes.io/region").map(String::as_str),
+        Some("RegionOne")
+    );
+}
+
+// ------------------------------------------------------------ data safety
+
+#[tokio::test]
+async fn staging_never_reformats_and_keeps_data() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let ext4 = mount_cap("ext4", Mode::SingleNodeWriter);
+    let (v, staging) = e.staged("safe", ext4.clone(), 1).await;
+    std::fs::write(staging.join("precious"), b"keep me").unwrap();
+    e.unstage(&v.volume_id).await;
+    // restaging finds the filesystem and mounts it as it is
+    e.stage(&v, ext4.clone()).await.unwrap();
+    assert_eq!(std::fs::read(staging.join("precious")).unwrap(), b"keep me");
+    // asking for another filesystem family is refused, not a reformat
+    e.unstage(&v.volume_id).await;
+    let err = e
+        .stage(&v, mount_cap("xfs", Mode::SingleNodeWriter))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    let dev = e.device(&v.volume_id);
+    with_mounted(&dev, "ext4", |d| {
+        assert_eq!(std::fs::read(d.join("precious")).unwrap(), b"keep me")
+    });
+
+    // a device someone formatted by hand keeps its data
+    let w = e.create("byhand", ext4.clone(), 1).await;
+    e.publish(&w.volume_id, ext4.clone()).await;
+    let dev = e.device(&w.volume_id);
+    run("mkfs.xfs", &["-q", &dev.to_string_lossy()]);
+    with_mounted(&dev, "xfs", |d| {
+        std::fs::write(d.join("xfs-data"), b"mine").unwrap()
+    });
+    let err = e.stage(&w, ext4.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    // with no fs type asked for, the existing one is used
+    e.stage(&w, mount_cap("", Mode::SingleNodeWriter))
+        .await
+        .unwrap();
+    let (staging_w, _) = e.h.paths(&w.volume_id);
+    assert_eq!(std::fs::read(staging_w.join("xfs-data")).unwrap(), b"mine");
+    e.unstage(&w.volume_id).await;
+
+    // a partition table is not formatted over
+    let p = e.create("parted", ext4.clone(), 1).await;
+    e.publish(&p.volume_id, ext4.clone()).await;
+    let dev = e.device(&p.volume_id);
+    write_dos_partition_table(&dev);
+    let err = e.stage(&p, ext4.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert!(
+        err.message().contains("partition table"),
+        "{}",
+        err.message()
+    );
+    let mut sector = vec![0u8; 512];
+    std::io::Read::read_exact(&mut std::fs::File::open(&dev).unwrap(), &mut sector).unwrap();
+    assert_eq!(
+        &sector[510..],
+        &[0x55, 0xAA],
+        "the partition table is intact"
+    );
+
+    // something else mounted at the staging path is an error, not stacked
+    let q = e.create("occupied", ext4.clone(), 1).await;
+    e.publish(&q.volume_id, ext4.clone()).await;
+    let (staging_q, _) = e.h.paths(&q.volume_id);
+    std::fs::create_dir_all(&staging_q).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &staging_q,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap();
+    let err = e.stage(&q, ext4.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    nix::mount::umount2(&staging_q, nix::mount::MntFlags::empty()).unwrap();
+}
+
+/// One DOS partition table with one Linux partition, written directly.
+fn write_dos_partition_table(dev: &Path) {
+    use std::io::Write;
+    let mut mbr = vec![0u8; 512];
+    // partition 1: type 0x83, LBA 2048, 1 MiB long
+    let e = &mut mbr[446..462];
+    e[4] = 0x83;
+    e[8..12].copy_from_slice(&2048u32.to_le_bytes());
+    e[12..16].copy_from_slice(&2048u32.to_le_bytes());
+    mbr[510] = 0x55;
+    mbr[511] = 0xAA;
+    let mut f = std::fs::OpenOptions::new().write(true).open(dev).unwrap();
+    f.write_all(&mbr).unwrap();
+    f.sync_all().unwrap();
+}
+
+#[tokio::test]
+async fn restore_to_a_larger_volume_grows_the_filesystem_and_keeps_data() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    // xfs: growing ext4 online needs CAP_SYS_RESOURCE, which this
+    // machine's root lacks (resize2fs: "Permission denied")
+    let xfs = mount_cap("xfs", Mode::SingleNodeWriter);
+    let (v, staging) = e.staged("origin", xfs.clone(), 1).await;
+    std::fs::write(staging.join("snapshotted"), b"v1").unwrap();
+    nix::unistd::sync();
+    e.unstage(&v.volume_id).await;
+    e.unpublish(&v.volume_id).await;
+    let snap =
+        e.c.create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: v.volume_id.clone(),
+            name: "snap-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert!(snap.ready_to_use);
+    let mut r = create_req("restored", xfs.clone(), 3);
+    r.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource {
+                snapshot_id: snap.snapshot_id.clone(),
+            },
+        )),
+    });
+    let restored =
+        e.c.create_volume(r)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    assert_eq!(restored.capacity_bytes, 3 * GIB);
+    assert_eq!(
+        restored
+            .volume_context
+            .get("cinder.csi.openstack.org/resizeRequired")
+            .map(String::as_str),
+        Some("true")
+    );
+    e.publish(&restored.volume_id, xfs.clone()).await;
+    e.stage(&restored, xfs.clone()).await.unwrap();
+    let (staging_r, _) = e.h.paths(&restored.volume_id);
+    assert_eq!(std::fs::read(staging_r.join("snapshotted")).unwrap(), b"v1");
+    let usage = host_ops::volume_usage(&staging_r).unwrap();
+    assert!(
+        usage.total_bytes > 2 * GIB as u64,
+        "filesystem not grown: {usage:?}"
+    );
+    e.unstage(&restored.volume_id).await;
+}
+
+#[tokio::test]
+async fn btrfs_volumes_are_formatted_grown_online_and_never_reformatted() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let btrfs = mount_cap("btrfs", Mode::SingleNodeWriter);
+    let (v, staging) = e.staged("btrfs", btrfs.clone(), 1).await;
+    // staged already: the same answer (btrfs names an anonymous device
+    // in mountinfo, not the volume's)
+    e.stage(&v, btrfs.clone()).await.unwrap();
+    let mounted = host_ops::Mounter::mounts_at(&host_ops::LinuxMounter, &staging).unwrap();
+    assert_eq!(mounted.last().unwrap().fs_type, "btrfs", "{mounted:?}");
+    std::fs::write(staging.join("kept"), b"btrfs data").unwrap();
+    let before = host_ops::volume_usage(&staging).unwrap().total_bytes;
+
+    // online expansion: Cinder grows the volume, the node the filesystem
+    e.c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 2 * GIB,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(btrfs.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    e.n.node_expand_volume(csi::NodeExpandVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        volume_path: staging.to_string_lossy().into(),
+        staging_target_path: staging.to_string_lossy().into(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 2 * GIB,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(btrfs.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let after = host_ops::volume_usage(&staging).unwrap().total_bytes;
+    assert!(
+        after > before + (GIB as u64) / 2,
+        "btrfs not grown: {before} -> {after}"
+    );
+
+    // staged again as another filesystem: refused, the data stays
+    e.unstage(&v.volume_id).await;
+    let err = e
+        .stage(&v, mount_cap("xfs", Mode::SingleNodeWriter))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    e.stage(&v, btrfs.clone()).await.unwrap();
+    assert_eq!(std::fs::read(staging.join("kept")).unwrap(), b"btrfs data");
+    e.unstage(&v.volume_id).await;
+    e.unpublish(&v.volume_id).await;
+}

@@ -1,0 +1,469 @@
+//! Cinder: a volume's lifecycle, listings and errors, marker pagination,
+//! snapshots, backups and groups with their restores.
+
+use openstack_client::Error;
+use openstack_client::cinder::{
+    BlockStorage, CreateBackup, CreateGroup, CreateSnapshot, CreateVolume, ListSnapshots,
+    ListVolumes, VolumeStatus,
+};
+
+use crate::backend::*;
+use crate::common::{
+    wait_backup, wait_gone, wait_group, wait_group_snapshot, wait_snapshot, wait_volume,
+    wait_volume_size,
+};
+
+#[tokio::test]
+async fn cinder_volume_lifecycle_listing_and_errors() {
+    let b = Backend::new().await;
+    if !b.has("cinder", "cinder_volume_lifecycle_listing_and_errors") {
+        return;
+    }
+    let c = BlockStorage::new(b.session(User::Admin));
+    let name = unique("contract-vol");
+    let metadata: std::collections::BTreeMap<String, String> = [(
+        "cinder.csi.openstack.org/cluster".to_string(),
+        "contract".to_string(),
+    )]
+    .into();
+    let created = c
+        .create_volume(&CreateVolume {
+            name: name.clone(),
+            size_gib: 1,
+            metadata: metadata.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert_eq!(created.status, VolumeStatus::Creating, "{}", b.name());
+    let v = wait_volume(&c, &created.id, VolumeStatus::Available).await;
+    assert_eq!(v.name, name);
+    assert_eq!(v.size, 1);
+    assert_eq!(v.availability_zone, "nova");
+    assert!(!v.multiattach);
+    assert!(v.attachments.is_empty());
+    assert_eq!(
+        v.metadata
+            .get("cinder.csi.openstack.org/cluster")
+            .map(String::as_str),
+        Some("contract")
+    );
+    let named = c.volumes_named(&name).await.unwrap();
+    assert_eq!(
+        named.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(),
+        vec![v.id.as_str()],
+        "{}",
+        b.name()
+    );
+
+    // metadata merges
+    c.update_volume_metadata(&v.id, &[("extra".to_string(), "1".to_string())].into())
+        .await
+        .unwrap();
+    let md = c.get_volume_metadata(&v.id).await.unwrap();
+    assert_eq!(md.len(), 2, "{}: {md:?}", b.name());
+
+    // offline extend
+    c.extend_volume(&v.id, 2, false).await.unwrap();
+    wait_volume_size(&c, &v.id, 2, VolumeStatus::Available).await;
+    let err = c.extend_volume(&v.id, 1, false).await.unwrap_err();
+    assert!(
+        matches!(err, Error::BadRequest(_)),
+        "{}: shrinking: {err}",
+        b.name()
+    );
+
+    // types and limits
+    let types = c.list_volume_types().await.unwrap();
+    assert!(
+        types
+            .iter()
+            .any(|t| t.name == "multiattach" && t.multiattach()),
+        "{}: {types:?}",
+        b.name()
+    );
+    assert!(
+        types.iter().any(|t| t.name == "__DEFAULT__"),
+        "{}: {types:?}",
+        b.name()
+    );
+    assert_eq!(
+        c.get_volume_type("multiattach").await.unwrap().name,
+        "multiattach"
+    );
+    let limits = c.absolute_limits().await.unwrap();
+    assert!(limits.total_volumes_used >= 1, "{}: {limits:?}", b.name());
+
+    // errors
+    let err = c
+        .get_volume("00000000-0000-0000-0000-000000000000")
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{}: {err}", b.name());
+    assert!(
+        err.to_string().contains("could not be found"),
+        "{}: {err}",
+        b.name()
+    );
+    let err = c
+        .create_volume(&CreateVolume {
+            name: "bad".into(),
+            size_gib: 1,
+            volume_type: Some("no-such-type".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        err.is_not_found() || matches!(err, Error::BadRequest(_)),
+        "{}: {err}",
+        b.name()
+    );
+    let err = c
+        .create_volume(&CreateVolume {
+            name: "bad".into(),
+            size_gib: 1,
+            availability_zone: Some("mars".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+
+    c.delete_volume(&v.id).await.unwrap();
+    wait_gone("volume delete", || c.get_volume(&v.id)).await;
+    let err = c.delete_volume(&v.id).await.unwrap_err();
+    assert!(err.is_not_found(), "{}: {err}", b.name());
+}
+
+#[tokio::test]
+async fn cinder_marker_pagination() {
+    let b = Backend::new().await;
+    if !b.has("cinder", "cinder_marker_pagination") {
+        return;
+    }
+    let c = BlockStorage::new(b.session(User::Member));
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(
+            new_volume(&c, &unique(&format!("contract-page{i}")), 1)
+                .await
+                .id,
+        );
+    }
+    let mut seen = Vec::new();
+    let mut marker = None;
+    for _ in 0..100 {
+        let page = c
+            .list_volumes(&ListVolumes {
+                limit: Some(2),
+                marker: marker.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(page.items.len() <= 2);
+        seen.extend(page.items.into_iter().map(|v| v.id));
+        match page.next_marker {
+            Some(m) => marker = Some(m),
+            None => break,
+        }
+    }
+    for id in &ids {
+        assert!(
+            seen.contains(id),
+            "{}: {id} missing from the paged listing",
+            b.name()
+        );
+    }
+    let err = c
+        .list_volumes(&ListVolumes {
+            marker: Some("00000000-0000-0000-0000-00000000dead".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::BadRequest(_) | Error::NotFound(_)),
+        "{}: unknown marker: {err}",
+        b.name()
+    );
+    for id in ids {
+        c.delete_volume(&id).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn cinder_snapshots_and_restore() {
+    let b = Backend::new().await;
+    if !b.has("cinder", "cinder_snapshots_and_restore") {
+        return;
+    }
+    let c = BlockStorage::new(b.session(User::Admin));
+    let v = new_volume(&c, &unique("contract-snapsrc"), 1).await;
+    let name = unique("contract-snap");
+    let snap = c
+        .create_snapshot(&CreateSnapshot {
+            volume_id: v.id.clone(),
+            name: name.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert_eq!(snap.volume_id, v.id);
+    wait_snapshot(&c, &snap.id).await;
+    let by_name = c
+        .list_snapshots(&ListSnapshots {
+            name: Some(name.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_name.items.len(), 1, "{}", b.name());
+    let by_volume = c
+        .list_snapshots(&ListSnapshots {
+            volume_id: Some(v.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_volume.items.len(), 1, "{}", b.name());
+    assert_eq!(by_volume.items[0].size, 1);
+
+    // a volume with a snapshot cannot be deleted
+    let err = c.delete_volume(&v.id).await.unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+
+    // restore, larger than the snapshot
+    let restored = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-restored"),
+            size_gib: 2,
+            snapshot_id: Some(snap.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let restored = wait_volume(&c, &restored.id, VolumeStatus::Available).await;
+    assert_eq!(restored.snapshot_id.as_deref(), Some(snap.id.as_str()));
+    assert_eq!(restored.size, 2);
+    // smaller than the snapshot: refused
+    let err = c
+        .create_volume(&CreateVolume {
+            name: "small".into(),
+            size_gib: 0,
+            snapshot_id: Some(snap.id.clone()),
+            ..Default::default()
+        })
+        .await;
+    if let Err(e) = &err {
+        assert!(matches!(e, Error::BadRequest(_)), "{}: {e}", b.name());
+    }
+    // clone
+    let clone = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-clone"),
+            size_gib: 1,
+            source_volume_id: Some(v.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let clone = wait_volume(&c, &clone.id, VolumeStatus::Available).await;
+    assert_eq!(clone.source_volid.as_deref(), Some(v.id.as_str()));
+
+    for id in [&restored.id, &clone.id] {
+        c.delete_volume(id).await.unwrap();
+        wait_gone("volume delete", || c.get_volume(id)).await;
+    }
+    c.delete_snapshot(&snap.id).await.unwrap();
+    wait_gone("snapshot delete", || c.get_snapshot(&snap.id)).await;
+    c.delete_volume(&v.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn cinder_backups_and_restore() {
+    let b = Backend::new().await;
+    if !b.has("cinder-backup", "cinder_backups_and_restore") {
+        return;
+    }
+    let c = BlockStorage::new(b.session(User::Admin));
+    let v = new_volume(&c, &unique("contract-bksrc"), 1).await;
+    // of the volume itself
+    let name = unique("contract-backup");
+    let whole = c
+        .create_backup(&CreateBackup {
+            volume_id: v.id.clone(),
+            name: name.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert_eq!(whole.name, name);
+    assert_eq!(whole.volume_id, v.id);
+    let whole = wait_backup(&c, &whole.id).await;
+    assert_eq!(whole.size, 1);
+    let named = c.backups_named(&name, Some(&v.id)).await.unwrap();
+    assert_eq!(named.len(), 1, "{}", b.name());
+    assert!(
+        c.backups_named(&name, Some(&whole.id))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // of a snapshot of it
+    let snap = c
+        .create_snapshot(&CreateSnapshot {
+            volume_id: v.id.clone(),
+            name: unique("contract-bksnap"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_snapshot(&c, &snap.id).await;
+    let of_snap = c
+        .create_backup(&CreateBackup {
+            volume_id: v.id.clone(),
+            name: unique("contract-backup-snap"),
+            snapshot_id: Some(snap.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let of_snap = wait_backup(&c, &of_snap.id).await;
+    assert_eq!(of_snap.snapshot_id.as_deref(), Some(snap.id.as_str()));
+    wait_snapshot(&c, &snap.id).await;
+    c.delete_snapshot(&snap.id).await.unwrap();
+    wait_gone("snapshot delete", || c.get_snapshot(&snap.id)).await;
+    // a backup outlives its volume
+    c.delete_volume(&v.id).await.unwrap();
+    wait_gone("volume delete", || c.get_volume(&v.id)).await;
+    let restored = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-from-backup"),
+            size_gib: 2,
+            backup_id: Some(of_snap.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let restored = wait_volume(&c, &restored.id, VolumeStatus::Available).await;
+    assert_eq!(restored.size, 2);
+    wait_backup(&c, &of_snap.id).await;
+    // smaller than the backup: refused
+    let err = c
+        .create_volume(&CreateVolume {
+            name: "small".into(),
+            size_gib: 0,
+            backup_id: Some(of_snap.id.clone()),
+            ..Default::default()
+        })
+        .await;
+    if let Err(e) = &err {
+        assert!(matches!(e, Error::BadRequest(_)), "{}: {e}", b.name());
+    }
+    for id in [&whole.id, &of_snap.id] {
+        c.delete_backup(id).await.unwrap();
+        wait_gone("backup delete", || c.get_backup(id)).await;
+    }
+    let err = c.get_backup(&whole.id).await.unwrap_err();
+    assert!(err.is_not_found(), "{}: {err}", b.name());
+    c.delete_volume(&restored.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn cinder_groups_and_group_snapshots() {
+    let b = Backend::new().await;
+    if !b.has("cinder", "cinder_groups_and_group_snapshots") {
+        return;
+    }
+    let c = BlockStorage::new(b.session(User::Admin));
+    let types = c
+        .list_group_types()
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert!(
+        types.iter().any(|t| t.name == "default"),
+        "{}: {types:?}",
+        b.name()
+    );
+    let v1 = new_volume(&c, &unique("contract-grp-a"), 1).await;
+    let v2 = new_volume(&c, &unique("contract-grp-b"), 1).await;
+    let name = unique("contract-group");
+    let group = c
+        .create_group(&CreateGroup {
+            name: name.clone(),
+            group_type: "default".into(),
+            volume_types: vec![v1.volume_type.clone().unwrap()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let group = wait_group(&c, &group.id).await;
+    assert!(group.volumes.is_empty());
+    assert_eq!(c.groups_named(&name).await.unwrap().len(), 1);
+    c.update_group_volumes(&group.id, &[v1.id.clone(), v2.id.clone()], &[])
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let mut members = wait_group(&c, &group.id).await.volumes;
+    members.sort();
+    let mut want = vec![v1.id.clone(), v2.id.clone()];
+    want.sort();
+    assert_eq!(members, want, "{}", b.name());
+    // a grouped volume cannot be deleted
+    let err = c.delete_volume(&v1.id).await.unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+
+    let gs = c
+        .create_group_snapshot(&group.id, &unique("contract-gsnap"), Some("contract"))
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let gs = wait_group_snapshot(&c, &gs.id).await;
+    assert_eq!(gs.group_id, group.id);
+    assert!(c.group_snapshots_named(&gs.name).await.unwrap().len() == 1);
+    let snaps = c.group_snapshot_members(&gs).await.unwrap();
+    let mut of: Vec<String> = snaps.iter().map(|s| s.volume_id.clone()).collect();
+    of.sort();
+    assert_eq!(of, want, "{}: {snaps:?}", b.name());
+    for s in &snaps {
+        wait_snapshot(&c, &s.id).await;
+        assert_eq!(
+            c.get_snapshot(&s.id)
+                .await
+                .unwrap()
+                .group_snapshot_id
+                .as_deref(),
+            Some(gs.id.as_str())
+        );
+    }
+    // members go with their group snapshot, not alone
+    let err = c.delete_snapshot(&snaps[0].id).await.unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+    // each member restores on its own
+    let restored = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-from-member"),
+            size_gib: 1,
+            snapshot_id: Some(snaps[0].id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_volume(&c, &restored.id, VolumeStatus::Available).await;
+    // the volumes leave the group; the group cannot go while it has a
+    // snapshot
+    c.update_group_volumes(&group.id, &[], &want).await.unwrap();
+    assert!(wait_group(&c, &group.id).await.volumes.is_empty());
+    let err = c.delete_group(&group.id).await.unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+    c.delete_group_snapshot(&gs.id).await.unwrap();
+    wait_gone("group snapshot delete", || c.get_group_snapshot(&gs.id)).await;
+    for s in &snaps {
+        wait_gone("member delete", || c.get_snapshot(&s.id)).await;
+    }
+    c.delete_group(&group.id).await.unwrap();
+    wait_gone("group delete", || c.get_group(&group.id)).await;
+    for id in [&restored.id, &v1.id, &v2.id] {
+        c.delete_volume(id).await.unwrap();
+    }
+}

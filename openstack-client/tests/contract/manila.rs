@@ -1,0 +1,425 @@
+//! Manila: NFS and CephFS shares with their rules, unschedulable shares
+//! explained, paging, pools and limits.
+
+use std::time::Duration;
+
+use openstack_client::Error;
+use openstack_client::common::{Poll, poll_until};
+use openstack_client::manila::{
+    AccessRuleState, CreateShare, GrantAccess, ListPage, ShareSnapshotStatus, ShareStatus,
+    SharedFileSystems,
+};
+
+use crate::backend::*;
+use crate::common::{deadline, wait_gone, wait_rule, wait_share, wait_share_size};
+
+fn nfs(name: &str, size: u64) -> CreateShare {
+    CreateShare {
+        protocol: "NFS".into(),
+        size_gib: size,
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn manila_nfs_share_lifecycle() {
+    let b = Backend::new().await;
+    if !b.has("manila", "manila_nfs_share_lifecycle") {
+        return;
+    }
+    let member = SharedFileSystems::new(b.session(User::Member));
+    let admin = SharedFileSystems::new(b.session(User::Admin));
+    assert_eq!(
+        member.microversion().await.unwrap().to_string(),
+        "2.65",
+        "{}",
+        b.name()
+    );
+    let types = member.list_share_types().await.unwrap();
+    assert!(
+        types.iter().any(|t| t.name == "default"),
+        "{}: {types:?}",
+        b.name()
+    );
+
+    let name = unique("contract-share");
+    let created = member
+        .create_share(&nfs(&name, 1))
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert_eq!(created.status, ShareStatus::Creating);
+    let share = wait_share(&member, &created.id, ShareStatus::Available).await;
+    assert_eq!(share.share_proto, "NFS");
+    assert_eq!(share.size, 1);
+    assert_eq!(
+        member.list_shares_named(&name).await.unwrap().len(),
+        1,
+        "{}",
+        b.name()
+    );
+
+    // export locations: the member sees no admin-only path, the admin does
+    let seen_by_member = member.list_export_locations(&share.id).await.unwrap();
+    assert!(!seen_by_member.is_empty());
+    assert!(
+        seen_by_member.iter().all(|e| !e.is_admin_only),
+        "{}: {seen_by_member:?}",
+        b.name()
+    );
+    assert!(
+        seen_by_member
+            .iter()
+            .any(|e| e.preferred && e.path.starts_with("127.0.0.1:/")),
+        "{}: {seen_by_member:?}",
+        b.name()
+    );
+    let seen_by_admin = admin.list_export_locations(&share.id).await.unwrap();
+    assert!(
+        seen_by_admin.iter().any(|e| e.is_admin_only),
+        "{}: {seen_by_admin:?}",
+        b.name()
+    );
+    for e in seen_by_admin.iter().chain(&seen_by_member) {
+        assert!(
+            e.path.starts_with("127.0.0."),
+            "{}: export on a non-loopback address: {}",
+            b.name(),
+            e.path
+        );
+    }
+
+    // ip access rule: queued, then active; then denied and gone
+    let rule = member
+        .grant_access(
+            &share.id,
+            &GrantAccess {
+                access_type: "ip".into(),
+                access_to: "127.0.0.1/32".into(),
+                access_level: "rw".into(),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert!(
+        matches!(
+            rule.state,
+            AccessRuleState::QueuedToApply | AccessRuleState::Applying | AccessRuleState::Active
+        ),
+        "{}: {:?}",
+        b.name(),
+        rule.state
+    );
+    let active = wait_rule(&member, &share.id, &rule.id, AccessRuleState::Active).await;
+    assert_eq!(active.access_to, "127.0.0.1/32");
+    assert_eq!(active.access_level, "rw");
+    let listed = member.list_access_rules(&share.id).await.unwrap();
+    assert_eq!(listed.len(), 1, "{}", b.name());
+    let err = member
+        .grant_access(
+            &share.id,
+            &GrantAccess {
+                access_type: "ip".into(),
+                access_to: "127.0.0.1/32".into(),
+                access_level: "rw".into(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::BadRequest(_)),
+        "{}: duplicate rule: {err}",
+        b.name()
+    );
+    member.revoke_access(&share.id, &rule.id).await.unwrap();
+    wait_gone("rule removal", || {
+        member.get_access_rule(&share.id, &rule.id)
+    })
+    .await;
+
+    // resize
+    member.extend_share(&share.id, 2).await.unwrap();
+    wait_share_size(&member, &share.id, 2).await;
+    member.shrink_share(&share.id, 1).await.unwrap();
+    wait_share_size(&member, &share.id, 1).await;
+    let err = member.extend_share(&share.id, 1).await.unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+
+    // snapshot, and a share made from it
+    let snap = member
+        .create_snapshot(&share.id, &unique("contract-ssnap"), None)
+        .await
+        .unwrap();
+    poll_until(
+        "share snapshot",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let x = member.get_snapshot(&snap.id).await?;
+            Ok(if x.status == ShareSnapshotStatus::Available {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(x.status.to_string())
+            })
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        member.list_snapshots_named(&snap.name).await.unwrap().len(),
+        1
+    );
+    let from_snap = member
+        .create_share(&CreateShare {
+            snapshot_id: Some(snap.id.clone()),
+            ..nfs(&unique("contract-fromsnap"), 1)
+        })
+        .await
+        .unwrap();
+    let from_snap = wait_share(&member, &from_snap.id, ShareStatus::Available).await;
+    assert_eq!(from_snap.snapshot_id.as_deref(), Some(snap.id.as_str()));
+
+    member.delete_share(&from_snap.id).await.unwrap();
+    wait_gone("share delete", || member.get_share(&from_snap.id)).await;
+    member.delete_snapshot(&snap.id).await.unwrap();
+    wait_gone("snapshot removal", || member.get_snapshot(&snap.id)).await;
+    member.delete_share(&share.id).await.unwrap();
+    wait_gone("share delete", || member.get_share(&share.id)).await;
+    let err = member.get_share(&share.id).await.unwrap_err();
+    assert!(err.is_not_found(), "{}: {err}", b.name());
+}
+
+#[tokio::test]
+async fn manila_cephfs_share_and_cephx_rule() {
+    let b = Backend::new().await;
+    if !b.has("manila", "manila_cephfs_share_and_cephx_rule") {
+        return;
+    }
+    let m = SharedFileSystems::new(b.session(User::Member));
+    let share = m
+        .create_share(&CreateShare {
+            protocol: "CEPHFS".into(),
+            size_gib: 1,
+            name: unique("contract-ceph"),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let share = wait_share(&m, &share.id, ShareStatus::Available).await;
+    assert_eq!(
+        share.metadata.get("__mount_options").map(String::as_str),
+        Some("fs=cephfs"),
+        "{}: {:?}",
+        b.name(),
+        share.metadata
+    );
+    let exports = m.list_export_locations(&share.id).await.unwrap();
+    assert_eq!(exports.len(), 1, "{}: {exports:?}", b.name());
+    let path = &exports[0].path;
+    assert!(
+        path.starts_with("127.0.0.1:6789:/volumes/_nogroup/"),
+        "{}: {path}",
+        b.name()
+    );
+    assert!(path.contains(&share.id), "{}: {path}", b.name());
+
+    let rule = m
+        .grant_access(
+            &share.id,
+            &GrantAccess {
+                access_type: "cephx".into(),
+                access_to: "alice".into(),
+                access_level: "rw".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let active = wait_rule(&m, &share.id, &rule.id, AccessRuleState::Active).await;
+    assert!(
+        active.access_key.as_deref().is_some_and(|k| k.len() >= 16),
+        "{}: {:?}",
+        b.name(),
+        active.access_key
+    );
+    m.revoke_access(&share.id, &rule.id).await.unwrap();
+    wait_gone("rule removal", || m.get_access_rule(&share.id, &rule.id)).await;
+    m.delete_share(&share.id).await.unwrap();
+    wait_gone("share delete", || m.get_share(&share.id)).await;
+}
+
+#[tokio::test]
+async fn manila_unschedulable_share_is_explained_by_user_messages() {
+    let b = Backend::new().await;
+    if !b.has(
+        "manila",
+        "manila_unschedulable_share_is_explained_by_user_messages",
+    ) {
+        return;
+    }
+    let m = SharedFileSystems::new(b.session(User::Member));
+    // far larger than the backend's pool
+    let share = m
+        .create_share(&nfs(&unique("contract-huge"), 100_000))
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let failed = wait_share(&m, &share.id, ShareStatus::Error).await;
+    assert!(failed.status.is_error());
+    let messages = poll_until(
+        "user message",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let msgs = m.list_user_messages(&share.id).await?;
+            Ok(if msgs.is_empty() {
+                Poll::Pending("no message yet".into())
+            } else {
+                Poll::Ready(msgs)
+            })
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        messages[0]
+            .user_message
+            .contains("No storage could be allocated"),
+        "{}: {messages:?}",
+        b.name()
+    );
+    // the capacity filter's own detail, which the Manila driver maps to
+    // ResourceExhausted
+    assert_eq!(
+        messages[0].detail_id.as_deref(),
+        Some("009"),
+        "{}: {messages:?}",
+        b.name()
+    );
+    m.delete_share(&share.id).await.unwrap();
+    wait_gone("share delete", || m.get_share(&share.id)).await;
+}
+
+/// Offset paging oldest first (what the Manila CSI driver's ListVolumes
+/// and ListSnapshots tokens rely on), pools readable by admins only, and
+/// the share quota in `limits`.
+#[tokio::test]
+async fn manila_paging_pools_and_limits() {
+    let b = Backend::new().await;
+    if !b.has("manila", "manila_paging_pools_and_limits") {
+        return;
+    }
+    let member = SharedFileSystems::new(b.session(User::Member));
+    let admin = SharedFileSystems::new(b.session(User::Admin));
+    let prefix = unique("contract-page");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let s = member
+            .create_share(&nfs(&format!("{prefix}-{i}"), 1))
+            .await
+            .unwrap();
+        ids.push(s.id.clone());
+        // created_at has second resolution on some backends: keep them apart
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    for id in &ids {
+        wait_share(&member, id, ShareStatus::Available).await;
+    }
+    let mut seen = Vec::new();
+    let mut offset = 0;
+    loop {
+        let page = member
+            .list_shares(&ListPage {
+                limit: Some(2),
+                offset,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(page.len() <= 2, "{}", b.name());
+        offset += page.len() as u64;
+        let done = page.len() < 2;
+        seen.extend(page.into_iter().map(|s| s.id));
+        if done {
+            break;
+        }
+    }
+    let positions: Vec<usize> = ids
+        .iter()
+        .map(|id| {
+            seen.iter()
+                .position(|s| s == id)
+                .unwrap_or_else(|| panic!("{}: {id} not paged", b.name()))
+        })
+        .collect();
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "{}: oldest first: {positions:?}",
+        b.name()
+    );
+    let snap = member
+        .create_snapshot(&ids[0], &unique("contract-psnap"), None)
+        .await
+        .unwrap();
+    wait_snapshot_available(&member, &snap.id).await;
+    let of_share = member
+        .list_snapshots(&ListPage {
+            limit: Some(10),
+            share_id: Some(ids[0].clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(of_share.len(), 1, "{}", b.name());
+    assert!(
+        member
+            .list_snapshots(&ListPage {
+                share_id: Some(ids[1].clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .is_empty(),
+        "{}",
+        b.name()
+    );
+    let err = member.list_pools().await.unwrap_err();
+    assert!(matches!(err, Error::Forbidden(_)), "{}: {err}", b.name());
+    let pools = admin.list_pools().await.unwrap();
+    assert!(
+        pools
+            .iter()
+            .any(|p| p.capabilities.free_gib().is_some_and(|g| g > 0.0)),
+        "{}: {pools:?}",
+        b.name()
+    );
+    let limits = member.share_limits().await.unwrap();
+    assert!(limits.used_gib >= 3, "{}: {limits:?}", b.name());
+    member.delete_snapshot(&snap.id).await.unwrap();
+    wait_gone("snapshot removal", || member.get_snapshot(&snap.id)).await;
+    for id in &ids {
+        member.delete_share(id).await.unwrap();
+    }
+    for id in &ids {
+        wait_gone("share delete", || member.get_share(id)).await;
+    }
+}
+
+async fn wait_snapshot_available(m: &SharedFileSystems, id: &str) {
+    poll_until(
+        "share snapshot",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let x = m.get_snapshot(id).await?;
+            Ok(if x.status == ShareSnapshotStatus::Available {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(x.status.to_string())
+            })
+        },
+    )
+    .await
+    .unwrap();
+}

@@ -1,0 +1,299 @@
+//! Nova: attach, extend and detach, its disk limit, multi-attach's
+//! microversion, and attached volumes appearing as block devices.
+
+use std::time::Duration;
+
+use openstack_client::Error;
+use openstack_client::cinder::{BlockStorage, CreateSnapshot, CreateVolume, VolumeStatus};
+use openstack_client::common::{Poll, poll_until};
+use openstack_client::nova::Compute;
+use openstack_emulator::{Emulator, EmulatorConfig};
+
+use crate::backend::*;
+use crate::common::{deadline, wait_gone, wait_snapshot, wait_volume, wait_volume_size};
+
+#[tokio::test]
+async fn nova_attach_extend_detach() {
+    let b = Backend::new().await;
+    if !b.has("nova", "nova_attach_extend_detach") {
+        return;
+    }
+    let _server = TEST_SERVER.lock().await;
+    let s = b.session(User::Admin);
+    let c = BlockStorage::new(s.clone());
+    let nova = Compute::new(s.clone());
+    let server = b.server();
+    let srv = nova
+        .get_server(&server)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert_eq!(srv.id, server);
+    assert_eq!(
+        srv.availability_zone.as_deref(),
+        Some("nova"),
+        "{}",
+        b.name()
+    );
+
+    let v = new_volume(&c, &unique("contract-attach"), 1).await;
+    let att = nova
+        .attach_volume(&server, &v.id, false)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert_eq!(att.volume_id, v.id);
+    let attached = wait_volume(&c, &v.id, VolumeStatus::InUse).await;
+    assert_eq!(
+        attached.attached_servers().collect::<Vec<_>>(),
+        vec![server.as_str()],
+        "{}",
+        b.name()
+    );
+    assert!(attached.attachments[0].attachment_id.is_some());
+    let listed = nova.list_volume_attachments(&server).await.unwrap();
+    assert!(
+        listed.iter().any(|a| a.volume_id == v.id),
+        "{}: {listed:?}",
+        b.name()
+    );
+
+    // attached twice to the same server: refused
+    let err = nova.attach_volume(&server, &v.id, false).await.unwrap_err();
+    assert!(
+        matches!(err, Error::BadRequest(_) | Error::Conflict(_)),
+        "{}: {err}",
+        b.name()
+    );
+    // deleting an attached volume: refused
+    let err = c.delete_volume(&v.id).await.unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+    // snapshot of an attached volume needs force
+    let err = c
+        .create_snapshot(&CreateSnapshot {
+            volume_id: v.id.clone(),
+            name: "no-force".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+    let forced = c
+        .create_snapshot(&CreateSnapshot {
+            volume_id: v.id.clone(),
+            name: unique("forced"),
+            force: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_snapshot(&c, &forced.id).await;
+    c.delete_snapshot(&forced.id).await.unwrap();
+    // Cinder deletes asynchronously: the volume can go once it is gone
+    wait_gone("snapshot delete", || c.get_snapshot(&forced.id)).await;
+
+    // online extend (3.42)
+    c.extend_volume(&v.id, 2, true)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    wait_volume_size(&c, &v.id, 2, VolumeStatus::InUse).await;
+
+    nova.detach_volume(&server, &v.id).await.unwrap();
+    let detached = wait_volume(&c, &v.id, VolumeStatus::Available).await;
+    assert!(detached.attachments.is_empty());
+    // detaching again: the attachment is gone
+    let err = nova.detach_volume(&server, &v.id).await.unwrap_err();
+    assert!(err.is_not_found(), "{}: {err}", b.name());
+    let err = nova
+        .get_server("00000000-0000-0000-0000-000000000000")
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{}: {err}", b.name());
+    c.delete_volume(&v.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn nova_refuses_attach_past_max_disk_devices() {
+    let b = Backend::new().await;
+    if !b.has("nova", "nova_refuses_attach_past_max_disk_devices") {
+        return;
+    }
+    let _server = TEST_SERVER.lock().await;
+    // `[compute] max_disk_devices_to_attach`, the root disk included
+    let max: usize = match &b {
+        Backend::Emulator(e) => {
+            e.control().set_max_disk_devices(4);
+            4
+        }
+        Backend::Real { dir, .. } => std::fs::read_to_string(dir.join("max-disk-devices"))
+            .expect("the test cloud records Nova's disk limit")
+            .trim()
+            .parse()
+            .unwrap(),
+    };
+    let s = b.session(User::Admin);
+    let c = BlockStorage::new(s.clone());
+    let nova = Compute::new(s);
+    let server = b.server();
+    let in_use = nova.list_volume_attachments(&server).await.unwrap().len();
+    // the root disk: a volume on the real cloud's server (listed), an
+    // image on the emulator's (not listed)
+    let devices = match &b {
+        Backend::Emulator(_) => in_use + 1,
+        Backend::Real { .. } => in_use,
+    };
+    assert!(devices < max, "{}: the server is already full", b.name());
+    let mut attached = Vec::new();
+    for i in 0..(max - devices) {
+        let v = new_volume(&c, &unique(&format!("contract-full-{i}")), 1).await;
+        nova.attach_volume(&server, &v.id, false)
+            .await
+            .unwrap_or_else(|e| panic!("{}: attach {i}: {e}", b.name()));
+        wait_volume(&c, &v.id, VolumeStatus::InUse).await;
+        attached.push(v.id);
+    }
+    let one_more = new_volume(&c, &unique("contract-full-extra"), 1).await;
+    let err = nova
+        .attach_volume(&server, &one_more.id, false)
+        .await
+        .unwrap_err();
+    match &err {
+        Error::Forbidden(e) => assert!(
+            e.message.contains("maximum allowed number of disk devices"),
+            "{}: {}",
+            b.name(),
+            e.message
+        ),
+        other => panic!("{}: expected 403, got {other}", b.name()),
+    }
+    // refused before anything was reserved
+    let v = c.get_volume(&one_more.id).await.unwrap();
+    assert_eq!(v.status, VolumeStatus::Available, "{}", b.name());
+    assert!(v.attachments.is_empty(), "{}", b.name());
+    for id in &attached {
+        nova.detach_volume(&server, id).await.unwrap();
+    }
+    for id in attached.iter().chain([&one_more.id]) {
+        wait_volume(&c, id, VolumeStatus::Available).await;
+        c.delete_volume(id).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn nova_multiattach_needs_2_60() {
+    let b = Backend::new().await;
+    if !b.has("nova", "nova_multiattach_needs_2_60") {
+        return;
+    }
+    let _server = TEST_SERVER.lock().await;
+    let s = b.session(User::Admin);
+    let c = BlockStorage::new(s.clone());
+    let nova = Compute::new(s.clone());
+    let server = b.server();
+    let v = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-multi"),
+            size_gib: 1,
+            volume_type: Some("multiattach".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let v = wait_volume(&c, &v.id, VolumeStatus::Available).await;
+    assert!(
+        v.multiattach,
+        "{}: the multiattach type makes multiattach volumes",
+        b.name()
+    );
+    let err = nova.attach_volume(&server, &v.id, false).await.unwrap_err();
+    assert!(
+        matches!(err, Error::BadRequest(_)) && err.to_string().contains("2.60"),
+        "{}: {err}",
+        b.name()
+    );
+    nova.attach_volume(&server, &v.id, true).await.unwrap();
+    wait_volume(&c, &v.id, VolumeStatus::InUse).await;
+    nova.detach_volume(&server, &v.id).await.unwrap();
+    wait_volume(&c, &v.id, VolumeStatus::Available).await;
+    c.delete_volume(&v.id).await.unwrap();
+}
+
+/// The by-id directory where attached volumes appear as block devices:
+/// the emulator's hypervisor simulation, or the real cloud's agent.
+#[tokio::test]
+async fn attached_volumes_become_block_devices() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test drives real loop devices and must run as root"
+    );
+    let scratch = tempfile::tempdir().unwrap();
+    let b = match Backend::new().await {
+        Backend::Emulator(e) => {
+            e.shutdown().await;
+            let emu = Emulator::start(EmulatorConfig {
+                hypervisor: Some(openstack_emulator::HypervisorConfig {
+                    by_id_dir: scratch.path().join("by-id"),
+                    image_dir: scratch.path().join("images"),
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            Backend::Emulator(emu)
+        }
+        real => real,
+    };
+    if !b.has("nova", "attached_volumes_become_block_devices") {
+        return;
+    }
+    let _server = TEST_SERVER.lock().await;
+    let by_id = match &b {
+        Backend::Emulator(_) => scratch.path().join("by-id"),
+        Backend::Real { dir, .. } => dir.join("by-id"),
+    };
+    let s = b.session(User::Admin);
+    let c = BlockStorage::new(s.clone());
+    let nova = Compute::new(s);
+    let server = b.server();
+    let v = new_volume(&c, &unique("contract-dev"), 1).await;
+    let link = by_id.join(openstack_emulator::hypervisor::by_id_name(&v.id));
+    let name = b.name();
+    nova.attach_volume(&server, &v.id, false).await.unwrap();
+    wait_volume(&c, &v.id, VolumeStatus::InUse).await;
+    wait_device(&link, Some(1 << 30), name).await;
+    c.extend_volume(&v.id, 2, true).await.unwrap();
+    wait_device(&link, Some(2 << 30), name).await;
+    nova.detach_volume(&server, &v.id).await.unwrap();
+    wait_volume(&c, &v.id, VolumeStatus::Available).await;
+    wait_device(&link, None, name).await;
+    c.delete_volume(&v.id).await.unwrap();
+}
+
+fn device_bytes(link: &std::path::Path) -> Option<u64> {
+    let dev = std::fs::canonicalize(link).ok()?;
+    let name = dev.file_name()?.to_string_lossy().to_string();
+    let sectors: u64 = std::fs::read_to_string(format!("/sys/block/{name}/size"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(sectors * 512)
+}
+
+/// Waits until the device behind `link` has `want` bytes (None: no device).
+async fn wait_device(link: &std::path::Path, want: Option<u64>, backend: &str) {
+    poll_until(
+        "block device",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let now = device_bytes(link);
+            Ok(if now == want {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(format!("{now:?}"))
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{backend}: {e}"));
+}

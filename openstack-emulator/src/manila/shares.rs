@@ -1,0 +1,472 @@
+//! Shares: created (scheduled onto a pool, or refused with a user
+//! message), listed, read, deleted, and their actions (access, extend,
+//! shrink, revert); their export locations.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use http::StatusCode;
+use rand::RngCore;
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::errors::{ApiErr, ApiResult};
+use crate::keystone::Ctx;
+use crate::state::{AccessRuleRec, Delays, MessageRec, ShareRec, new_id, now_iso};
+
+use super::access::validate_rule;
+use super::*;
+
+pub(super) async fn create_share(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path(project): Path<String>,
+    Json(body): Json<Value>,
+) -> ApiResult<Response> {
+    check_project(&ctx, &project)?;
+    let spec = body
+        .get("share")
+        .ok_or_else(|| ApiErr::bad(S, "Share entity not found in request body"))?;
+    let protocol = s(spec, "share_proto")
+        .unwrap_or_default()
+        .to_ascii_uppercase();
+    if !PROTOCOLS.contains(&protocol.as_str()) {
+        return Err(ApiErr::bad(
+            S,
+            format!(
+                "Invalid share protocol provided: {protocol}. It is either disabled or unsupported."
+            ),
+        ));
+    }
+    let size = spec
+        .get("size")
+        .and_then(Value::as_u64)
+        .filter(|s| *s > 0)
+        .ok_or_else(|| {
+            ApiErr::bad(
+                S,
+                "Invalid input received: Share size must be an integer greater than 0.",
+            )
+        })?;
+    let mut w = state.world();
+    let st = match s(spec, "share_type") {
+        Some(t) => w
+            .share_types
+            .iter()
+            .find(|x| x.id == t || x.name == t)
+            .cloned()
+            .ok_or_else(|| ApiErr::not_found(S, format!("Share type {t} not found.")))?,
+        None => w
+            .share_types
+            .first()
+            .cloned()
+            .ok_or_else(|| ApiErr::bad(S, "No default share type is configured."))?,
+    };
+    let snapshot_id = s(spec, "snapshot_id");
+    if let Some(sid) = &snapshot_id {
+        let snap = w
+            .share_snapshots
+            .get(sid)
+            .filter(|x| x.project_id == ctx.project_id)
+            .ok_or_else(|| ApiErr::not_found(S, format!("Snapshot {sid} could not be found.")))?;
+        let from_snapshot = st
+            .extra_specs
+            .get("create_share_from_snapshot_support")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        if !from_snapshot {
+            return Err(ApiErr::bad(
+                S,
+                format!(
+                    "Invalid input received: A new share may not be created from snapshot {sid} with share type {}: the type does not support create_share_from_snapshot_support.",
+                    st.name
+                ),
+            ));
+        }
+        if snap.status != "available" {
+            return Err(ApiErr::bad(
+                S,
+                format!(
+                    "Invalid snapshot: Snapshot status must be available, is {}.",
+                    snap.status
+                ),
+            ));
+        }
+        if size < snap.size {
+            return Err(ApiErr::bad(
+                S,
+                format!(
+                    "Invalid input received: Share size cannot be smaller than the snapshot size ({}).",
+                    snap.size
+                ),
+            ));
+        }
+    }
+    let az = s(spec, "availability_zone").unwrap_or_else(|| {
+        state
+            .availability_zones
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "nova".into())
+    });
+    if !state.availability_zones.contains(&az) {
+        return Err(ApiErr::not_found(
+            S,
+            format!("Availability zone {az} could not be found."),
+        ));
+    }
+    let used: Vec<&ShareRec> = w
+        .shares
+        .values()
+        .filter(|x| x.project_id == ctx.project_id)
+        .collect();
+    let (count, gib) = (
+        used.len() as i64,
+        used.iter().map(|x| x.size as i64).sum::<i64>(),
+    );
+    if w.quotas.shares >= 0 && count + 1 > w.quotas.shares {
+        return Err(ApiErr::new(
+            413,
+            S,
+            format!(
+                "Maximum number of shares allowed ({}) exceeded",
+                w.quotas.shares
+            ),
+        ));
+    }
+    if w.quotas.share_gigabytes >= 0 && gib + size as i64 > w.quotas.share_gigabytes {
+        return Err(ApiErr::new(
+            413,
+            S,
+            "Requested share exceeds allowed project/user or share type gigabytes quota.",
+        ));
+    }
+    let metadata = crate::state::metadata_of(spec);
+    // the scheduler fails a share the backend pool cannot hold, like the
+    // dummy backend of the test cloud (1210 GiB free), and says why
+    let too_big = size > POOL_FREE_GIB;
+    let fail = too_big || w.failing_share_creates > 0;
+    if !too_big && fail {
+        w.failing_share_creates -= 1;
+    }
+    let seq = w.next_seq();
+    let share = ShareRec {
+        seq,
+        id: new_id(),
+        project_id: ctx.project_id.clone(),
+        name: s(spec, "name").unwrap_or_default(),
+        description: s(spec, "description"),
+        status: if snapshot_id.is_some() {
+            "creating_from_snapshot".into()
+        } else {
+            "creating".into()
+        },
+        size,
+        protocol: protocol.clone(),
+        share_type_id: st.id.clone(),
+        share_type_name: st.name.clone(),
+        share_network_id: s(spec, "share_network_id"),
+        availability_zone: az,
+        snapshot_id,
+        metadata,
+        created_at: now_iso(),
+        instance_id: new_id(),
+    };
+    let id = share.id.clone();
+    let out = json!({ "share": share_json(&share) });
+    w.shares.insert(id.clone(), share);
+    let delay = Delays::d(w.delays.share_create_ms);
+    drop(w);
+    state.after(delay, move |_, w| {
+        let project = w.shares.get(&id).map(|x| x.project_id.clone());
+        if let Some(x) = w.shares.get_mut(&id)
+            && x.status.starts_with("creating")
+        {
+            x.status = if fail { "error".into() } else { "available".into() };
+            if !fail && x.protocol == "CEPHFS" {
+                x.metadata.insert("__mount_options".into(), "fs=cephfs".into());
+            }
+        }
+        if fail && let Some(project_id) = project {
+            w.messages.push(MessageRec {
+                id: new_id(),
+                project_id,
+                resource_id: id.clone(),
+                action_id: "001".into(),
+                // Manila's message_field: 008 capabilities, 009 capacity
+                detail_id: if too_big { "009".into() } else { "008".into() },
+                user_message: format!(
+                    "allocate host: No storage could be allocated for this share request, {} filter didn't succeed.",
+                    if too_big { "Capacity" } else { "Capabilities" }
+                ),
+                created_at: now_iso(),
+            });
+        }
+    });
+    Ok((StatusCode::OK, Json(out)).into_response())
+}
+
+pub(super) async fn list_shares(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path(project): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> ApiResult<Json<Value>> {
+    check_project(&ctx, &project)?;
+    let w = state.world();
+    let mut list: Vec<&ShareRec> = w
+        .shares
+        .values()
+        .filter(|x| x.project_id == ctx.project_id)
+        .filter(|x| q.get("name").is_none_or(|n| &x.name == n))
+        .collect();
+    list.sort_by_key(|x| std::cmp::Reverse(x.seq));
+    if q.get("sort_dir").map(String::as_str) == Some("asc") {
+        list.reverse();
+    }
+    let list = page(list, &q)?;
+    Ok(Json(
+        json!({ "shares": list.into_iter().map(share_json).collect::<Vec<_>>() }),
+    ))
+}
+
+pub(super) async fn get_share(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path((project, id)): Path<(String, String)>,
+) -> ApiResult<Json<Value>> {
+    check_project(&ctx, &project)?;
+    let w = state.world();
+    Ok(Json(
+        json!({ "share": share_json(visible_share(&w, &ctx, &id)?) }),
+    ))
+}
+
+pub(super) async fn delete_share(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path((project, id)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    check_project(&ctx, &project)?;
+    let mut w = state.world();
+    let share = visible_share(&w, &ctx, &id)?;
+    if !matches!(
+        share.status.as_str(),
+        "available" | "error" | "extending_error" | "shrinking_error"
+    ) {
+        return Err(ApiErr::bad(
+            S,
+            format!(
+                "Invalid share: Share status must be one of ('available', 'error', 'inactive'), got {}.",
+                share.status
+            ),
+        ));
+    }
+    let deps = w
+        .share_snapshots
+        .values()
+        .filter(|x| x.share_id == id)
+        .count();
+    if deps > 0 {
+        return Err(ApiErr::conflict(
+            S,
+            format!("Share still has {deps} dependent snapshots."),
+        ));
+    }
+    if let Some(x) = w.shares.get_mut(&id) {
+        x.status = "deleting".into();
+    }
+    let delay = Delays::d(w.delays.share_delete_ms);
+    drop(w);
+    state.after(delay, move |_, w| {
+        w.shares.remove(&id);
+        w.access_rules.retain(|_, r| r.share_id != id);
+    });
+    Ok(StatusCode::ACCEPTED)
+}
+
+pub(super) async fn share_action(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    axum::Extension(ManilaMv(mv)): axum::Extension<ManilaMv>,
+    Path((project, id)): Path<(String, String)>,
+    Json(body): Json<Value>,
+) -> ApiResult<Response> {
+    check_project(&ctx, &project)?;
+    let (action, args) = body
+        .as_object()
+        .and_then(|o| o.iter().next())
+        .map(|(k, v)| (k.trim_start_matches("os-").to_string(), v.clone()))
+        .ok_or_else(|| ApiErr::bad(S, "Invalid request body"))?;
+    let mut w = state.world();
+    let share = visible_share(&w, &ctx, &id)?.clone();
+    match action.as_str() {
+        "extend" | "shrink" => {
+            let new_size = args
+                .get("new_size")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| ApiErr::bad(S, "New share size must be specified as an integer."))?;
+            if share.status != "available" {
+                return Err(ApiErr::bad(
+                    S,
+                    format!(
+                        "Invalid share: Share {id} status must be 'available', but current status is: {}.",
+                        share.status
+                    ),
+                ));
+            }
+            let grow = action == "extend";
+            if grow && new_size <= share.size {
+                return Err(ApiErr::bad(
+                    S,
+                    format!(
+                        "Invalid input received: New size for extend must be greater than current size. (current: {}, extended: {new_size}).",
+                        share.size
+                    ),
+                ));
+            }
+            if !grow && (new_size >= share.size || new_size == 0) {
+                return Err(ApiErr::bad(
+                    S,
+                    format!(
+                        "Invalid input received: New size for shrink must be less than current size and greater than 0. (current: {}, new: {new_size}).",
+                        share.size
+                    ),
+                ));
+            }
+            if let Some(x) = w.shares.get_mut(&id) {
+                x.status = if grow {
+                    "extending".into()
+                } else {
+                    "shrinking".into()
+                };
+            }
+            let delay = Delays::d(w.delays.share_resize_ms);
+            drop(w);
+            state.after(delay, move |_, w| {
+                if let Some(x) = w.shares.get_mut(&id) {
+                    x.size = new_size;
+                    x.status = "available".into();
+                }
+            });
+            Ok(StatusCode::ACCEPTED.into_response())
+        }
+        "allow_access" => {
+            let access_type = s(&args, "access_type").unwrap_or_default();
+            let access_to = s(&args, "access_to").unwrap_or_default();
+            let access_level = s(&args, "access_level").unwrap_or_else(|| "rw".into());
+            validate_rule(&share.protocol, &access_type, &access_to, &access_level)?;
+            if w.access_rules.values().any(|r| {
+                r.share_id == id && r.access_type == access_type && r.access_to == access_to
+            }) {
+                return Err(ApiErr::bad(
+                    S,
+                    format!("Share access {access_type}:{access_to} exists."),
+                ));
+            }
+            let rule = AccessRuleRec {
+                id: new_id(),
+                share_id: id.clone(),
+                access_type: access_type.clone(),
+                access_to,
+                access_level,
+                state: "queued_to_apply".into(),
+                access_key: None,
+                created_at: now_iso(),
+            };
+            let rid = rule.id.clone();
+            let mut out = rule_json(&rule);
+            if mv < 21 {
+                out.as_object_mut().map(|o| o.remove("access_key"));
+            }
+            w.access_rules.insert(rid.clone(), rule);
+            let delay = Delays::d(w.delays.access_rule_ms);
+            drop(w);
+            state.after(delay, move |_, w| {
+                if let Some(r) = w.access_rules.get_mut(&rid)
+                    && r.state == "queued_to_apply"
+                {
+                    r.state = "active".into();
+                    if r.access_type == "cephx" {
+                        let mut key = [0u8; 16];
+                        rand::rng().fill_bytes(&mut key);
+                        r.access_key = Some(base64::engine::general_purpose::STANDARD.encode(key));
+                    }
+                }
+            });
+            Ok(Json(json!({ "access": out })).into_response())
+        }
+        "deny_access" => {
+            let rid = s(&args, "access_id")
+                .ok_or_else(|| ApiErr::bad(S, "Access ID must be specified."))?;
+            let r = w
+                .access_rules
+                .get_mut(&rid)
+                .filter(|r| r.share_id == id)
+                .ok_or_else(|| ApiErr::not_found(S, format!("Access rule {rid} not found.")))?;
+            r.state = "queued_to_deny".into();
+            let delay = Delays::d(w.delays.access_rule_ms);
+            drop(w);
+            state.after(delay, move |_, w| {
+                w.access_rules.remove(&rid);
+            });
+            Ok(StatusCode::ACCEPTED.into_response())
+        }
+        "access_list" => {
+            let list: Vec<Value> = w
+                .access_rules
+                .values()
+                .filter(|r| r.share_id == id)
+                .map(rule_json)
+                .collect();
+            Ok(Json(json!({ "access_list": list })).into_response())
+        }
+        other => Err(ApiErr::bad(
+            S,
+            format!("Invalid request body: unknown action {other}"),
+        )),
+    }
+}
+
+pub(super) async fn export_locations(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path((project, id)): Path<(String, String)>,
+) -> ApiResult<Json<Value>> {
+    check_project(&ctx, &project)?;
+    let w = state.world();
+    let share = visible_share(&w, &ctx, &id)?;
+    if share.status != "available"
+        && !share.status.starts_with("extending")
+        && !share.status.starts_with("shrinking")
+    {
+        return Ok(Json(json!({ "export_locations": [] })));
+    }
+    let mut list = vec![];
+    if share.protocol == "CEPHFS" {
+        list.push(json!({
+            "id": format!("{}-1", share.instance_id), "share_instance_id": share.instance_id,
+            "path": format!("127.0.0.1:6789:/volumes/_nogroup/{}/{}", share.id, share.instance_id),
+            "preferred": true, "is_admin_only": false, "metadata": {}
+        }));
+    } else {
+        list.push(json!({
+            "id": format!("{}-1", share.instance_id), "share_instance_id": share.instance_id,
+            "path": format!("127.0.0.1:/shares/share-{}", share.id), "preferred": true, "is_admin_only": false, "metadata": {}
+        }));
+        list.push(json!({
+            "id": format!("{}-2", share.instance_id), "share_instance_id": share.instance_id,
+            "path": format!("127.0.0.2:/shares/share-{}", share.id), "preferred": false, "is_admin_only": true, "metadata": {}
+        }));
+    }
+    if !ctx.admin {
+        list.retain(|l| l["is_admin_only"] != json!(true));
+        for l in &mut list {
+            l.as_object_mut().map(|o| o.remove("share_instance_id"));
+        }
+    }
+    Ok(Json(json!({ "export_locations": list })))
+}
