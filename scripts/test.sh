@@ -38,9 +38,17 @@ cleanup() {
   if [[ -n $cloud_started ]]; then
     python3 tests/openstack/cloud.py down || true
   fi
+  # the plugins' logs of a failed run are kept for whoever reads it
+  if ((${#failed_phases[@]})) && [[ -d $work/logs ]] && [[ -n $(ls -A "$work/logs") ]]; then
+    rm -rf target/test-logs && mkdir -p target && cp -r "$work/logs" target/test-logs
+    echo "the plugins' logs of this failed run: target/test-logs"
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
+failed_phases=()
+# the tests' plugin logs go here, not into /tmp
+export TEST_LOG_DIR=$work/logs
 
 phase() {
   local name=$1; shift
@@ -54,7 +62,6 @@ phase() {
 # failing test does not hide the others; the run fails at the end, and
 # repeats the last lines of each failed phase there (a CI log that keeps
 # only its head and tail still shows why).
-failed_phases=()
 phases=0
 tests() {
   local name=$1; shift
@@ -71,7 +78,22 @@ tests() {
   passed=$(grep -c -E '^test .* \.\.\. ok$' "$out" || true)
   failed=$(grep -c -E '^test .* \.\.\. FAILED$' "$out" || true)
   ignored=$(grep -c -E '^test .* \.\.\. ignored' "$out" || true)
-  echo "== $name: $((SECONDS - start)) s; $passed passed, $failed failed, $ignored not run here"
+  if ((passed + failed + ignored > 0)); then
+    echo "== $name: $((SECONDS - start)) s; $passed passed, $failed failed, $ignored not run here"
+    return
+  fi
+  # not a test program: say what it did (suite-walk's steps), or that its
+  # exit status is its verdict
+  local steps_ok steps_failed steps_skipped verdict=passed
+  [[ -e $out.failed ]] && verdict=failed
+  steps_ok=$(grep -c -E '^  ok    ' "$out" || true)
+  steps_failed=$(grep -c -E '^  FAIL  ' "$out" || true)
+  steps_skipped=$(grep -c -E '^  skip  ' "$out" || true)
+  if ((steps_ok + steps_failed + steps_skipped > 0)); then
+    echo "== $name: $((SECONDS - start)) s; $verdict: $steps_ok steps passed, $steps_failed failed, $steps_skipped skipped"
+  else
+    echo "== $name: $((SECONDS - start)) s; $verdict (a step of the run, not a test program: its exit status is the verdict)"
+  fi
 }
 
 # Skips a tier declares: test-name prefixes (one per line) whose skips are
@@ -80,11 +102,13 @@ tests() {
 # reason, or its test fails).
 echo "csi-sanity-" >"$work/declared-skips"
 
-# Builds every test program once; writes "package target path dir" lines.
+# Builds every test program and bench once; writes "package target path
+# dir" lines (benches apart: they run in their own phase, quick).
 build_tests() {
-  cargo test --workspace --locked --no-run --message-format=json-render-diagnostics >"$work/build.json"
-  python3 - "$work/build.json" >"$work/programs" <<'EOF'
+  cargo test --workspace --locked --no-run --tests --benches --message-format=json-render-diagnostics >"$work/build.json"
+  python3 - "$work/build.json" "$work/benches" >"$work/programs" <<'EOF'
 import json, os, sys
+benches = open(sys.argv[2], "w")
 for line in open(sys.argv[1]):
     try:
         m = json.loads(line)
@@ -94,9 +118,38 @@ for line in open(sys.argv[1]):
         pkg = m["package_id"].split("#")[0].rstrip("/").rsplit("/", 1)[-1].split("@")[0]
         if "#" in m["package_id"] and "@" in m["package_id"].split("#")[1]:
             pkg = m["package_id"].split("#")[1].split("@")[0]
-        print(pkg, m["target"]["name"], m["executable"], os.path.dirname(m["manifest_path"]))
+        out = benches if "bench" in m["target"]["kind"] else sys.stdout
+        print(pkg, m["target"]["name"], m["executable"], os.path.dirname(m["manifest_path"]), file=out)
 EOF
-  echo "$(wc -l <"$work/programs") test programs"
+  echo "$(wc -l <"$work/programs") test programs, $(wc -l <"$work/benches") benches"
+}
+
+# run_bench PACKAGE TARGET: one bench in its quick mode (a handful of
+# iterations: it must run through; its figures are printed, not judged),
+# counted as the test bench/PACKAGE/TARGET.
+run_bench() {
+  local pkg=$1 target=$2 p t exe dir
+  while read -r p t exe dir; do
+    [[ $p == "$pkg" && $t == "$target" ]] || continue
+    echo "     Running bench $p/$t (BENCH_QUICK=1)"
+    if (cd "$dir" && BENCH_QUICK=1 "$exe" </dev/null) 2>&1 | sed 's/^/   | /'; then
+      echo "test bench/$p/$t ... ok" | tee -a "$log"
+      return 0
+    fi
+    echo "test bench/$p/$t ... FAILED" | tee -a "$log"
+    return 1
+  done <"$work/benches"
+  echo "no bench $pkg/$target" >&2
+  return 1
+}
+# every bench but the cluster's (which needs the cluster: its own phase)
+quick_benches() {
+  local failed=0 p t rest
+  while read -r p t rest; do
+    [[ $p == cluster-tests ]] && continue
+    run_bench "$p" "$t" || failed=1
+  done <"$work/benches"
+  return $failed
 }
 
 # run_tests PACKAGE TARGET [ARGS...]: one test program (from its package's
@@ -125,6 +178,7 @@ phase "build the tests once" build_tests
 # the tests start the binaries of that build (no cargo run inside a test)
 export CSI_SANITY_PLUGIN_DIR=$PWD/target/debug
 tests "emulator tier (every test program)" run_tests all all
+tests "benches, quick (each runs through; figures printed, not judged)" quick_benches
 tests "doc tests" bash -o pipefail -c 'cargo test --workspace --locked --doc 2>&1 | tee -a "$0"' "$log"
 # the community's csi-sanity, v5.4.0 and master, against each driver on
 # the emulator; each of their specs is counted in the summary below
@@ -226,6 +280,7 @@ tests "cluster tier: Kubernetes v1.36 up, deploy/suite applied" cluster_up
 if [[ -e $work/cluster-up ]]; then
   tests "cluster tier: scenarios through kubectl and app pods" \
     run_tests cluster-tests scenarios --ignored --test-threads=1 --show-output
+  tests "cluster tier: figures bench, quick" run_bench cluster-tests figures
 fi
 # down fails when anything of the cluster is left on the machine
 tests "cluster tier down (nothing left)" python3 tests/cluster/cluster.py down

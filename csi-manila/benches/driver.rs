@@ -1,6 +1,7 @@
 //! Figures for `manila-csi-plugin` (printed; nothing is asserted).
 //!
-//! `cargo bench -p csi-manila --bench driver`; with
+//! `cargo bench -p csi-manila --bench driver` (`BENCH_QUICK=1`: a handful
+//! of iterations per figure, as the test command runs it); with
 //! `OPENSTACK_TEST_BACKEND=real` (and the test cloud's `file` or `all`
 //! profile up, as root) figure 2 runs against real Manila and Ceph.
 //!
@@ -31,8 +32,23 @@ use proto::csi::v1::node_client::NodeClient;
 use proto::csi::v1::volume_capability::access_mode::Mode;
 
 const BIN: &str = env!("CARGO_BIN_EXE_manila-csi-plugin");
-const SHARES: usize = 100;
-const CONCURRENCY: usize = 25;
+
+/// A handful of iterations per figure (`BENCH_QUICK`): the bench runs
+/// through, its figures mean little.
+fn quick() -> bool {
+    std::env::var_os("BENCH_QUICK").is_some()
+}
+
+/// Figure 1's shares and concurrency; figure 2's runs.
+fn shares() -> usize {
+    if quick() { 10 } else { 100 }
+}
+fn concurrency() -> usize {
+    if quick() { 5 } else { 25 }
+}
+fn runs() -> usize {
+    if quick() { 2 } else { 5 }
+}
 const LATENCY_MS: u64 = 50;
 
 fn cap() -> csi::VolumeCapability {
@@ -80,13 +96,14 @@ async fn create_many() -> u64 {
     // transition longer than a call adds its excess
     let excess = |t: u64| t.saturating_sub(LATENCY_MS);
     let per_share_ms = 5 * LATENCY_MS + excess(d.share_create_ms) + excess(d.access_rule_ms);
-    let waves = SHARES.div_ceil(CONCURRENCY) as u64;
+    let (shares, concurrency) = (shares(), concurrency());
+    let waves = shares.div_ceil(concurrency) as u64;
     let critical = Duration::from_millis(waves * per_share_ms);
     let secrets = h.member_secrets();
-    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
+    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(concurrency));
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for i in 0..SHARES {
+    for i in 0..shares {
         let sem = sem.clone();
         let mut c = ControllerClient::new(ch.clone());
         let secrets = secrets.clone();
@@ -112,7 +129,7 @@ async fn create_many() -> u64 {
     let total = started.elapsed();
     h.emulator.control().clear_faults();
     println!(
-        "1. {SHARES} shares created (access rule active), concurrency {CONCURRENCY}, {LATENCY_MS} ms per API call: {:.2} s; critical path {:.2} s ({waves} waves x {per_share_ms} ms); ratio {:.2} (target <= 1.2)",
+        "1. {shares} shares created (access rule active), concurrency {concurrency}, {LATENCY_MS} ms per API call: {:.2} s; critical path {:.2} s ({waves} waves x {per_share_ms} ms); ratio {:.2} (target <= 1.2)",
         total.as_secs_f64(),
         critical.as_secs_f64(),
         total.as_secs_f64() / critical.as_secs_f64()
@@ -177,7 +194,7 @@ fn bare_ceph_fuse(dir: &Path, monitors: &str, root: &str, id: &str, key: &str) -
 
 async fn stage_vs_bare_ceph_fuse() {
     let dir = cloud_dir();
-    let log = std::env::temp_dir().join("manila-bench-stage.log");
+    let log = csi_sanity::harness::test_log("manila-bench-stage.log");
     let h = ManilaOnRealCloud::start(Path::new(BIN), &dir, "CEPHFS", false, &[], Some(log))
         .await
         .unwrap();
@@ -214,7 +231,7 @@ async fn stage_vs_bare_ceph_fuse() {
         staging_target_path: staging.to_string_lossy().into(),
     };
     let mut staged = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..runs() {
         let t = Instant::now();
         n.node_stage_volume(stage.clone()).await.unwrap();
         staged.push(t.elapsed());
@@ -229,7 +246,7 @@ async fn stage_vs_bare_ceph_fuse() {
         .remove(0);
     let (mons, root) = export.path.split_once(":/").unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let bare: Vec<Duration> = (0..5)
+    let bare: Vec<Duration> = (0..runs())
         .map(|_| {
             bare_ceph_fuse(
                 tmp.path(),
@@ -242,7 +259,7 @@ async fn stage_vs_bare_ceph_fuse() {
         .collect();
     // one Manila round trip: what the stage may add to a bare mount
     let mut trips = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..runs() {
         let t = Instant::now();
         m.get_access_rule(&v.volume_id, &rule.id).await.unwrap();
         trips.push(t.elapsed());

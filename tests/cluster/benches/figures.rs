@@ -8,7 +8,9 @@
 //!   the plugins saw them, from their gRPC metrics).
 //!
 //! Needs the cluster tier up (`tests/cluster/cluster.py up`):
-//! `cargo bench -p cluster-tests --bench figures`.
+//! `cargo bench -p cluster-tests --bench figures`. `BENCH_QUICK=1` (as the
+//! test command runs it): 2 pods one after the other and bursts of 2, and
+//! no cluster is a failure, not a skip.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -17,6 +19,12 @@ use std::time::{Duration, Instant};
 use cluster_tests::{Cluster, PodOptions, claim, pod};
 
 const MINUTE: Duration = Duration::from_secs(60);
+
+/// A handful of pods per figure (`BENCH_QUICK`): the bench runs through,
+/// its figures mean little.
+fn quick() -> bool {
+    std::env::var_os("BENCH_QUICK").is_some()
+}
 
 /// The sum of a controller's time in these RPCs (seconds), from its
 /// metrics on the host network.
@@ -55,7 +63,8 @@ async fn latency(c: &Cluster, what: &str, class: &str, mode: &str) {
     let ns = c.namespace(&format!("fig-{what}")).await.unwrap();
     let n = ns.name.clone();
     let mut took = Vec::new();
-    for i in 0..10 {
+    let pods = if quick() { 2 } else { 10 };
+    for i in 0..pods {
         let t = Instant::now();
         let yaml = format!(
             "{}---\n{}",
@@ -77,7 +86,7 @@ async fn latency(c: &Cluster, what: &str, class: &str, mode: &str) {
     }
     let (p50, max) = quantiles(took.clone());
     println!(
-        "{what}: claim created -> pod running, 10 pods one after the other: p50 {:.2} s, max {:.2} s (all: {})",
+        "{what}: claim created -> pod running, {pods} pods one after the other: p50 {:.2} s, max {:.2} s (all: {})",
         p50.as_secs_f64(),
         max.as_secs_f64(),
         took.iter()
@@ -90,6 +99,7 @@ async fn latency(c: &Cluster, what: &str, class: &str, mode: &str) {
 
 /// `count` claims and pods at once.
 async fn burst(c: &Cluster, what: &str, class: &str, mode: &str, count: usize, metrics_port: u16) {
+    let count = if quick() { count.min(2) } else { count };
     let ns = c.namespace(&format!("burst-{what}")).await.unwrap();
     let n = ns.name.clone();
     let methods = ["CreateVolume", "ControllerPublishVolume"];
@@ -134,6 +144,7 @@ async fn burst(c: &Cluster, what: &str, class: &str, mode: &str, count: usize, m
 async fn main() {
     let c = match Cluster::from_env() {
         Ok(c) => c,
+        Err(e) if quick() => panic!("no cluster to measure: {e}"),
         Err(e) => {
             println!("figures skipped: {e}");
             return;
