@@ -58,7 +58,7 @@ for spec in "${images[@]}"; do
   start=$SECONDS
   bundle=$out/bundles/$name
   rootfs=$out/bundles/$name.rootfs
-  echo "== image $name: Debian $suite + $packages"
+  echo "-- image $name: Debian $suite + $packages"
   mmdebstrap --quiet --variant=essential --include="$packages" \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' \

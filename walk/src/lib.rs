@@ -137,7 +137,7 @@ pub enum WalkError {
 }
 
 /// Where the plugins' logs go: a directory kept when asked for or when a
-/// step failed, else removed.
+/// step failed (and something was logged), else removed.
 #[derive(Debug)]
 pub struct Logs {
     dir: Option<tempfile::TempDir>,
@@ -173,6 +173,11 @@ impl Logs {
 
     /// Keeps the logs (a failed run) and says where they are.
     fn keep(mut self) {
+        let empty = std::fs::read_dir(&self.path).map_or(true, |mut d| d.next().is_none());
+        if empty && self.dir.is_some() {
+            // nothing was logged (a preflight runs no plugin): removed on drop
+            return;
+        }
         if let Some(d) = self.dir.take() {
             let _ = d.keep();
         }

@@ -52,7 +52,7 @@ impl Report {
     /// saying what it drives.
     pub fn part(&mut self, part: &'static str, headline: &str) {
         self.part = part;
-        say(&format!("\n== {part}: {headline}"));
+        say(&format!("\n-- {part}: {headline}"));
     }
 
     /// Prints a line of context (not a step).
@@ -138,7 +138,7 @@ impl Report {
 
     /// The summary table: per part, its steps and time.
     pub fn summary(&self) {
-        say("\n== summary");
+        say("\n-- summary");
         say(&format!(
             "  {:<10} {:>5} {:>5} {:>8} {:>7} {:>9}",
             "part", "steps", "ok", "skipped", "failed", "time"

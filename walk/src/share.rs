@@ -92,7 +92,7 @@ pub async fn walk(report: &mut Report, h: &ManilaOnEmulator, root: bool) {
                     h.plugin_pid().unwrap_or_default(),
                     h.socket.display(),
                     if root {
-                        " (stand-in mount.nfs: no NFS client here)"
+                        "; mount(8) and the bind mounts into the pods are real, the NFS mount itself stops at mount(8) (no NFS client here: a stand-in mount.nfs binds a local export)"
                     } else {
                         ""
                     }

@@ -49,7 +49,7 @@ pub struct Env {
 /// shares are created with `parameters`.
 pub async fn env(protocol: &str, parameters: &[(&str, &str)]) -> Env {
     let dir = cloud_dir();
-    let log = std::env::temp_dir().join(format!(
+    let log = csi_sanity::harness::test_log(&format!(
         "manila-csi-real-{}.log",
         protocol.to_ascii_lowercase()
     ));

@@ -225,8 +225,10 @@ async fn community_csi_sanity_passes_against_cinder() {
         "needs root: loop devices and mounts"
     );
     let mut opts = csi_sanity::harness::HarnessOptions::new(binaries().join("cinder-csi-plugin"));
-    opts.log_file =
-        Some(std::env::temp_dir().join(format!("cinder-community-{}.log", std::process::id())));
+    opts.log_file = Some(csi_sanity::harness::test_log(&format!(
+        "cinder-community-{}.log",
+        std::process::id()
+    )));
     // Nova sets no limit here: the attach-limit spec is the plugin's own
     let h = csi_sanity::harness::CinderOnEmulator::start(opts)
         .await
@@ -277,7 +279,7 @@ async fn manila(protocol: &str, parameters: &[(&str, &str)]) {
     );
     let mut o =
         csi_sanity::harness::ManilaOptions::new(binaries().join("manila-csi-plugin"), protocol);
-    o.log_file = Some(std::env::temp_dir().join(format!(
+    o.log_file = Some(csi_sanity::harness::test_log(&format!(
         "manila-community-{protocol}-{}.log",
         std::process::id()
     )));

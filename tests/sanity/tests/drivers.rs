@@ -147,7 +147,7 @@ async fn cinder_conforms_on_the_emulator_with_real_devices() {
     if !openstack_emulator::preconditions::root("loop devices, mounts") {
         return;
     }
-    let log = std::env::temp_dir().join(format!("cinder-sanity-{}.log", std::process::id()));
+    let log = csi_sanity::harness::test_log(&format!("cinder-sanity-{}.log", std::process::id()));
     let mut opts = csi_sanity::harness::HarnessOptions::new(binaries().join("cinder-csi-plugin"));
     opts.log_file = Some(log.clone());
     // Nova sets no limit (its default): the controller keeps the server
@@ -229,7 +229,8 @@ async fn cinder_conforms_on_the_real_cloud() {
         nix::unistd::geteuid().is_root(),
         "needs root: the hypervisor agent's loop devices are mounted"
     );
-    let log = std::env::temp_dir().join(format!("cinder-sanity-real-{}.log", std::process::id()));
+    let log =
+        csi_sanity::harness::test_log(&format!("cinder-sanity-real-{}.log", std::process::id()));
     let h = csi_sanity::harness::CinderOnRealCloud::start(
         &binaries().join("cinder-csi-plugin"),
         &cloud_dir,
@@ -279,7 +280,7 @@ async fn manila_conforms_on_the_emulator_for_both_protocols() {
         ("NFS", vec![("nfs-shareClient", "10.0.0.0/8")]),
         ("CEPHFS", vec![("type", "cephfs")]),
     ] {
-        let log = std::env::temp_dir().join(format!(
+        let log = csi_sanity::harness::test_log(&format!(
             "manila-sanity-{protocol}-{}.log",
             std::process::id()
         ));
@@ -355,7 +356,7 @@ async fn manila_on_real_cloud(protocol: &str) -> (csi_sanity::harness::ManilaOnR
                 "/../../.openstack-cloud"
             ))
         });
-    let log = std::env::temp_dir().join(format!(
+    let log = csi_sanity::harness::test_log(&format!(
         "manila-sanity-real-{}-{}.log",
         protocol.to_ascii_lowercase(),
         std::process::id()
@@ -489,7 +490,7 @@ async fn cinder_credentials_rotate_on_the_real_cloud() {
         .create_application_credential(&format!("csi-rotation-{tag}"))
         .await
         .unwrap();
-    let log = std::env::temp_dir().join(format!("cinder-rotation-{tag}.log"));
+    let log = csi_sanity::harness::test_log(&format!("cinder-rotation-{tag}.log"));
     let h = csi_sanity::harness::CinderOnRealCloud::start_with_credentials(
         &binaries().join("cinder-csi-plugin"),
         &cloud_dir,

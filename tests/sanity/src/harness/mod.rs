@@ -109,6 +109,21 @@ pub async fn serve_metadata(
     Ok((task, url))
 }
 
+/// Where a test writes a plugin's log `name`: below `TEST_LOG_DIR` when
+/// set (scripts/test.sh points it into its work directory, removed with
+/// it, kept in target/test-logs after a failed run), else the temporary
+/// directory.
+pub fn test_log(name: &str) -> PathBuf {
+    match std::env::var_os("TEST_LOG_DIR") {
+        Some(d) => {
+            let d = PathBuf::from(d);
+            let _ = std::fs::create_dir_all(&d);
+            d.join(name)
+        }
+        None => std::env::temp_dir().join(name),
+    }
+}
+
 /// Where a plugin's stderr goes: appended to `log`, else discarded.
 pub fn stderr_to(log: Option<&Path>) -> Result<std::process::Stdio, HarnessError> {
     Ok(match log {
