@@ -2,6 +2,12 @@
 //! replaced, and any fetched on demand because a Decrypt named them. Keys
 //! live only in memory (zeroed on drop); Encrypt, Decrypt and Status never
 //! wait for Barbican unless a Decrypt names a key not held yet.
+//!
+//! Which keys Decrypt may use: the current one; every key the plugin has
+//! sealed under (its [`KeyRecord`], which outlives a restart); the keys
+//! the configuration stages or keeps (`[KeyManager] decrypt-key-ids`) and
+//! `--previous-key-id`; never a key the configuration retired
+//! (`retired-key-ids`), which the record forgets.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
@@ -15,6 +21,7 @@ use crate::envelope::{
     EnvelopeError, FORMAT_ANNOTATION, FORMAT_V1_NAME, Kek, MAX_CIPHERTEXT, MAX_KEY_ID,
     MIN_CIPHERTEXT,
 };
+use crate::key_record::{KeyRecord, KeyRecordError, RecordedKey, is_uuid};
 use crate::keystore::{KeyStore, KeyStoreError};
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -34,9 +41,17 @@ pub enum KeyRingError {
     /// A key_id naming a secret the operator did not name: one answer for
     /// all of them, given before anything is fetched.
     #[error(
-        "the ciphertext's key is not one this plugin decrypts with (the current key, keys it rotated from, --previous-key-id)"
+        "the ciphertext's key is not one this plugin decrypts with (the current key, keys it has sealed under, [KeyManager] decrypt-key-ids, --previous-key-id)"
     )]
     UnnamedKey,
+    /// A key the configuration retired (`retired-key-ids`): data still
+    /// under it was not migrated.
+    #[error(
+        "the ciphertext is under Barbican secret {secret}, which [KeyManager] retired-key-ids retired: this object was not migrated (name the key in decrypt-key-ids instead, read the object and write it again)"
+    )]
+    RetiredKey { secret: String },
+    #[error(transparent)]
+    Record(#[from] KeyRecordError),
     #[error("annotation {0}")]
     BadAnnotation(String),
     #[error("Barbican secret {secret} is unusable as a key: {source}")]
@@ -51,9 +66,19 @@ pub enum KeyRingError {
 #[derive(Debug)]
 struct State {
     current_secret: String,
-    /// Barbican secrets Decrypt may use: the current one, those it
-    /// rotated from in this process, and `--previous-key-id`.
+    /// Barbican secrets Decrypt may use besides the recorded ones: the
+    /// current one, those it rotated from in this process, and
+    /// `--previous-key-id`.
     named: BTreeSet<String>,
+    /// `[KeyManager] decrypt-key-ids`, as last read.
+    staged: BTreeSet<String>,
+    /// `[KeyManager] retired-key-ids`, as last read.
+    retired: BTreeSet<String>,
+    /// The keys sealed under, by key_id, as the record holds them.
+    recorded: Vec<RecordedKey>,
+    /// Why the record was refused, if it was: Status is unhealthy and
+    /// Encrypt refuses until an operator looks at it.
+    record_problem: Option<String>,
     current: Option<Arc<Kek>>,
     /// every key held, by key_id
     known: HashMap<String, Arc<Kek>>,
@@ -92,6 +117,9 @@ pub struct KeyRing<S> {
     state: RwLock<State>,
     max_staleness: Duration,
     fetch_lock: Mutex<()>,
+    record: KeyRecord,
+    /// One writer of the record at a time.
+    record_lock: std::sync::Mutex<()>,
 }
 
 impl<S> std::fmt::Debug for KeyRing<S> {
@@ -101,12 +129,40 @@ impl<S> std::fmt::Debug for KeyRing<S> {
 }
 
 impl<S: KeyStore> KeyRing<S> {
-    pub fn new(store: S, current_secret: String, max_staleness: Duration) -> Self {
+    /// A ring whose current key is `current_secret`, recording the keys
+    /// it seals under in `record` (loaded here: a refused record makes the
+    /// ring unhealthy, see [`KeyRing::health`]).
+    pub fn new(
+        store: S,
+        current_secret: String,
+        max_staleness: Duration,
+        record: KeyRecord,
+    ) -> Self {
+        let (recorded, record_problem) = match record.load() {
+            Ok(keys) => (keys, None),
+            Err(e) => {
+                tracing::error!(error = %e, "the key record is refused: Encrypt refuses and Status is unhealthy until it is fixed (it is left as it is)");
+                (Vec::new(), Some(e.to_string()))
+            }
+        };
+        if !recorded.is_empty() {
+            tracing::info!(
+                keys = recorded.len(),
+                path = %record.path().display(),
+                "keys this plugin sealed under, from its record, are usable by Decrypt"
+            );
+        }
         Self {
             store,
             rng: SystemRandom::new(),
+            record,
+            record_lock: std::sync::Mutex::new(()),
             state: RwLock::new(State {
                 named: BTreeSet::from([current_secret.clone()]),
+                staged: BTreeSet::new(),
+                retired: BTreeSet::new(),
+                recorded,
+                record_problem,
                 current_secret,
                 current: None,
                 known: HashMap::new(),
@@ -242,11 +298,165 @@ impl<S: KeyStore> KeyRing<S> {
         self.write().named.extend(secrets.iter().cloned());
     }
 
-    fn is_named(&self, secret: &str) -> bool {
-        self.read().named.contains(secret)
+    /// Whether Decrypt may use `secret`: `Err` names why not.
+    fn may_decrypt(&self, secret: &str) -> Result<(), KeyRingError> {
+        let st = self.read();
+        if st.current_secret == secret {
+            return Ok(());
+        }
+        if st.retired.contains(secret) {
+            return Err(KeyRingError::RetiredKey {
+                secret: secret.to_string(),
+            });
+        }
+        if st.named.contains(secret)
+            || st.staged.contains(secret)
+            || st.recorded.iter().any(|k| k.secret == secret)
+        {
+            Ok(())
+        } else {
+            Err(KeyRingError::UnnamedKey)
+        }
+    }
+
+    /// The Barbican secrets of the recorded keys (loaded at start, like
+    /// `--previous-key-id`).
+    pub fn recorded_secrets(&self) -> Vec<String> {
+        let st = self.read();
+        let mut v: Vec<String> = st.recorded.iter().map(|k| k.secret.clone()).collect();
+        v.dedup();
+        v
+    }
+
+    /// The configuration's `decrypt-key-ids` and `retired-key-ids`, at
+    /// start and on every change: staged keys become usable, retired ones
+    /// unusable and forgotten by the record (the current key cannot be
+    /// retired). Returns what changed, for the reload's log.
+    pub fn configure_keys(&self, decrypt: &[String], retired: &[String]) -> Vec<String> {
+        let mut changes = Vec::new();
+        let current = self.current_secret();
+        let retired: BTreeSet<String> = retired
+            .iter()
+            .filter(|r| {
+                if **r == current {
+                    tracing::error!(secret = %r, "[KeyManager] retired-key-ids names the current key: ignored (rotate away from it first)");
+                    false
+                } else {
+                    true
+                }
+            })
+            .cloned()
+            .collect();
+        let staged: BTreeSet<String> = decrypt
+            .iter()
+            .filter(|d| !retired.contains(*d))
+            .cloned()
+            .collect();
+        {
+            let mut st = self.write();
+            if st.staged != staged {
+                changes.push(format!(
+                    "keys Decrypt may use besides the current one: {}",
+                    if staged.is_empty() {
+                        "none".to_string()
+                    } else {
+                        staged.iter().cloned().collect::<Vec<_>>().join(", ")
+                    }
+                ));
+                st.staged = staged;
+            }
+            if st.retired != retired {
+                changes.push(format!(
+                    "retired keys: {}",
+                    if retired.is_empty() {
+                        "none".to_string()
+                    } else {
+                        retired.iter().cloned().collect::<Vec<_>>().join(", ")
+                    }
+                ));
+                st.retired = retired.clone();
+                // a retired key's in-memory copy goes too
+                st.known.retain(|_, k| !retired.contains(k.secret_id()));
+                st.named.retain(|n| !retired.contains(n));
+            }
+        }
+        match self.forget_recorded(&retired) {
+            Ok(gone) => {
+                for k in gone {
+                    changes.push(format!("key {k} removed from the key record"));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "retired keys could not be removed from the key record");
+                changes.push(format!("retired keys stay in the key record: {e}"));
+            }
+        }
+        changes
+    }
+
+    /// Removes the keys of `retired` secrets from the record; their ids.
+    fn forget_recorded(&self, retired: &BTreeSet<String>) -> Result<Vec<String>, KeyRingError> {
+        let _writer = self.record_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let (keep, gone): (Vec<RecordedKey>, Vec<RecordedKey>) = {
+            let st = self.read();
+            if st.record_problem.is_some() {
+                return Ok(Vec::new());
+            }
+            st.recorded
+                .iter()
+                .cloned()
+                .partition(|k| !retired.contains(&k.secret))
+        };
+        if gone.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.record.save(&keep)?;
+        self.write().recorded = keep;
+        Ok(gone.into_iter().map(|k| k.key_id).collect())
+    }
+
+    /// Records `kek` as a key sealed under, unless it is already: the
+    /// record is on disk before the first ciphertext under a key leaves.
+    fn ensure_recorded(&self, kek: &Kek) -> Result<(), KeyRingError> {
+        let listed = |st: &State| st.recorded.iter().any(|k| k.key_id == kek.key_id());
+        {
+            let st = self.read();
+            if let Some(p) = &st.record_problem {
+                return Err(KeyRingError::NotReady(format!(
+                    "the key record is refused ({p}); nothing is encrypted until it is fixed"
+                )));
+            }
+            if listed(&st) {
+                return Ok(());
+            }
+        }
+        let _writer = self.record_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut keys = {
+            let st = self.read();
+            if listed(&st) {
+                return Ok(());
+            }
+            st.recorded.clone()
+        };
+        keys.push(RecordedKey {
+            secret: kek.secret_id().to_string(),
+            key_id: kek.key_id().to_string(),
+            first_sealed: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        });
+        self.record.save(&keys)?;
+        tracing::info!(key_id = kek.key_id(), path = %self.record.path().display(), "key recorded: Decrypt uses it after a restart too");
+        self.write().recorded = keys;
+        Ok(())
     }
 
     pub async fn load_previous(&self, secret: &str) -> Result<String, KeyRingError> {
+        if self.read().retired.contains(secret) {
+            return Err(KeyRingError::RetiredKey {
+                secret: secret.to_string(),
+            });
+        }
         self.name_previous(&[secret.to_string()]);
         let kek = Arc::new(self.fetch_kek(secret).await?);
         let key_id = kek.key_id().to_string();
@@ -268,6 +478,18 @@ impl<S: KeyStore> KeyRing<S> {
     /// no remote call.
     pub fn health(&self) -> Health {
         let st = self.read();
+        if let Some(p) = &st.record_problem {
+            return Health {
+                key_id: st
+                    .current
+                    .as_ref()
+                    .map_or_else(|| st.current_secret.clone(), |k| k.key_id().to_string()),
+                problem: Some(format!(
+                    "the key record is refused: {p}; move it aside only once every key it lists is named in [KeyManager] decrypt-key-ids"
+                )),
+                note: None,
+            };
+        }
         let Some(kek) = st.current.clone() else {
             let why = st
                 .last_error
@@ -348,6 +570,7 @@ impl<S: KeyStore> KeyRing<S> {
             self.read().current.clone().ok_or_else(|| {
                 KeyRingError::NotReady("the key-encryption key is not loaded".into())
             })?;
+        self.ensure_recorded(&kek)?;
         let ct = kek.seal(&self.rng, plaintext)?;
         Ok((ct, kek.key_id().to_string()))
     }
@@ -387,9 +610,7 @@ impl<S: KeyStore> KeyRing<S> {
                 {
                     return Err(KeyRingError::BadKeyId(key_id.to_string()));
                 }
-                if !self.is_named(secret) {
-                    return Err(KeyRingError::UnnamedKey);
-                }
+                self.may_decrypt(secret)?;
                 let kek = self.kek_by_key_id(key_id, secret).await?;
                 Ok(kek.open(ciphertext)?)
             }
@@ -403,9 +624,7 @@ impl<S: KeyStore> KeyRing<S> {
                         "legacy ciphertexts carry no annotations".into(),
                     ));
                 }
-                if !self.is_named(key_id) {
-                    return Err(KeyRingError::UnnamedKey);
-                }
+                self.may_decrypt(key_id)?;
                 let kek = self.kek_by_secret(key_id).await?;
                 Ok(kek.open_legacy(ciphertext)?)
             }
@@ -461,15 +680,4 @@ impl<S: KeyStore> KeyRing<S> {
             .insert(kek.key_id().to_string(), kek.clone());
         Ok(kek)
     }
-}
-
-fn is_uuid(s: &str) -> bool {
-    s.len() == 36
-        && s.char_indices().all(|(i, c)| {
-            if matches!(i, 8 | 13 | 18 | 23) {
-                c == '-'
-            } else {
-                c.is_ascii_hexdigit()
-            }
-        })
 }

@@ -3,6 +3,7 @@
 //! cached in memory and refreshed in the background.
 
 pub mod envelope;
+pub mod key_record;
 pub mod keyring;
 pub mod keystore;
 pub mod options;

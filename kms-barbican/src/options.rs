@@ -32,6 +32,11 @@ pub struct Options {
     /// data needs no round trip (repeatable).
     #[arg(long = "previous-key-id")]
     pub previous_key_ids: Vec<String>,
+    /// The record of the keys the plugin has sealed under (key ids, never
+    /// key material), so that Decrypt uses them after a restart; created
+    /// 0600. Default: `kms-keys.json` beside the socket.
+    #[arg(long)]
+    pub key_record: Option<PathBuf>,
     /// How often the current key is fetched again from Barbican.
     #[arg(long, default_value = "5m", value_parser = duration)]
     pub refresh_interval: Duration,
@@ -45,4 +50,17 @@ pub struct Options {
     pub http_endpoint: Option<SocketAddr>,
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+impl Options {
+    /// Where the key record lives: `--key-record`, else beside the socket.
+    pub fn key_record_path(&self) -> PathBuf {
+        self.key_record.clone().unwrap_or_else(|| {
+            self.socketpath
+                .path()
+                .parent()
+                .unwrap_or(std::path::Path::new("/"))
+                .join("kms-keys.json")
+        })
+    }
 }

@@ -24,10 +24,11 @@ use prometheus_client::registry::Registry;
 use proto::kms::v2::key_management_service_server::KeyManagementServiceServer;
 use tokio::sync::Notify;
 
+use crate::key_record::{KeyRecord, is_uuid};
 use crate::keyring::KeyRing;
 use crate::keystore::{BarbicanKeyStore, KeyStore};
 use crate::options::Options;
-use crate::service::KmsService;
+use crate::service::{KmsService, RefusedLabels};
 
 /// Why the plugin stops (or never starts).
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +37,8 @@ pub enum PluginError {
     Config(#[from] ConfigError),
     #[error("{path}: [KeyManager] key-id (the Barbican secret UUID of the key) is required")]
     NoKeyId { path: String },
+    #[error("{0}")]
+    KeyList(String),
     #[error("{0}")]
     Client(#[from] openstack_client::Error),
     #[error(transparent)]
@@ -49,6 +52,23 @@ fn key_id_of(conf: &CloudConf, opts: &Options) -> Result<String, PluginError> {
         .ok_or_else(|| PluginError::NoKeyId {
             path: opts.cloud_config.display().to_string(),
         })
+}
+
+/// `[KeyManager] decrypt-key-ids` and `retired-key-ids` name Barbican
+/// secrets by UUID; anything else is a mistake worth refusing.
+fn check_key_lists(conf: &CloudConf) -> Result<(), String> {
+    let km = &conf.key_manager;
+    for (key, list) in [
+        ("decrypt-key-ids", &km.decrypt_key_ids),
+        ("retired-key-ids", &km.retired_key_ids),
+    ] {
+        if let Some(bad) = list.iter().find(|s| !is_uuid(s)) {
+            return Err(format!(
+                "[KeyManager] {key}: {bad:?} is not a Barbican secret UUID"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -133,6 +153,7 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
         tracing::warn!(warning = %w, "cloud.conf");
     }
     let key_id = key_id_of(&conf, &opts)?;
+    check_key_lists(&conf).map_err(PluginError::KeyList)?;
     let server = PluginServer::new(opts.socketpath.clone())
         .socket_mode(KMS_SOCKET_MODE)
         .http_endpoint(opts.http_endpoint);
@@ -140,12 +161,18 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     let api_metrics = ApiMetrics::default();
     let key_metrics = KeyMetrics::default();
     let reload_metrics = ReloadMetrics::default();
+    let decrypt_refused = Family::<RefusedLabels, Counter>::default();
     {
         let registry = server.registry();
         let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
         api_metrics.register(&mut r);
         key_metrics.register(&mut r);
         reload_metrics.register(&mut r);
+        r.register(
+            "kms_decrypt_refused",
+            "Decrypts refused for their key, by key: a retired key's Barbican secret (data a storage migration missed), or unnamed",
+            decrypt_refused.clone(),
+        );
     }
     let session = Session::new(
         conf.cloud("")?,
@@ -159,8 +186,19 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     // one long call
     let fetch_timeout = Duration::from_secs(10).min(opts.refresh_interval);
     let store = BarbicanKeyStore::new(KeyManager::new(session.clone()), fetch_timeout);
-    let ring = Arc::new(KeyRing::new(store, key_id, opts.max_staleness));
+    let ring = Arc::new(KeyRing::new(
+        store,
+        key_id,
+        opts.max_staleness,
+        KeyRecord::new(opts.key_record_path()),
+    ));
     ring.name_previous(&opts.previous_key_ids);
+    for change in ring.configure_keys(
+        &conf.key_manager.decrypt_key_ids,
+        &conf.key_manager.retired_key_ids,
+    ) {
+        tracing::info!(%change, "[KeyManager]");
+    }
 
     // configuration changes: new credentials at once, a new key id as a
     // pending rotation the key loop applies
@@ -180,10 +218,15 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
                 let wanted = done.conf.key_manager.key_id.clone().ok_or_else(|| {
                     "[KeyManager] key-id is missing from the new configuration".to_string()
                 })?;
+                check_key_lists(&done.conf)?;
                 let mut applied = Vec::new();
                 if !done.changed.is_empty() {
                     applied.push("new Barbican credentials".to_string());
                 }
+                applied.extend(ring.configure_keys(
+                    &done.conf.key_manager.decrypt_key_ids,
+                    &done.conf.key_manager.retired_key_ids,
+                ));
                 if ring.want(&wanted) {
                     applied.push(if ring.pending().is_some() {
                         format!("rotation to Barbican secret {wanted} requested")
@@ -229,8 +272,10 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
             }
         })
     }));
-    let routes =
-        tonic::service::Routes::new(KeyManagementServiceServer::new(KmsService::new(ring)));
+    let routes = tonic::service::Routes::new(KeyManagementServiceServer::new(KmsService::new(
+        ring,
+        decrypt_refused,
+    )));
     server
         .serve(routes, plugin_runtime::shutdown_signal())
         .await?;
@@ -246,7 +291,13 @@ async fn refresh_loop<S: KeyStore>(ring: Arc<KeyRing<S>>, opts: Options, metrics
             Ok(()) => {
                 if !loaded {
                     loaded = true;
-                    for prev in &opts.previous_key_ids {
+                    // every older key Decrypt may use, held before the
+                    // apiserver asks: --previous-key-id and the record's
+                    let mut older = opts.previous_key_ids.clone();
+                    older.extend(ring.recorded_secrets());
+                    older.sort();
+                    older.dedup();
+                    for prev in older.iter().filter(|s| **s != ring.current_secret()) {
                         match ring.load_previous(prev).await {
                             Ok(k) => tracing::info!(key_id = %k, "previous key loaded"),
                             Err(e) => {

@@ -6,6 +6,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use plugin_runtime::logging::caller_field;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use proto::kms::v2 as kms;
 use proto::kms::v2::key_management_service_server::KeyManagementService;
 use tonic::{Request, Response, Status};
@@ -14,14 +17,25 @@ use crate::envelope::{EnvelopeError, FORMAT_ANNOTATION, FORMAT_V1_NAME};
 use crate::keyring::{KeyRing, KeyRingError};
 use crate::keystore::{KeyStore, KeyStoreError};
 
+/// Which key a refused Decrypt named: a retired key's Barbican secret,
+/// or `unnamed` for any key the plugin does not decrypt with (bounded:
+/// only keys the operator retired get a label of their own).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub key: String,
+}
+
 #[derive(Debug)]
 pub struct KmsService<S> {
     ring: Arc<KeyRing<S>>,
+    refused: Family<RefusedLabels, Counter>,
 }
 
 impl<S> KmsService<S> {
-    pub fn new(ring: Arc<KeyRing<S>>) -> Self {
-        Self { ring }
+    /// `refused` counts Decrypts refused for their key (registered by the
+    /// plugin as `kms_decrypt_refused`).
+    pub fn new(ring: Arc<KeyRing<S>>, refused: Family<RefusedLabels, Counter>) -> Self {
+        Self { ring, refused }
     }
 }
 
@@ -34,9 +48,10 @@ fn to_status(e: KeyRingError) -> Status {
         | KeyRingError::BadKeyId(_)
         | KeyRingError::BadAnnotation(_)
         | KeyRingError::UnnamedKey => Status::invalid_argument(e.to_string()),
-        KeyRingError::KeyChanged { .. } | KeyRingError::BadKey { .. } => {
-            Status::failed_precondition(e.to_string())
-        }
+        KeyRingError::KeyChanged { .. }
+        | KeyRingError::BadKey { .. }
+        | KeyRingError::RetiredKey { .. } => Status::failed_precondition(e.to_string()),
+        KeyRingError::Record(_) => Status::unavailable(e.to_string()),
         KeyRingError::Store(KeyStoreError::NotFound(_)) => Status::not_found(e.to_string()),
         KeyRingError::Store(KeyStoreError::Denied { .. }) => {
             Status::permission_denied(e.to_string())
@@ -92,7 +107,26 @@ impl<S: KeyStore> KeyManagementService for KmsService<S> {
             .decrypt(&req.ciphertext, &req.key_id, &req.annotations)
             .await
             .map_err(|e| {
-                tracing::info!(uid = %caller_field(&req.uid), key_id = %caller_field(&req.key_id), error = %e, "decrypt refused");
+                match &e {
+                    KeyRingError::RetiredKey { secret } => {
+                        // an object the migration missed: said loudly
+                        tracing::warn!(uid = %caller_field(&req.uid), key_id = %caller_field(&req.key_id), error = %e, "decrypt refused: a retired key");
+                        self.refused
+                            .get_or_create(&RefusedLabels { key: secret.clone() })
+                            .inc();
+                    }
+                    KeyRingError::UnnamedKey => {
+                        tracing::info!(uid = %caller_field(&req.uid), key_id = %caller_field(&req.key_id), error = %e, "decrypt refused");
+                        self.refused
+                            .get_or_create(&RefusedLabels {
+                                key: "unnamed".into(),
+                            })
+                            .inc();
+                    }
+                    _ => {
+                        tracing::info!(uid = %caller_field(&req.uid), key_id = %caller_field(&req.key_id), error = %e, "decrypt refused")
+                    }
+                }
                 to_status(e)
             })?;
         Ok(Response::new(kms::DecryptResponse {

@@ -143,11 +143,22 @@ impl Cloud {
     }
 
     fn write_conf(&self, path: &Path, key_id: &str) {
+        self.write_conf_with(path, key_id, "");
+    }
+
+    /// The same with more `[KeyManager]` lines; written aside and renamed,
+    /// as kubelet swaps a mounted file.
+    fn write_conf_with(&self, path: &Path, key_id: &str, more: &str) {
+        let tmp = path.with_extension("new");
         std::fs::write(
-            path,
-            format!("{}\n[KeyManager]\nkey-id = {key_id}\n", self.conf_text),
+            &tmp,
+            format!(
+                "{}\n[KeyManager]\nkey-id = {key_id}\n{more}",
+                self.conf_text
+            ),
         )
         .unwrap();
+        std::fs::rename(&tmp, path).unwrap();
     }
 }
 
@@ -1002,5 +1013,290 @@ fn help_says_what_is_not_served() {
     assert!(
         help.contains("Not served: the KMS v1 API"),
         "--help does not say KMS v1 is not served: {help}"
+    );
+}
+
+async fn decrypt(
+    c: &mut KeyManagementServiceClient<Channel>,
+    ct: &proto::kms::v2::EncryptResponse,
+    uid: &str,
+) -> Result<Vec<u8>, tonic::Status> {
+    c.decrypt(DecryptRequest {
+        ciphertext: ct.ciphertext.clone(),
+        uid: uid.into(),
+        key_id: ct.key_id.clone(),
+        annotations: ct.annotations.clone(),
+    })
+    .await
+    .map(|r| r.into_inner().plaintext)
+}
+
+/// The key ids the plugin's key record lists (beside its socket).
+fn recorded_key_ids(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(dir.join("run/kms-keys.json")).unwrap_or_default();
+    if text.is_empty() {
+        return Vec::new();
+    }
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn keys_it_sealed_under_survive_a_restart_after_a_rotation_without_any_flag() {
+    let cloud = Cloud::start().await;
+    let (first, dir, conf) = cloud.configured(&[0x31u8; 32]).await;
+    let plugin = Plugin::start(dir.path(), &conf, &[]);
+    let mut c = plugin.client().await;
+    let first_id = wait_healthy(&mut c).await;
+    assert!(
+        recorded_key_ids(dir.path()).is_empty(),
+        "nothing sealed yet, nothing recorded"
+    );
+    let old = encrypt(&mut c, seed(0x41), "before").await;
+    assert_eq!(
+        recorded_key_ids(dir.path()),
+        std::slice::from_ref(&first_id),
+        "recorded by the time Encrypt answers"
+    );
+
+    // rotation by configuration; the old key is named by nothing but the
+    // plugin's own record
+    let second = cloud.secret(&[0x32u8; 32]).await;
+    cloud.write_conf(&conf, &second);
+    plugin.sighup();
+    wait_status(&mut c, "rotation", |h, k| {
+        h == "ok" && k.starts_with(&second)
+    })
+    .await;
+    assert_eq!(
+        recorded_key_ids(dir.path()),
+        std::slice::from_ref(&first_id),
+        "a key is recorded when it first seals, not when it is named"
+    );
+    let new = encrypt(&mut c, seed(0x42), "after").await;
+    assert_eq!(
+        recorded_key_ids(dir.path()),
+        [first_id.clone(), new.key_id.clone()]
+    );
+
+    // killed, as a node dies; started again with the same flags
+    drop(c);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(plugin.child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    drop(plugin);
+    let plugin = Plugin::start(dir.path(), &conf, &[]);
+    let mut c = plugin.client().await;
+    assert!(wait_healthy(&mut c).await.starts_with(&second));
+    assert_eq!(decrypt(&mut c, &old, "old").await.unwrap(), seed(0x41));
+    assert_eq!(decrypt(&mut c, &new, "new").await.unwrap(), seed(0x42));
+
+    // the record: root-only, key ids only, no key material
+    let path = dir.path().join("run/kms-keys.json");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains(&first) && text.contains(&second));
+    for key in [[0x31u8; 32], [0x32u8; 32]] {
+        for shape in [
+            format!("{:?}", &key[..8]),
+            key[..8].iter().map(|b| format!("{b:02x}")).collect(),
+            "MTExMTEx".to_string(),
+            "MjIyMjIy".to_string(),
+        ] {
+            assert!(
+                !text.contains(&shape),
+                "key material in the record: {shape}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_record_that_is_not_the_plugins_own_is_refused_loudly_and_left_alone() {
+    let cloud = Cloud::start().await;
+    let (_secret, dir, conf) = cloud.configured(&[0x51u8; 32]).await;
+    let plugin = Plugin::start(dir.path(), &conf, &[]);
+    let mut c = plugin.client().await;
+    wait_healthy(&mut c).await;
+    let sealed = encrypt(&mut c, seed(0x61), "a").await;
+    drop(c);
+    drop(plugin);
+    let path = dir.path().join("run/kms-keys.json");
+    let good = std::fs::read_to_string(&path).unwrap();
+
+    // edited by hand (a key id changed without the plugin), then writable
+    // by others, then not a record at all
+    let edited = good.replacen(&sealed.key_id[37..], "0000000000000000", 1);
+    for (what, text, mode) in [
+        ("edited", edited.as_str(), 0o600),
+        ("writable by others", good.as_str(), 0o666),
+        ("garbage", "{not json", 0o600),
+    ] {
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let plugin = Plugin::start(dir.path(), &conf, &[]);
+        let mut c = plugin.client().await;
+        wait_status(&mut c, what, |h, _| h.contains("key record")).await;
+        let refused = c
+            .encrypt(EncryptRequest {
+                plaintext: seed(0x62),
+                uid: "b".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::Unavailable,
+            "{what}: {refused:?}"
+        );
+        assert!(
+            refused.message().contains("key record"),
+            "{what}: {refused:?}"
+        );
+        // what the current key sealed still opens
+        assert_eq!(
+            decrypt(&mut c, &sealed, "d").await.unwrap(),
+            seed(0x61),
+            "{what}"
+        );
+        drop(c);
+        drop(plugin);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            text,
+            "{what}: the refused record is left as it was"
+        );
+        let log = std::fs::read_to_string(dir.path().join("plugin.log")).unwrap();
+        assert!(log.contains("key record is refused"), "{what}: {log}");
+    }
+
+    // the operator puts the good record back: healthy again
+    std::fs::write(&path, &good).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let plugin = Plugin::start(dir.path(), &conf, &[]);
+    let mut c = plugin.client().await;
+    wait_healthy(&mut c).await;
+    encrypt(&mut c, seed(0x63), "c").await;
+}
+
+#[tokio::test]
+async fn keys_are_staged_and_retired_by_configuration_read_live() {
+    let cloud = Cloud::start().await;
+    let (first, dir, conf) = cloud.configured(&[0x71u8; 32]).await;
+    let port = free_port().unwrap();
+    let http = format!("127.0.0.1:{port}");
+    let plugin = Plugin::start(dir.path(), &conf, &["--http-endpoint", &http]);
+    let mut c = plugin.client().await;
+    let first_id = wait_healthy(&mut c).await;
+    let old = encrypt(&mut c, seed(0x81), "old").await;
+
+    // another control-plane node's plugin seals under a new key first
+    let second = cloud.secret(&[0x72u8; 32]).await;
+    let (_, other_dir, other_conf) = cloud.configured(&[0u8; 32]).await;
+    cloud.write_conf(&other_conf, &second);
+    let other = Plugin::start(other_dir.path(), &other_conf, &[]);
+    let mut o = other.client().await;
+    wait_healthy(&mut o).await;
+    let theirs = encrypt(&mut o, seed(0x82), "theirs").await;
+
+    // this plugin does not decrypt it: the key is not staged here yet
+    let e = decrypt(&mut c, &theirs, "t1").await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+
+    // staged by configuration, re-read without a restart or a signal
+    cloud.write_conf_with(&conf, &first, &format!("decrypt-key-ids = {second}\n"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match decrypt(&mut c, &theirs, "t2").await {
+            Ok(pt) => {
+                assert_eq!(pt, seed(0x82));
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "never staged: {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // still encrypting under the first key: staging is not switching
+    assert_eq!(encrypt(&mut c, seed(0x83), "x").await.key_id, first_id);
+
+    // a decrypt-key-ids entry that is not a UUID is refused; the plugin
+    // keeps what it had
+    cloud.write_conf_with(&conf, &first, "decrypt-key-ids = not-a-uuid\n");
+    plugin.sighup();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(decrypt(&mut c, &theirs, "t3").await.unwrap(), seed(0x82));
+
+    // switch, then retire the first key once "storage is migrated"
+    cloud.write_conf_with(&conf, &second, &format!("decrypt-key-ids = {first}\n"));
+    wait_status(&mut c, "switch", |h, k| h == "ok" && k.starts_with(&second)).await;
+    let new = encrypt(&mut c, seed(0x84), "new").await;
+    assert!(new.key_id.starts_with(&second));
+    assert_eq!(decrypt(&mut c, &old, "o1").await.unwrap(), seed(0x81));
+    assert!(recorded_key_ids(dir.path()).contains(&first_id));
+    cloud.write_conf_with(&conf, &second, &format!("retired-key-ids = {first}\n"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        match decrypt(&mut c, &old, "not-migrated").await {
+            Err(e) if e.code() == tonic::Code::FailedPrecondition => break e,
+            other => assert!(Instant::now() < deadline, "never retired: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        refused.message().contains("retired") && refused.message().contains(&first),
+        "{refused:?}"
+    );
+    assert!(
+        !recorded_key_ids(dir.path()).contains(&first_id),
+        "the record forgets a retired key"
+    );
+    // the new key's data still reads; the refusal is counted by key, and
+    // logged with the key_id the apiserver sent
+    assert_eq!(decrypt(&mut c, &new, "n").await.unwrap(), seed(0x84));
+    let (_, metrics) = http_get(port, "/metrics").await.unwrap();
+    assert_eq!(
+        metric(
+            &metrics,
+            &format!("kms_decrypt_refused_total{{key=\"{first}\"}}")
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    let log = std::fs::read_to_string(&plugin.log).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("a retired key") && l.contains(&old.key_id)),
+        "{log}"
+    );
+
+    // a restart keeps it retired; retiring the current key is ignored
+    cloud.write_conf_with(
+        &conf,
+        &second,
+        &format!("retired-key-ids = {first}, {second}\n"),
+    );
+    drop(c);
+    drop(plugin);
+    let plugin = Plugin::start(dir.path(), &conf, &[]);
+    let mut c = plugin.client().await;
+    assert!(wait_healthy(&mut c).await.starts_with(&second));
+    assert_eq!(
+        decrypt(&mut c, &old, "again").await.unwrap_err().code(),
+        tonic::Code::FailedPrecondition
+    );
+    assert_eq!(decrypt(&mut c, &new, "n2").await.unwrap(), seed(0x84));
+    assert!(
+        encrypt(&mut c, seed(0x85), "y")
+            .await
+            .key_id
+            .starts_with(&second)
     );
 }

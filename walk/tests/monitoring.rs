@@ -244,6 +244,17 @@ async fn kms_serves_what_its_dashboard_queries() {
         assert!(Instant::now() < deadline, "Encrypt never succeeded");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // a Decrypt under a key the plugin does not know: the refusals'
+    // family exists once one is counted
+    let refused = kms
+        .decrypt(proto::kms::v2::DecryptRequest {
+            ciphertext: vec![0; 64],
+            uid: "r".into(),
+            key_id: format!("{}:0011223344556677", uuid_like()),
+            annotations: HashMap::new(),
+        })
+        .await;
+    assert!(refused.is_err());
     check(
         "barbican-kms.json",
         &http_get(port, "/metrics").await.unwrap().1,
@@ -257,4 +268,9 @@ fn the_metric_check_notices_an_unserved_metric() {
     assert!(serves(text, "lat_bucket"));
     assert!(!serves(text, "grpc_server_handled_bogus"));
     assert!(!serves(text, "kms_key_age_seconds"));
+}
+
+/// A well-formed Barbican secret id no key of the test has.
+fn uuid_like() -> &'static str {
+    "00000000-0000-4000-8000-00000000beef"
 }

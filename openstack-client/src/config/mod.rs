@@ -217,6 +217,12 @@ impl Default for MetadataOptions {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyManagerOptions {
     pub key_id: Option<String>,
+    /// `decrypt-key-ids`: Barbican secrets Decrypt may use besides the
+    /// current key (staged before a rotation, kept until migration).
+    pub decrypt_key_ids: Vec<String>,
+    /// `retired-key-ids`: Barbican secrets Decrypt must no longer use,
+    /// forgotten by the plugin's key record.
+    pub retired_key_ids: Vec<String>,
 }
 
 /// Where clouds.yaml is looked for, and the process environment that
@@ -295,7 +301,7 @@ const BLOCK_STORAGE_KEYS: &[&str] = &[
     "ignore-volume-microversion",
 ];
 const METADATA_KEYS: &[&str] = &["search-order", "request-timeout"];
-const KEY_MANAGER_KEYS: &[&str] = &["key-id"];
+const KEY_MANAGER_KEYS: &[&str] = &["key-id", "decrypt-key-ids", "retired-key-ids"];
 /// Every section and key this parser reads (the README's configuration
 /// reference is checked against it); `[Global "name"]` sections take the
 /// `[Global]` keys.
@@ -453,6 +459,20 @@ impl CloudConf {
                 .get("key-id")
                 .map(|e| e.value.trim().to_string())
                 .filter(|v| !v.is_empty());
+            let list = |key: &str| -> Vec<String> {
+                s.get(key)
+                    .map(|e| {
+                        e.value
+                            .split([',', ' ', '\t'])
+                            .map(str::trim)
+                            .filter(|v| !v.is_empty())
+                            .map(str::to_string)
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            self.key_manager.decrypt_key_ids = list("decrypt-key-ids");
+            self.key_manager.retired_key_ids = list("retired-key-ids");
         }
         Ok(())
     }

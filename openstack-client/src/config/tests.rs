@@ -499,3 +499,28 @@ proptest! {
         let _ = conf(&text).map(|c| c.cloud(""));
     }
 }
+
+#[test]
+fn key_manager_lists_keys_decrypt_may_use_and_keys_retired() {
+    let c = conf(
+        "[KeyManager]\nkey-id = 11111111-1111-4111-8111-111111111111\n\
+         decrypt-key-ids = 22222222-2222-4222-8222-222222222222, 33333333-3333-4333-8333-333333333333\n\
+         retired-key-ids = 44444444-4444-4444-8444-444444444444\n",
+    )
+    .unwrap();
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    assert_eq!(
+        c.key_manager.decrypt_key_ids,
+        [
+            "22222222-2222-4222-8222-222222222222",
+            "33333333-3333-4333-8333-333333333333"
+        ]
+    );
+    assert_eq!(
+        c.key_manager.retired_key_ids,
+        ["44444444-4444-4444-8444-444444444444"]
+    );
+    let none = conf("[KeyManager]\nkey-id = x\ndecrypt-key-ids =\n").unwrap();
+    assert!(none.key_manager.decrypt_key_ids.is_empty());
+    assert!(none.key_manager.retired_key_ids.is_empty());
+}
