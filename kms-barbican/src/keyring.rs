@@ -357,23 +357,12 @@ impl<S: KeyStore> KeyRing<S> {
             if st.staged != staged {
                 changes.push(format!(
                     "keys Decrypt may use besides the current one: {}",
-                    if staged.is_empty() {
-                        "none".to_string()
-                    } else {
-                        staged.iter().cloned().collect::<Vec<_>>().join(", ")
-                    }
+                    listed(&staged)
                 ));
                 st.staged = staged;
             }
             if st.retired != retired {
-                changes.push(format!(
-                    "retired keys: {}",
-                    if retired.is_empty() {
-                        "none".to_string()
-                    } else {
-                        retired.iter().cloned().collect::<Vec<_>>().join(", ")
-                    }
-                ));
+                changes.push(format!("retired keys: {}", listed(&retired)));
                 st.retired = retired.clone();
                 // a retired key's in-memory copy goes too
                 st.known.retain(|_, k| !retired.contains(k.secret_id()));
@@ -679,5 +668,14 @@ impl<S: KeyStore> KeyRing<S> {
             .known
             .insert(kek.key_id().to_string(), kek.clone());
         Ok(kek)
+    }
+}
+
+/// `a, b`, or `none`: a set of secrets as the reload's log says it.
+fn listed(secrets: &BTreeSet<String>) -> String {
+    if secrets.is_empty() {
+        "none".to_string()
+    } else {
+        secrets.iter().cloned().collect::<Vec<_>>().join(", ")
     }
 }
