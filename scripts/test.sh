@@ -15,7 +15,7 @@
 # ran it).
 #
 # The cloud's state stays in .openstack-cloud (databases, Ceph's sparse
-# OSD file, logs: about 250 MB) so that the next run starts faster;
+# OSD file, logs: about 400 MB) so that the next run starts faster;
 # `python3 tests/openstack/cloud.py down --purge` removes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -280,6 +280,8 @@ tests "cluster tier: Kubernetes v1.36 up, deploy/suite applied" cluster_up
 if [[ -e $work/cluster-up ]]; then
   tests "cluster tier: scenarios through kubectl and app pods" \
     run_tests cluster-tests scenarios --ignored --test-threads=1 --show-output
+  tests "cluster tier: KMS rotation, restarts and two control-plane nodes" \
+    run_tests cluster-tests kms --ignored --test-threads=1 --show-output
   tests "cluster tier: figures bench, quick" run_bench cluster-tests figures
 fi
 # down fails when anything of the cluster is left on the machine

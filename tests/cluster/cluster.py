@@ -11,6 +11,8 @@ deploy/ with our images, for the cluster tier of the tests.
                         remove containers, network devices and host changes
     cluster.py env      print the variables the tests read
     cluster.py restart-kubelet   stop kubelet and start it again (its pods run on)
+    cluster.py restart-apiservers [--live]  stop both apiservers and start them
+                        again (until ready; --live: until they serve)
     cluster.py kubectl ARGS...   kubectl against the cluster
 
 Needs root, and the real test cloud up (tests/openstack/cloud.py up all):
@@ -67,6 +69,9 @@ PORTS = {
     "etcd": PORT_BASE + 379,
     "etcd-peer": PORT_BASE + 380,
     "apiserver": PORT_BASE + 443,
+    # a second apiserver on the same etcd, with its own KMS plugin: the
+    # control plane doubled, as a second control-plane node has it
+    "apiserver-b": PORT_BASE + 444,
     "controller-manager": PORT_BASE + 257,
     "scheduler": PORT_BASE + 259,
     "kubelet": PORT_BASE + 250,
@@ -86,6 +91,11 @@ CONTAINERD_SOCK = RUN / "containerd.sock"
 KUBELET_DIR = Path("/var/lib/kubelet")
 KMS_DIR = Path("/var/lib/kms")
 KMS_CLOUD_CONF_DIR = Path("/etc/kubernetes/cloud-config")
+# the second control-plane "node"'s plugin: its own socket, record and
+# cloud.conf, as on another machine
+KMS_B_DIR = Path("/var/lib/kms-b")
+KMS_B_CLOUD_CONF_DIR = Path("/etc/kubernetes/cloud-config-b")
+KMS_B_HTTP_PORT = 9900
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 APP_IMAGE = "docker.io/library/busybox:1.35"
 OVERLAY = HERE / "overlay"
@@ -98,8 +108,8 @@ DRIVERS = ["cinder.csi.openstack.org", "nfs.manila.csi.openstack.org", "cephfs.m
 SIDECARS = ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller",
             "csi-node-driver-registrar", "livenessprobe"]
 CONTROL_PLANE = ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"]
-PROCESSES = ["kubelet", "containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd",
-             "metadata"]
+PROCESSES = ["kubelet", "containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
+             "kube-apiserver-b", "etcd", "metadata"]
 
 
 class ClusterError(Exception):
@@ -244,11 +254,11 @@ def kubectl(*args, check=True, input=None, timeout=300):
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, input=input, timeout=timeout)
 
 
-def api_ready():
+def api_ready(port=PORTS["apiserver"], check="readyz"):
     ctx = ssl.create_default_context(cafile=str(STATE / "pki" / "ca.crt"))
     ctx.load_cert_chain(str(STATE / "pki" / "admin.crt"), str(STATE / "pki" / "admin.key"))
     # kms-providers included: Secrets cannot be written before
-    status, _, _ = http("GET", f"https://{HOST}:{PORTS['apiserver']}/readyz", context=ctx, timeout=3)
+    status, _, _ = http("GET", f"https://{HOST}:{port}/{check}", context=ctx, timeout=3)
     return status == 200
 
 
@@ -293,7 +303,8 @@ def prepare_host():
     if not Path("/etc/kubernetes").exists():
         record_host_change("created_etc_kubernetes", True)
     for d, key in ((KUBELET_DIR, "created_kubelet_dir"), (KMS_DIR, "created_kms_dir"),
-                   (KMS_CLOUD_CONF_DIR, "created_kms_cloud_conf_dir")):
+                   (KMS_CLOUD_CONF_DIR, "created_kms_cloud_conf_dir"), (KMS_B_DIR, "created_kms_b_dir"),
+                   (KMS_B_CLOUD_CONF_DIR, "created_kms_b_cloud_conf_dir")):
         if not d.exists():
             d.mkdir(parents=True)
             record_host_change(key, str(d))
@@ -323,13 +334,15 @@ def restore_host():
             shutil.rmtree(KUBELET_DIR, ignore_errors=True)
             if not changes.get("created_kubelet_dir"):
                 KUBELET_DIR.mkdir(exist_ok=True)
-    if changes.get("created_kms_dir"):
-        shutil.rmtree(KMS_DIR, ignore_errors=True)
-    else:
-        (KMS_DIR / "kms.sock").unlink(missing_ok=True)
-    (KMS_CLOUD_CONF_DIR / "cloud.conf").unlink(missing_ok=True)
-    if changes.get("created_kms_cloud_conf_dir"):
-        shutil.rmtree(KMS_CLOUD_CONF_DIR, ignore_errors=True)
+    for kms_dir, conf_dir, suffix in ((KMS_DIR, KMS_CLOUD_CONF_DIR, ""), (KMS_B_DIR, KMS_B_CLOUD_CONF_DIR, "_b")):
+        if changes.get(f"created_kms{suffix}_dir"):
+            shutil.rmtree(kms_dir, ignore_errors=True)
+        else:
+            for f in ("kms.sock", "kms-keys.json"):
+                (kms_dir / f).unlink(missing_ok=True)
+        (conf_dir / "cloud.conf").unlink(missing_ok=True)
+        if changes.get(f"created_kms{suffix}_cloud_conf_dir"):
+            shutil.rmtree(conf_dir, ignore_errors=True)
     if changes.get("created_etc_kubernetes"):
         try:
             Path("/etc/kubernetes").rmdir()
@@ -377,12 +390,18 @@ def start_etcd():
     SERVICES.wait_until("etcd", lambda: http("GET", f"{client}/health")[0] == 200, 60)
 
 
-def start_apiserver():
+def start_apiserver(name="kube-apiserver", until="readyz"):
+    """The apiserver; `kube-apiserver-b` is the second one, on the same
+    etcd, encrypting through its own KMS plugin. Waits until it is ready
+    (`until="livez"`: until it serves, ready or not)."""
     pki = STATE / "pki"
-    SERVICES.start("kube-apiserver", [
+    port = PORTS["apiserver" if name == "kube-apiserver" else "apiserver-b"]
+    encryption = (REPO / "deploy" / "kms" / "encryption-configuration.yaml" if name == "kube-apiserver"
+                  else STATE / "encryption-configuration-b.yaml")
+    SERVICES.start(name, [
         binary("kube-apiserver"),
         f"--etcd-servers=http://{HOST}:{PORTS['etcd']}",
-        f"--bind-address={HOST}", f"--secure-port={PORTS['apiserver']}", f"--advertise-address={HOST}",
+        f"--bind-address={HOST}", f"--secure-port={port}", f"--advertise-address={HOST}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
         f"--client-ca-file={pki / 'ca.crt'}",
@@ -397,12 +416,15 @@ def start_apiserver():
         # trap 6: the node plugins are privileged
         "--allow-privileged=true",
         # Secrets through the Barbican KMS v2 plugin, as deploy/kms says
-        f"--encryption-provider-config={REPO / 'deploy' / 'kms' / 'encryption-configuration.yaml'}",
+        f"--encryption-provider-config={encryption}",
         "--encryption-provider-config-automatic-reload=true",
         "--profiling=false",
         "--v=1",
+        # both advertise 127.0.0.1: only the first keeps the `kubernetes`
+        # Service's endpoints (its port), or they would overwrite each other's
+        *([] if name == "kube-apiserver" else ["--endpoint-reconciler-type=none"]),
     ])
-    SERVICES.wait_until("kube-apiserver", api_ready, 120)
+    SERVICES.wait_until(name, lambda: api_ready(port, until), 120)
 
 
 def start_controllers():
@@ -485,19 +507,34 @@ def kms_cloud_conf(key_id):
 
 
 def install_kms():
+    """The KMS plugin of each control-plane "node": the static pod exactly as
+    deploy/kms ships it, and the second one's copy with its own socket,
+    record, cloud.conf and port; both under the same key at first."""
     conf = read_conf(CLOUD / "cloud-member.conf")
     key_file = STATE / "kms-key-id"
     if not key_file.exists():
         key_file.write_text(create_kms_key(conf))
-    target = KMS_CLOUD_CONF_DIR / "cloud.conf"
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(kms_cloud_conf(key_file.read_text().strip()))
-    tmp.chmod(0o600)
-    tmp.rename(target)
+    for conf_dir in (KMS_CLOUD_CONF_DIR, KMS_B_CLOUD_CONF_DIR):
+        target = conf_dir / "cloud.conf"
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(kms_cloud_conf(key_file.read_text().strip()))
+        tmp.chmod(0o600)
+        tmp.rename(target)
     manifests = STATE / "manifests"
     manifests.mkdir(exist_ok=True)
-    # the static pod exactly as deploy/kms ships it
-    shutil.copy(REPO / "deploy" / "kms" / "barbican-kms-plugin.pod.yaml", manifests / "barbican-kms-plugin.yaml")
+    pod = (REPO / "deploy" / "kms" / "barbican-kms-plugin.pod.yaml").read_text()
+    (manifests / "barbican-kms-plugin.yaml").write_text(pod)
+    pod_b = (pod.replace("barbican-kms-plugin\n", "barbican-kms-plugin-b\n")
+             .replace(str(KMS_DIR), str(KMS_B_DIR))
+             .replace(f"{KMS_CLOUD_CONF_DIR}\n", f"{KMS_B_CLOUD_CONF_DIR}\n")
+             .replace("--cloud-config=/etc/kubernetes/cloud-config/", f"--cloud-config={KMS_B_CLOUD_CONF_DIR}/")
+             .replace("9899", str(KMS_B_HTTP_PORT)))
+    if pod_b.count("barbican-kms-plugin-b") < 2 or str(KMS_DIR) + "/" in pod_b:
+        raise ClusterError("deploy/kms's static pod changed shape: the second plugin's copy needs updating")
+    (manifests / "barbican-kms-plugin-b.yaml").write_text(pod_b)
+    enc = (REPO / "deploy" / "kms" / "encryption-configuration.yaml").read_text()
+    (STATE / "encryption-configuration-b.yaml").write_text(
+        enc.replace(f"unix://{KMS_DIR}/kms.sock", f"unix://{KMS_B_DIR}/kms.sock"))
 
 
 # ------------------------------------------------------------- images
@@ -946,6 +983,7 @@ def cmd_up():
     import_images()
     start_kubelet()
     start_apiserver()
+    start_apiserver("kube-apiserver-b")
     start_controllers()
     wait_node_ready()
     apply_addons()
@@ -997,7 +1035,8 @@ def stop_pods(timeout=120):
     removed, then the node's remaining pods."""
     kubectl("delete", "-k", OVERLAY, "--ignore-not-found", "--wait=false", check=False, timeout=120)
     kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", check=False, input=addons())
-    (STATE / "manifests" / "barbican-kms-plugin.yaml").unlink(missing_ok=True)
+    for m in ("barbican-kms-plugin.yaml", "barbican-kms-plugin-b.yaml"):
+        (STATE / "manifests" / m).unlink(missing_ok=True)
     kubectl("delete", "pods", "-A", "--all", "--grace-period=5", "--wait=false", check=False)
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -1184,7 +1223,8 @@ def cmd_down():
     for root in (RUN, STATE / "containerd"):
         unmount_below(root)
     remove_network()
-    SERVICES.stop_all(["kube-scheduler", "kube-controller-manager", "kube-apiserver", "metadata"])
+    SERVICES.stop_all(["kube-scheduler", "kube-controller-manager", "kube-apiserver", "kube-apiserver-b",
+                       "metadata"])
     SERVICES.stop("etcd")
     restore_host()
     remove_cgroups()
@@ -1192,6 +1232,7 @@ def cmd_down():
     shutil.rmtree(RUN, ignore_errors=True)
     shutil.rmtree(OVERLAY / "generated", ignore_errors=True)
     (STATE / "kms-key-id").unlink(missing_ok=True)
+    (STATE / "encryption-configuration-b.yaml").unlink(missing_ok=True)
     left = leftovers()
     if left:
         raise ClusterError("down left behind:\n  " + "\n  ".join(left))
@@ -1220,8 +1261,25 @@ def cmd_restart_kubelet():
     log(f"kubelet restarted; node Ready again after {time.time() - t:.1f}s")
 
 
+def cmd_restart_apiservers(rest):
+    """Both apiservers stopped and started again, as after a reboot of
+    their nodes: their caches of data keys are gone, so every stored
+    Secret's key is asked of the KMS plugins again (Decrypt). With
+    `--live`, each is waited for until it serves, not until it is ready
+    (an apiserver whose plugin cannot open every Secret never is)."""
+    until = "livez" if "--live" in rest else "readyz"
+    binary("kube-apiserver")  # before anything stops: a missing input stops nothing
+    t = time.time()
+    for name in ("kube-apiserver", "kube-apiserver-b"):
+        # abrupt, as a reboot is (its graceful drain takes longer than the test)
+        SERVICES.stop(name, grace=3)
+        start_apiserver(name, until)
+    log(f"apiservers restarted in {time.time() - t:.1f}s")
+
+
 def cmd_env():
     print(f"K8S_TEST_CLUSTER_DIR={STATE}")
+    print(f"K8S_TEST_APISERVER_B=https://{HOST}:{PORTS['apiserver-b']}")
     print(f"KUBECONFIG={STATE / 'admin.kubeconfig'}")
     print(f"K8S_TEST_NODE={NODE}")
 
@@ -1233,6 +1291,7 @@ def main(argv):
         "down": lambda rest: cmd_down(),
         "env": lambda rest: cmd_env(),
         "restart-kubelet": lambda rest: cmd_restart_kubelet(),
+        "restart-apiservers": cmd_restart_apiservers,
         "kubectl": lambda rest: subprocess.run(
             ["kubectl", f"--kubeconfig={STATE / 'admin.kubeconfig'}", *rest]).returncode,
     }, "cluster", {Skipped: ("SKIPPED", 3), ClusterError: ("ERROR", 1)})

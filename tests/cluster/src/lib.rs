@@ -84,10 +84,41 @@ impl Cluster {
     }
 
     pub async fn kubectl_with_input(&self, args: &[&str], input: Option<&str>) -> Result<String> {
+        self.kubectl_on(None, args, input).await
+    }
+
+    /// The second apiserver `cluster.py up` runs on the same etcd, with its
+    /// own KMS plugin (a second control-plane node's).
+    pub fn apiserver_b(&self) -> String {
+        std::env::var("K8S_TEST_APISERVER_B").unwrap_or_else(|_| {
+            let base = std::env::var("K8S_TEST_PORT_BASE")
+                .ok()
+                .and_then(|p| p.parse::<u16>().ok())
+                .unwrap_or(26000);
+            format!("https://127.0.0.1:{}", base + 444)
+        })
+    }
+
+    /// kubectl against the second apiserver.
+    pub async fn kubectl_b(&self, args: &[&str]) -> Result<String> {
+        let server = self.apiserver_b();
+        self.kubectl_on(Some(&server), args, None).await
+    }
+
+    /// kubectl against `server` (None: the kubeconfig's).
+    pub async fn kubectl_on(
+        &self,
+        server: Option<&str>,
+        args: &[&str],
+        input: Option<&str>,
+    ) -> Result<String> {
         use tokio::io::AsyncWriteExt;
         let mut cmd = tokio::process::Command::new("kubectl");
-        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-            .args(args)
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()));
+        if let Some(s) = server {
+            cmd.arg(format!("--server={s}"));
+        }
+        cmd.args(args)
             .stdin(if input.is_some() {
                 std::process::Stdio::piped()
             } else {
@@ -96,7 +127,11 @@ impl Cluster {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
-        let command = format!("kubectl {}", args.join(" "));
+        let command = format!(
+            "kubectl {}{}",
+            server.map(|s| format!("--server={s} ")).unwrap_or_default(),
+            args.join(" ")
+        );
         let fail = |message: String| ClusterError::Command {
             command: command.clone(),
             message,
@@ -346,16 +381,14 @@ impl Cluster {
         Ok(SharedFileSystems::new(self.session("member")?))
     }
 
-    /// What etcd holds for a key: the bytes as the apiserver stored them.
-    pub async fn etcd_value(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        use base64::Engine;
-        let b64 = base64::engine::general_purpose::STANDARD;
+    /// One call of etcd's JSON gateway (`/v3/kv/range`, `put`,
+    /// `deleterange`); its answer.
+    async fn etcd(&self, call: &str, body: Value) -> Result<Value> {
         let port = std::env::var("K8S_TEST_PORT_BASE")
             .ok()
             .and_then(|p| p.parse::<u16>().ok())
             .unwrap_or(26000)
             + 379;
-        let body = serde_json::json!({ "key": b64.encode(key) }).to_string();
         let out = tokio::process::Command::new("curl")
             .args([
                 "-sS",
@@ -363,15 +396,46 @@ impl Cluster {
                 "10",
                 "-X",
                 "POST",
-                &format!("http://127.0.0.1:{port}/v3/kv/range"),
+                &format!("http://127.0.0.1:{port}/v3/kv/{call}"),
                 "-d",
-                &body,
+                &body.to_string(),
             ])
             .output()
             .await
             .map_err(|e| ClusterError::Other(format!("curl: {e}")))?;
-        let v: Value = serde_json::from_slice(&out.stdout)
-            .map_err(|e| ClusterError::Other(format!("etcd's answer: {e}")))?;
+        serde_json::from_slice(&out.stdout)
+            .map_err(|e| ClusterError::Other(format!("etcd's answer to {call}: {e}")))
+    }
+
+    /// Writes `value` under `key` in etcd, behind the apiserver's back (an
+    /// object as an older apiserver left it).
+    pub async fn etcd_put(&self, key: &str, value: &[u8]) -> Result<()> {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        self.etcd(
+            "put",
+            serde_json::json!({ "key": b64.encode(key), "value": b64.encode(value) }),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Removes `key` from etcd.
+    pub async fn etcd_delete(&self, key: &str) -> Result<()> {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        self.etcd("deleterange", serde_json::json!({ "key": b64.encode(key) }))
+            .await
+            .map(|_| ())
+    }
+
+    /// What etcd holds for a key: the bytes as the apiserver stored them.
+    pub async fn etcd_value(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let v = self
+            .etcd("range", serde_json::json!({ "key": b64.encode(key) }))
+            .await?;
         let Some(kv) = v["kvs"].as_array().and_then(|k| k.first()) else {
             return Ok(None);
         };
@@ -382,17 +446,18 @@ impl Cluster {
             .map_err(|e| ClusterError::Other(format!("etcd value: {e}")))
     }
 
-    /// `tests/cluster/cluster.py VERB` (restart-kubelet, ...).
-    pub async fn cluster_py(&self, verb: &str) -> Result<String> {
+    /// `tests/cluster/cluster.py ARGS...` (restart-kubelet, ...).
+    pub async fn cluster_py(&self, args: &[&str]) -> Result<String> {
+        let what = format!("cluster.py {}", args.join(" "));
         let out = tokio::process::Command::new("python3")
             .arg(repo().join("tests/cluster/cluster.py"))
-            .arg(verb)
+            .args(args)
             .output()
             .await
-            .map_err(|e| ClusterError::Other(format!("cluster.py {verb}: {e}")))?;
+            .map_err(|e| ClusterError::Other(format!("{what}: {e}")))?;
         if !out.status.success() {
             return Err(ClusterError::Command {
-                command: format!("cluster.py {verb}"),
+                command: what,
                 message: format!(
                     "{}{}",
                     String::from_utf8_lossy(&out.stdout),
