@@ -555,6 +555,13 @@ impl<S: KeyStore> KeyRing<S> {
 
     /// Seals `plaintext` with the current key.
     pub fn encrypt(&self, plaintext: &[u8]) -> Result<(Vec<u8>, String), KeyRingError> {
+        // a refused record is the answer whatever else is the matter: it
+        // lasts until an operator acts, unlike a key not fetched yet
+        if let Some(p) = &self.read().record_problem {
+            return Err(KeyRingError::NotReady(format!(
+                "the key record is refused ({p}); nothing is encrypted until it is fixed"
+            )));
+        }
         let kek =
             self.read().current.clone().ok_or_else(|| {
                 KeyRingError::NotReady("the key-encryption key is not loaded".into())
