@@ -5,6 +5,9 @@
     cloud.py status [profile]          exit 0 when every service of the profile answers
     cloud.py down [--purge]            stop exactly what `up` started (and delete its data)
     cloud.py env                       print the variables tests read
+    cloud.py node-server NAME DIR      boot a further server (a cluster node) whose
+                                       attached disks appear in DIR only; prints its id
+    cloud.py node-server-delete NAME   delete it
 
 Profiles: kms = Keystone + Barbican (sqlite, no broker); block = Keystone +
 Cinder (a fake driver keeping volume data in image files) + cinder-backup
@@ -771,13 +774,22 @@ def configure_block():
 
     wait_until("the compute host's cell mapping", mapped, 90, STATE / "logs" / "nova-compute-app.log",
                process="nova-compute")
-    vol = api.call("POST", cinder + "/volumes", {"volume": {"size": 1, "name": "test-server-boot"}})["volume"]
+    server = boot_server(api, cinder, nova, "test-server")
+    server_file.write_text(server["id"])
+    log(f"test server {server['id']} is ACTIVE")
+    smoke_attach(api, cinder, nova, server["id"])
+
+
+def boot_server(api, cinder, nova, name):
+    """A server of flavor m1.test booted from a fresh bootable volume (no
+    network), ACTIVE on return."""
+    vol = api.call("POST", cinder + "/volumes", {"volume": {"size": 1, "name": f"{name}-boot"}})["volume"]
     wait_until("boot volume", lambda: api.call("GET", f"{cinder}/volumes/{vol['id']}")["volume"]["status"]
                == "available", 60, STATE / "logs" / "cinder-volume.log")
     api.call("POST", f"{cinder}/volumes/{vol['id']}/action", {"os-set_bootable": {"bootable": True}})
     mv = {"X-OpenStack-Nova-API-Version": "2.37"}
     server = api.call("POST", nova + "/servers", {"server": {
-        "name": "test-server", "flavorRef": "test", "networks": "none",
+        "name": name, "flavorRef": "test", "networks": "none",
         "block_device_mapping_v2": [{"boot_index": 0, "uuid": vol["id"], "source_type": "volume",
                                      "destination_type": "volume", "delete_on_termination": True}]}},
         headers=mv)["server"]
@@ -786,17 +798,76 @@ def configure_block():
         st = api.call("GET", f"{nova}/servers/{server['id']}")["server"]["status"]
         if st == "ERROR":
             api.call("DELETE", f"{nova}/servers/{server['id']}", ok=(204, 404))
-            raise CloudError("the test server went to ERROR (deleted); see logs/nova-app.log and nova-compute-app.log")
+            raise CloudError(f"server {name} went to ERROR (deleted); see logs/nova-app.log and nova-compute-app.log")
         return st == "ACTIVE"
 
     deadline = time.time() + 120
     while not active():
         if time.time() > deadline:
-            raise CloudError("the test server did not become ACTIVE")
+            raise CloudError(f"server {name} did not become ACTIVE")
         time.sleep(0.5)
-    server_file.write_text(server["id"])
-    log(f"test server {server['id']} is ACTIVE")
-    smoke_attach(api, cinder, nova, server["id"])
+    return server
+
+
+# the cluster tier's further nodes: `<server-id> <by-id-dir>` lines the
+# hypervisor agent follows, and the names they were booted under
+NODE_SERVERS = STATE / "node-servers"
+NODE_SERVER_NAMES = STATE / "node-server-names.json"
+
+
+def node_servers():
+    return json.loads(NODE_SERVER_NAMES.read_text()) if NODE_SERVER_NAMES.exists() else {}
+
+
+def write_node_servers(servers):
+    tmp = NODE_SERVER_NAMES.with_suffix(".tmp")
+    tmp.write_text(json.dumps(servers, indent=1))
+    tmp.rename(NODE_SERVER_NAMES)
+    lines = "".join(f"{s['id']} {s['by_id_dir']}\n" for s in servers.values())
+    tmp = NODE_SERVERS.with_suffix(".tmp")
+    tmp.write_text(lines)
+    tmp.rename(NODE_SERVERS)
+
+
+def cmd_node_server(rest):
+    """`node-server NAME BY_ID_DIR`: a further server (one per cluster node)
+    whose disks the hypervisor agent links in BY_ID_DIR only; idempotent;
+    prints the server's id."""
+    if len(rest) != 2 or not Path(rest[1]).is_absolute():
+        raise CloudError("usage: cloud.py node-server NAME /ABSOLUTE/BY-ID-DIR")
+    name, by_id_dir = rest
+    api = Api()
+    cinder = f"http://{HOST}:{PORTS['cinder']}/v3/{api.project_id}"
+    nova = f"http://{HOST}:{PORTS['nova']}/v2.1"
+    servers = node_servers()
+    known = servers.get(name)
+    if known and http("GET", f"{nova}/servers/{known['id']}", None, {"X-Auth-Token": api.token})[0] == 200:
+        server_id = known["id"]
+    else:
+        server_id = boot_server(api, cinder, nova, name)["id"]
+        log(f"node server {name} {server_id} is ACTIVE")
+    servers[name] = {"id": server_id, "by_id_dir": by_id_dir}
+    write_node_servers(servers)
+    print(server_id)
+
+
+def cmd_node_server_delete(rest):
+    """`node-server-delete NAME`: deletes the server (its volumes detach)
+    and stops following it."""
+    if len(rest) != 1:
+        raise CloudError("usage: cloud.py node-server-delete NAME")
+    servers = node_servers()
+    known = servers.pop(rest[0], None)
+    write_node_servers(servers)
+    if not known:
+        return
+    api = Api()
+    nova = f"http://{HOST}:{PORTS['nova']}/v2.1"
+    api.call("DELETE", f"{nova}/servers/{known['id']}", ok=(204, 404))
+    wait_until(f"server {rest[0]} deleted", lambda: http(
+        "GET", f"{nova}/servers/{known['id']}", None, {"X-Auth-Token": api.token})[0] == 404, 120,
+        STATE / "logs" / "nova-compute-app.log")
+    log(f"node server {rest[0]} {known['id']} deleted")
 
 
 def smoke_attach(api, cinder, nova, server_id, timeout=180):
@@ -1294,7 +1365,7 @@ def start_hypervisor_agent():
     server = (STATE / "test-server-id").read_text().strip()
     start("hypervisor-agent", [target / "debug" / "hypervisor-agent", "--cloud-config", STATE / "cloud-admin.conf",
                                "--server", server, "--by-id-dir", STATE / "by-id",
-                               "--also-link-in", "/dev/disk/by-id",
+                               "--also-link-in", "/dev/disk/by-id", "--node-servers", NODE_SERVERS,
                                "--image-dir", HYPERVISOR_IMAGES])
     wait_until("hypervisor-agent", lambda: (STATE / "by-id").is_dir(), 30)
 
@@ -1457,6 +1528,8 @@ def main(argv):
         "status": lambda rest: cmd_status(rest[0] if rest else None),
         "down": lambda rest: cmd_down("--purge" in rest),
         "env": lambda rest: cmd_env(),
+        "node-server": cmd_node_server,
+        "node-server-delete": cmd_node_server_delete,
     }, "cloud", {CloudError: ("ERROR", 1)})
 
 

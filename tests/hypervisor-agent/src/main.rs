@@ -30,7 +30,8 @@ struct Args {
     cloud_config: PathBuf,
     #[arg(long, default_value = "")]
     cloud: String,
-    /// Servers whose attachments to materialise.
+    /// Servers whose attachments to materialise in --by-id-dir (and the
+    /// --also-link-in directories).
     #[arg(long = "server", required = true)]
     servers: Vec<String>,
     #[arg(long)]
@@ -39,6 +40,11 @@ struct Args {
     /// /dev/disk/by-id, for node plugins in containers).
     #[arg(long = "also-link-in")]
     also_link_in: Vec<PathBuf>,
+    /// A file of `<server-id> <by-id-dir>` lines, re-read on every pass:
+    /// further servers (the cluster tier's nodes), each seeing only its own
+    /// disks in its own directory, as each guest does. Missing means none.
+    #[arg(long)]
+    node_servers: Option<PathBuf>,
     #[arg(long)]
     image_dir: PathBuf,
     #[arg(long, default_value_t = 300)]
@@ -56,15 +62,22 @@ async fn main() -> anyhow::Result<()> {
         ConfigEnv::from_process(),
     )?;
     let session = Session::new(conf.cloud(&args.cloud)?, SessionOptions::default())?;
-    let hv = Hypervisor::linking_in(
+    let primary = Hypervisor::linking_in(
         args.by_id_dir.clone(),
         args.also_link_in.clone(),
         args.image_dir.clone(),
     )
     .context("preparing the directories")?;
-    hv.cleanup_all();
+    primary.cleanup_all();
     let mut agent = Agent {
-        hv,
+        guests: args
+            .servers
+            .iter()
+            .map(|s| (s.clone(), primary.clone()))
+            .collect(),
+        primary,
+        primary_servers: args.servers.iter().cloned().collect(),
+        image_dir: args.image_dir.clone(),
         cinder: BlockStorage::new(session.clone()),
         nova: Compute::new(session),
         sizes: BTreeMap::new(),
@@ -73,7 +86,12 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = plugin_runtime::shutdown_signal();
     tokio::pin!(shutdown);
     loop {
-        if let Err(e) = agent.reconcile(&args.servers).await {
+        if let Some(file) = &args.node_servers
+            && let Err(e) = agent.follow_node_servers(file)
+        {
+            tracing::warn!(error = %e, file = %file.display(), "cannot read the node servers; keeping the last ones");
+        }
+        if let Err(e) = agent.reconcile().await {
             tracing::warn!(error = %e, "reconcile failed; retrying");
         }
         tokio::select! {
@@ -81,28 +99,115 @@ async fn main() -> anyhow::Result<()> {
             () = tokio::time::sleep(Duration::from_millis(args.interval_ms)) => {}
         }
     }
-    agent.hv.cleanup_all();
+    agent.detach_everything();
+    agent.primary.cleanup_all();
     tracing::info!("stopped; every loop device removed");
     Ok(())
 }
 
+/// A volume attached to a server.
+type Placement = (String, String);
+
 struct Agent {
-    hv: Hypervisor,
+    /// links in the primary directories; also the one that owns the images
+    primary: Hypervisor,
+    primary_servers: BTreeSet<String>,
+    image_dir: PathBuf,
+    /// server id → the hypervisor linking its devices where its guest looks
+    guests: BTreeMap<String, Hypervisor>,
     cinder: BlockStorage,
     nova: Compute,
-    /// volume id → size in GiB of what is materialised
-    sizes: BTreeMap<String, u64>,
+    /// (server, volume) → size in GiB of what is materialised
+    sizes: BTreeMap<Placement, u64>,
+}
+
+/// `<server-id> <by-id-dir>` per line; blank lines and `#` comments skipped.
+fn parse_node_servers(text: &str) -> anyhow::Result<BTreeMap<String, PathBuf>> {
+    let mut out = BTreeMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let (Some(server), Some(dir), None) = (words.next(), words.next(), words.next()) else {
+            anyhow::bail!("line {}: want `<server-id> <by-id-dir>`", n + 1);
+        };
+        let dir = PathBuf::from(dir);
+        anyhow::ensure!(
+            dir.is_absolute(),
+            "line {}: {} is not absolute",
+            n + 1,
+            dir.display()
+        );
+        out.insert(server.to_string(), dir);
+    }
+    Ok(out)
 }
 
 impl Agent {
-    async fn reconcile(&mut self, servers: &[String]) -> anyhow::Result<()> {
+    /// Adds the servers the file names and drops those it no longer names
+    /// (their devices detached: the node is gone).
+    fn follow_node_servers(&mut self, file: &std::path::Path) -> anyhow::Result<()> {
+        let wanted = match std::fs::read_to_string(file) {
+            Ok(text) => parse_node_servers(&text)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => return Err(e.into()),
+        };
+        let dropped: Vec<String> = self
+            .guests
+            .keys()
+            .filter(|s| !self.primary_servers.contains(*s) && !wanted.contains_key(*s))
+            .cloned()
+            .collect();
+        for server in dropped {
+            self.detach_all_of(&server);
+            self.guests.remove(&server);
+            tracing::info!(server = %server, "node server dropped");
+        }
+        for (server, dir) in wanted {
+            if self.guests.contains_key(&server) || self.primary_servers.contains(&server) {
+                continue;
+            }
+            let hv = Hypervisor::new(dir.clone(), self.image_dir.clone())
+                .with_context(|| format!("preparing {}", dir.display()))?;
+            tracing::info!(server = %server, by_id = %dir.display(), "node server added");
+            self.guests.insert(server, hv);
+        }
+        Ok(())
+    }
+
+    fn detach_all_of(&mut self, server: &str) {
+        let Some(hv) = self.guests.get(server) else {
+            return;
+        };
+        let placed: Vec<Placement> = self
+            .sizes
+            .keys()
+            .filter(|(s, _)| s == server)
+            .cloned()
+            .collect();
+        for key in placed {
+            hv.detach(&key.1);
+            self.sizes.remove(&key);
+        }
+    }
+
+    fn detach_everything(&mut self) {
+        let servers: Vec<String> = self.guests.keys().cloned().collect();
+        for server in servers {
+            self.detach_all_of(&server);
+        }
+    }
+
+    async fn reconcile(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         let (cinder, nova) = (
             self.cinder.with_deadline(deadline),
             self.nova.with_deadline(deadline),
         );
-        let mut desired: BTreeMap<String, u64> = BTreeMap::new();
-        for server in servers {
+        let mut desired: BTreeMap<Placement, u64> = BTreeMap::new();
+        for server in self.guests.keys() {
             for att in nova.list_volume_attachments(server).await? {
                 let v = match cinder.get_volume(&att.volume_id).await {
                     Ok(v) => v,
@@ -116,38 +221,25 @@ impl Agent {
                 // attached for Cinder: an attachment to this server exists
                 // (it stays until a detach completes)
                 if v.attached_servers().any(|s| s == server) {
-                    desired.insert(v.id.clone(), v.size);
+                    desired.insert((server.clone(), v.id.clone()), v.size);
                 }
             }
         }
-        let current: BTreeSet<String> = self.sizes.keys().cloned().collect();
-        for (id, size) in &desired {
-            match self.sizes.get(id) {
-                None => {
-                    let link = self
-                        .blocking({
-                            let (hv, id, size) = (self.hv.clone(), id.clone(), *size);
-                            move || hv.attach(&id, size)
-                        })
-                        .await?;
-                    tracing::info!(volume = %id, link = %link.display(), size_gib = size, "attached");
-                    self.sizes.insert(id.clone(), *size);
-                }
-                Some(old) if old != size => {
-                    self.blocking({
-                        let (hv, id, size) = (self.hv.clone(), id.clone(), *size);
-                        move || hv.resize(&id, size)
-                    })
-                    .await?;
-                    tracing::info!(volume = %id, from = old, to = size, "resized");
-                    self.sizes.insert(id.clone(), *size);
-                }
-                Some(_) => {}
-            }
-        }
-        for id in current.iter().filter(|id| !desired.contains_key(*id)) {
-            let gone = matches!(cinder.get_volume(id).await, Err(e) if e.is_not_found());
-            let (hv, vid) = (self.hv.clone(), id.clone());
+        // detaches first: a volume moving between servers leaves the old
+        // guest before it shows up in the new one
+        let leaving: Vec<Placement> = self
+            .sizes
+            .keys()
+            .filter(|k| !desired.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in leaving {
+            let (server, id) = &key;
+            let elsewhere = desired.keys().any(|(_, v)| v == id);
+            let gone =
+                !elsewhere && matches!(cinder.get_volume(id).await, Err(e) if e.is_not_found());
+            let hv = self.guest(server)?;
+            let vid = id.clone();
             self.blocking(move || {
                 if gone {
                     hv.forget_volume(&vid);
@@ -157,10 +249,44 @@ impl Agent {
                 Ok::<_, openstack_emulator::hypervisor::HypervisorError>(())
             })
             .await?;
-            tracing::info!(volume = %id, deleted = gone, "detached");
-            self.sizes.remove(id);
+            tracing::info!(server = %server, volume = %id, deleted = gone, "detached");
+            self.sizes.remove(&key);
+        }
+        for (key, size) in &desired {
+            let (server, id) = key;
+            match self.sizes.get(key) {
+                None => {
+                    let hv = self.guest(server)?;
+                    let link = self
+                        .blocking({
+                            let (id, size) = (id.clone(), *size);
+                            move || hv.attach(&id, size)
+                        })
+                        .await?;
+                    tracing::info!(server = %server, volume = %id, link = %link.display(), size_gib = size, "attached");
+                    self.sizes.insert(key.clone(), *size);
+                }
+                Some(old) if old != size => {
+                    let hv = self.guest(server)?;
+                    self.blocking({
+                        let (id, size) = (id.clone(), *size);
+                        move || hv.resize(&id, size)
+                    })
+                    .await?;
+                    tracing::info!(server = %server, volume = %id, from = old, to = size, "resized");
+                    self.sizes.insert(key.clone(), *size);
+                }
+                Some(_) => {}
+            }
         }
         Ok(())
+    }
+
+    fn guest(&self, server: &str) -> anyhow::Result<Hypervisor> {
+        self.guests
+            .get(server)
+            .cloned()
+            .with_context(|| format!("server {server} is not followed"))
     }
 
     async fn blocking<T: Send + 'static>(
@@ -168,5 +294,21 @@ impl Agent {
         f: impl FnOnce() -> Result<T, openstack_emulator::hypervisor::HypervisorError> + Send + 'static,
     ) -> anyhow::Result<T> {
         Ok(tokio::task::spawn_blocking(f).await??)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_node_servers;
+
+    #[test]
+    fn node_servers_file_is_read_strictly() {
+        let got =
+            parse_node_servers("# nodes\nabc /x/b/by-id\n\ndef /x/c/by-id\n").unwrap_or_default();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got["def"].to_str(), Some("/x/c/by-id"));
+        assert!(parse_node_servers("abc relative/dir\n").is_err());
+        assert!(parse_node_servers("abc /a /b\n").is_err());
+        assert!(parse_node_servers("abc\n").is_err());
     }
 }
