@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""A real single-node Kubernetes on this machine, running the suite from
-deploy/ with our images, for the cluster tier of the tests.
+"""A real Kubernetes of two nodes (K8S_TEST_NODES, default 2) on this
+machine, running the suite from deploy/ with our images, for the cluster
+tier of the tests. Node A (`localhost`) runs in the host's namespaces;
+node B, C... each in a network and a mount namespace of its own, with its
+own containerd, kubelet, cgroup root and Nova server (class Node).
 
-    cluster.py up       start etcd, the control plane, containerd and kubelet;
+    cluster.py up       start etcd, the control plane, each node's containerd
+                        and kubelet;
                         import the images; apply the snapshot CRDs and
                         controller, the KMS static pod and deploy/suite
                         through tests/cluster/overlay
@@ -27,9 +31,11 @@ containernetworking-plugins, catatonit, busybox-static.
 
 The node is fitted to this machine (root without CAP_SYS_RESOURCE, cgroup
 v1, no systemd, a private /): see ../shared/k8s/README.md's traps, each
-fixed here where it says so. Only loopback is used: every listener binds
-127.0.0.1, pods get an isolated bridge with no route out, and whatever
-talks to a server runs on the host network.
+fixed here where it says so. Only loopback and the namespaced nodes'
+veth pairs are used: every host listener binds 127.0.0.1, pods get an
+isolated bridge with no route out, and whatever talks to a server runs on
+its node's network (a namespaced node reaches the host's loopback
+listeners it needs by DNAT; nothing is forwarded beyond them).
 
 State lives in $K8S_TEST_CLUSTER_DIR (default .k8s-cluster): PKI, etcd,
 containerd's content store (the images, kept between runs), logs. The
@@ -110,6 +116,79 @@ SIDECARS = ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter",
 CONTROL_PLANE = ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"]
 PROCESSES = ["kubelet", "containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
              "kube-apiserver-b", "etcd", "metadata"]
+
+# the cloud's listeners a namespaced node reaches on the host's loopback:
+# its API ports (and Ceph's daemons), Ceph's monitor, NFS
+CLOUD_PORT_BASE = int(os.environ.get("OS_TEST_CLOUD_PORT_BASE", "25000"))
+# the nodes: A in the host's namespaces (the single-node tier's `localhost`),
+# the further ones each in their own network and mount namespaces
+NODE_COUNT = int(os.environ.get("K8S_TEST_NODES", "2"))
+# pods of the single-node scenarios and the controllers stay on A; the
+# multi-node scenarios tolerate this taint
+MULTI_NODE_TAINT = "csi-cluster-tier/multi-node=true:NoSchedule"
+NODE_NS_SUBNET = "10.201"
+
+
+class Node:
+    """One kubelet and its containerd. Node A (index 0) runs in the host's
+    namespaces; node B, C... each in a network namespace reached through a
+    veth pair (its address is not loopback: the apiserver reaches its
+    kubelet, so `kubectl logs/exec` work) and a mount namespace in which
+    its own directories are the paths deploy/ names (/var/lib/kubelet,
+    /dev/disk/by-id), like a kind node without a container. Each is a Nova
+    server of the test cloud and sees only the disks attached to it."""
+
+    def __init__(self, index):
+        self.index = index
+        self.letter = "abcdefgh"[index]
+        self.host = index == 0
+        if self.host:
+            self.name, self.state, self.run = NODE, STATE, RUN
+            self.address = HOST
+            self.pod_cidr = POD_CIDR
+            self.cgroup_root = None
+            self.suffix = ""
+        else:
+            self.name = f"k8s-test-node-{self.letter}"
+            self.state, self.run = STATE / "nodes" / self.letter, RUN / "nodes" / self.letter
+            self.address = f"{NODE_NS_SUBNET}.{index}.2"
+            self.gateway = f"{NODE_NS_SUBNET}.{index}.1"
+            self.pod_cidr = f"10.90.{index}.0/24"
+            self.cgroup_root = f"k8s-test-{self.letter}"
+            self.suffix = f"-{self.letter}"
+            self.netns = f"k8stest-{self.letter}"
+            self.veth = f"k8st{self.letter}-h"
+            self.mnt_ns = RUN / "nodes" / f"{self.letter}.mnt"
+            self.by_id = self.state / "by-id"
+            self.kubelet_dir = self.state / "kubelet"
+        self.containerd_sock = self.run / "containerd.sock"
+        self.metadata_port = PORTS["metadata"] + 10 * index
+        self.kubelet_user = "kubelet" if self.host else f"kubelet{self.suffix}"
+
+    def service(self, what):
+        return what + self.suffix
+
+    def enter(self):
+        """The command prefix that runs a program in the node's namespaces."""
+        if self.host:
+            return []
+        return ["nsenter", f"--net=/run/netns/{self.netns}", f"--mount={self.mnt_ns}", "--"]
+
+    def cgroup_roots(self):
+        """Where kubelet puts this node's pod cgroups, in every hierarchy."""
+        base = Path("/sys/fs/cgroup")
+        if not base.is_dir():
+            return []
+        sub = Path(self.cgroup_root) if self.cgroup_root else Path()
+        return [h / sub for h in base.iterdir() if h.is_dir() and not h.is_symlink()]
+
+
+def nodes():
+    return [Node(i) for i in range(max(1, NODE_COUNT))]
+
+
+def namespaced_nodes():
+    return [n for n in nodes() if not n.host]
 
 
 class ClusterError(Exception):
@@ -236,14 +315,15 @@ def setup_pki():
         "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"], server=True)
     issue("admin", "kubernetes-admin", "system:masters")
     issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters")
-    issue("kubelet", f"system:node:{NODE}", "system:nodes")
+    for node in nodes():
+        issue(node.kubelet_user, f"system:node:{node.name}", "system:nodes")
     issue("kube-controller-manager", "system:kube-controller-manager")
     issue("kube-scheduler", "system:kube-scheduler")
     if not (pki / "sa.key").exists():
         openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", pki / "sa.key")
         openssl("pkey", "-in", pki / "sa.key", "-pubout", "-out", pki / "sa.pub")
         (pki / "sa.key").chmod(0o600)
-    for user in ("admin", "kubelet", "kube-controller-manager", "kube-scheduler"):
+    for user in ("admin", "kube-controller-manager", "kube-scheduler", *(n.kubelet_user for n in nodes())):
         kubeconfig(user, user)
 
 
@@ -662,15 +742,16 @@ def images_wanted():
     return {n.strip("'\"") for n in names}
 
 
-def ctr(*args, check=True, timeout=300):
-    cmd = ["ctr", "--address", CONTAINERD_SOCK, "--namespace", "k8s.io", *args]
+def ctr(*args, check=True, timeout=300, node=None):
+    sock = node.containerd_sock if node else CONTAINERD_SOCK
+    cmd = ["ctr", "--address", sock, "--namespace", "k8s.io", *args]
     if check:
         return run(cmd, timeout=timeout)
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout)
 
 
-def import_images():
-    """Builds and imports every image the node runs (trap 5: nothing can be
+def import_images(all_nodes):
+    """Builds and imports every image the nodes run (trap 5: nothing can be
     pulled): the pause image (catatonit -P), the CSI sidecars from their
     binaries, a busybox for test pods, and ours from deploy/images."""
     if not (IMAGES_OCI / "index.json").exists():
@@ -704,21 +785,22 @@ def import_images():
     oci_archive(archive, built)
     ours_archive = out / "ours.tar"
     our_images_archive(ours_archive, ours)
-    for a in (archive, ours_archive):
-        ctr("images", "import", a, timeout=600)
-    for name in [*built, *ours.values()]:
-        # kubelet's image GC never removes a pinned image
-        ctr("images", "label", name, "io.cri-containerd.pinned=pinned")
-    log(f"imported {len(built) + len(ours)} images")
+    for node in all_nodes:
+        for a in (archive, ours_archive):
+            ctr("images", "import", a, timeout=600, node=node)
+        for name in [*built, *ours.values()]:
+            # kubelet's image GC never removes a pinned image
+            ctr("images", "label", name, "io.cri-containerd.pinned=pinned", node=node)
+    log(f"imported {len(built) + len(ours)} images into {len(all_nodes)} node(s)")
 
 
 # --------------------------------------------------------------- the node
 
 
-def start_containerd():
-    RUN.mkdir(parents=True, exist_ok=True)
-    (STATE / "containerd").mkdir(exist_ok=True)
-    cni = STATE / "cni"
+def start_containerd(node):
+    node.run.mkdir(parents=True, exist_ok=True)
+    (node.state / "containerd").mkdir(parents=True, exist_ok=True)
+    cni = node.state / "cni"
     cni.mkdir(exist_ok=True)
     # trap 4: containerd 1.6 wants an eth0 with an address; an isolated
     # bridge gives one, with no gateway, no masquerade and no route out
@@ -726,17 +808,17 @@ def start_containerd():
         "cniVersion": "0.4.0", "name": "k8s-test",
         "plugins": [{"type": "bridge", "bridge": BRIDGE, "isGateway": False, "ipMasq": False,
                      "hairpinMode": False,
-                     "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]],
-                              "dataDir": str(STATE / "cni-ipam")}}]}, indent=1))
-    config = STATE / "containerd.toml"
+                     "ipam": {"type": "host-local", "ranges": [[{"subnet": node.pod_cidr}]],
+                              "dataDir": str(node.state / "cni-ipam")}}]}, indent=1))
+    config = node.state / "containerd.toml"
     config.write_text(f"""version = 2
-root = "{STATE / 'containerd'}"
-state = "{RUN / 'containerd-state'}"
+root = "{node.state / 'containerd'}"
+state = "{node.run / 'containerd-state'}"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
                     "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
                     "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
 [grpc]
-  address = "{CONTAINERD_SOCK}"
+  address = "{node.containerd_sock}"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
   # trap 1: runc cannot lower oom_score_adj without CAP_SYS_RESOURCE
@@ -753,28 +835,33 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni}"
 """)
-    SERVICES.start("containerd", ["containerd", "--config", config, "--log-level", "warn"])
-    SERVICES.wait_until("containerd", lambda: ctr("version", check=False).returncode == 0, 60)
+    SERVICES.start(node.service("containerd"), [*node.enter(), "containerd", "--config", config,
+                                                "--log-level", "warn"])
+    SERVICES.wait_until(node.service("containerd"), lambda: ctr("version", check=False, node=node).returncode == 0,
+                        60)
 
 
-def start_kubelet():
-    config = STATE / "kubelet.yaml"
+def start_kubelet(node):
+    config = node.state / "kubelet.yaml"
+    (node.state / "manifests").mkdir(parents=True, exist_ok=True)
+    cgroup_root = f"cgroupRoot: /{node.cgroup_root}\n" if node.cgroup_root else ""
     config.write_text(f"""apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: {HOST}
+address: {node.address}
 port: {PORTS['kubelet']}
-healthzBindAddress: {HOST}
+healthzBindAddress: {node.address}
 healthzPort: {PORTS['kubelet-healthz']}
+{cgroup_root}
 readOnlyPort: 0
 # trap 2: cgroup v1, no systemd, swap
 failCgroupV1: false
 cgroupDriver: cgroupfs
 failSwapOn: false
-containerRuntimeEndpoint: unix://{CONTAINERD_SOCK}
-staticPodPath: {STATE / 'manifests'}
+containerRuntimeEndpoint: unix://{node.containerd_sock}
+staticPodPath: {node.state / 'manifests'}
 fileCheckFrequency: 5s
 syncFrequency: 10s
-podLogsDir: {STATE / 'pod-logs'}
+podLogsDir: {node.state / 'pod-logs'}
 authentication:
   anonymous:
     enabled: false
@@ -796,33 +883,165 @@ imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 maxPods: 110
 """)
-    SERVICES.start("kubelet", [
+    extra = [] if node.host else [f"--node-ip={node.address}", f"--register-with-taints={MULTI_NODE_TAINT}"]
+    SERVICES.start(node.service("kubelet"), [
+        *node.enter(),
         binary("kubelet"),
         f"--config={config}",
-        f"--kubeconfig={STATE / 'kubelet.kubeconfig'}",
-        f"--hostname-override={NODE}",
+        f"--kubeconfig={STATE / (node.kubelet_user + '.kubeconfig')}",
+        f"--hostname-override={node.name}",
         f"--root-dir={KUBELET_DIR}",
+        *extra,
         "--v=2",
     ])
-    SERVICES.wait_until("kubelet", lambda: http("GET", f"http://{HOST}:{PORTS['kubelet-healthz']}/healthz")[0] == 200,
-                        60)
+    healthz = f"http://{node.address}:{PORTS['kubelet-healthz']}/healthz"
+    SERVICES.wait_until(node.service("kubelet"), lambda: http("GET", healthz)[0] == 200, 60)
 
 
-def wait_node_ready():
-    def node_ready():
-        r = kubectl("get", "node", NODE, "-o", "json", check=False)
-        if r.returncode != 0:
-            return False
-        conds = json.loads(r.stdout)["status"].get("conditions", [])
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
-    SERVICES.wait_until("kubelet", node_ready, 120)
+def loopback_forwards(node):
+    """(ports, host port) pairs a namespaced node reaches on 127.0.0.1 as
+    if it were the host: the cloud, both apiservers, and its own metadata
+    service under A's port (the manifests name one address for every node)."""
+    shared = f"{CLOUD_PORT_BASE}:{CLOUD_PORT_BASE + 199},3300,6789,2049,{PORTS['apiserver']},{PORTS['apiserver-b']}"
+    return [(shared, None), (str(PORTS["metadata"]), node.metadata_port)]
 
 
-def start_metadata():
-    server = (CLOUD / "test-server-id").read_text().strip()
-    SERVICES.start("metadata", [sys.executable, HERE / "metadata.py", PORTS["metadata"], server, "k8s-test-node",
-                                "nova"])
-    SERVICES.wait_until("metadata", lambda: port_open(PORTS["metadata"]), 30)
+def node_ns_run(node, script):
+    run(["nsenter", f"--net=/run/netns/{node.netns}", f"--mount={node.mnt_ns}", "--", "sh", "-euc", script])
+
+
+def prepare_namespaced_node(node):
+    """The node's network namespace (a veth pair: host .1, node .2, no
+    route out; its 127.0.0.1 reaches the host's listeners it needs through
+    DNAT, and nothing else), its mount namespace (its own /var/lib/kubelet,
+    shared for Bidirectional mounts, and /dev/disk/by-id), its cgroup root
+    and its name in /etc/hosts (the apiserver reaches kubelets by name)."""
+    for d in ("kubelet", "by-id", "logs"):
+        (node.state / d).mkdir(parents=True, exist_ok=True)
+    node.run.mkdir(parents=True, exist_ok=True)
+    if not Path(f"/run/netns/{node.netns}").exists():
+        run(["ip", "netns", "add", node.netns])
+        run(["ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.netns])
+        run(["ip", "addr", "add", f"{node.gateway}/30", "dev", node.veth])
+        run(["ip", "link", "set", node.veth, "up"])
+        run(["sysctl", "-qw", f"net.ipv4.conf.{node.veth}.route_localnet=1"])
+        ns = ["ip", "netns", "exec", node.netns]
+        run([*ns, "ip", "addr", "add", f"{node.address}/30", "dev", "eth0"])
+        run([*ns, "ip", "link", "set", "eth0", "up"])
+        run([*ns, "ip", "link", "set", "lo", "up"])
+        run([*ns, "sysctl", "-qw", "net.ipv4.conf.all.route_localnet=1"])
+        for ports, host_port in loopback_forwards(node):
+            to = node.gateway + (f":{host_port}" if host_port else "")
+            run([*ns, "iptables", "-t", "nat", "-A", "OUTPUT", "-d", "127.0.0.1/32", "-p", "tcp", "-m", "multiport",
+                 "--dports", ports, "-j", "DNAT", "--to-destination", to])
+        run([*ns, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "127.0.0.0/8", "-o", "eth0", "-j", "SNAT",
+             "--to-source", node.address])
+        # on the host: only what came from this node, only to those ports
+        chain = "K8STEST-NODES"
+        if subprocess.run(["iptables", "-t", "nat", "-S", chain], capture_output=True).returncode != 0:
+            run(["iptables", "-t", "nat", "-N", chain])
+            run(["iptables", "-t", "nat", "-I", "PREROUTING", "-j", chain])
+        host_ports = ",".join(p for p, _ in loopback_forwards(node) if p != str(PORTS["metadata"]))
+        run(["iptables", "-t", "nat", "-A", chain, "-i", node.veth, "-d", node.gateway, "-p", "tcp", "-m",
+             "multiport", "--dports", f"{host_ports},{node.metadata_port}", "-j", "DNAT",
+             "--to-destination", "127.0.0.1"])
+    if not node.mnt_ns.exists():
+        ns_dir = node.mnt_ns.parent
+        # a mount namespace is kept by binding its file on a private mount
+        if not is_mountpoint(ns_dir):
+            run(["mount", "--bind", ns_dir, ns_dir])
+        run(["mount", "--make-private", ns_dir])
+        node.mnt_ns.touch()
+        # slave: the host's /dev (new loop devices) reaches the node, the
+        # node's mounts never reach the host
+        run(["unshare", f"--mount={node.mnt_ns}", "--propagation", "slave", "true"])
+        # A's /var/lib/kubelet (a bind mount) leaves this namespace first:
+        # stacked under the node's own it would be what containerd checks
+        # for Bidirectional propagation, and A's pod mounts would keep
+        # arriving beneath
+        node_ns_run(node, f"""
+if mountpoint -q {KUBELET_DIR}; then umount -R {KUBELET_DIR}; fi
+mount --bind {node.kubelet_dir} {KUBELET_DIR}
+mount --make-rshared {KUBELET_DIR}
+mount --bind {node.by_id} /dev/disk/by-id
+""")
+    for root in node.cgroup_roots():
+        root.mkdir(exist_ok=True)
+    hosts = Path("/etc/hosts")
+    line = f"{node.address} {node.name}  {HOSTS_MARK}"
+    text = hosts.read_text()
+    if line not in text.splitlines():
+        hosts.write_text(text.rstrip("\n") + "\n" + line + "\n")
+
+
+HOSTS_MARK = "# k8s-test-cluster node"
+
+
+def remove_namespaced_node(node):
+    """Everything prepare_namespaced_node and the node's services made;
+    its processes are gone by now."""
+    if node.mnt_ns.exists():
+        subprocess.run(["umount", node.mnt_ns], capture_output=True)
+        node.mnt_ns.unlink(missing_ok=True)
+    if Path(f"/run/netns/{node.netns}").exists():
+        subprocess.run(["ip", "netns", "del", node.netns], capture_output=True)
+    chain = "K8STEST-NODES"
+    r = subprocess.run(["iptables", "-t", "nat", "-S", chain], capture_output=True, text=True)
+    for rule in r.stdout.splitlines():
+        if f"-i {node.veth} " in rule:
+            subprocess.run(["iptables", "-t", "nat", "-D", *rule.split()[1:]], capture_output=True)
+    for root in node.cgroup_roots():
+        try:
+            root.rmdir()
+        except OSError:
+            pass
+    hosts = Path("/etc/hosts")
+    kept = [ln for ln in hosts.read_text().splitlines() if not (ln.endswith(HOSTS_MARK) and node.name in ln)]
+    hosts.write_text("\n".join(kept) + "\n")
+    shutil.rmtree(node.run, ignore_errors=True)
+    shutil.rmtree(node.state, ignore_errors=True)
+
+
+def remove_node_chain():
+    chain = "K8STEST-NODES"
+    if subprocess.run(["iptables", "-t", "nat", "-S", chain], capture_output=True).returncode == 0:
+        subprocess.run(["iptables", "-t", "nat", "-D", "PREROUTING", "-j", chain], capture_output=True)
+        subprocess.run(["iptables", "-t", "nat", "-F", chain], capture_output=True)
+        subprocess.run(["iptables", "-t", "nat", "-X", chain], capture_output=True)
+    ns_dir = RUN / "nodes"
+    if is_mountpoint(ns_dir):
+        subprocess.run(["umount", ns_dir], capture_output=True)
+
+
+def node_server(node):
+    """The node's Nova server (booted once by the test cloud, which links
+    the disks attached to it in the node's by-id directory only)."""
+    if node.host:
+        return (CLOUD / "test-server-id").read_text().strip()
+    out = run([sys.executable, REPO / "tests" / "openstack" / "cloud.py", "node-server", node.name, node.by_id],
+              timeout=300)
+    return out.strip().splitlines()[-1]
+
+
+def node_ready(node):
+    r = kubectl("get", "node", node.name, "-o", "json", check=False)
+    if r.returncode != 0:
+        return False
+    conds = json.loads(r.stdout)["status"].get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
+def wait_node_ready(node):
+    SERVICES.wait_until(node.service("kubelet"), lambda: node_ready(node), 120)
+
+
+def start_metadata(node, server):
+    """The node's instance metadata (what 169.254.169.254 answers its
+    server); a namespaced node reaches it on the same loopback port as A,
+    translated to its own."""
+    SERVICES.start(node.service("metadata"), [sys.executable, HERE / "metadata.py", node.metadata_port, server,
+                                              node.name if not node.host else "k8s-test-node", "nova"])
+    SERVICES.wait_until(node.service("metadata"), lambda: port_open(node.metadata_port), 30)
 
 
 # ---------------------------------------------------------------- the suite
@@ -892,11 +1111,14 @@ def apply_suite():
 
 
 def drivers_registered():
-    r = kubectl("get", "csinode", NODE, "-o", "json", check=False)
-    if r.returncode != 0:
-        return False
-    names = {d["name"] for d in json.loads(r.stdout)["spec"].get("drivers") or []}
-    return all(d in names for d in DRIVERS)
+    for node in nodes():
+        r = kubectl("get", "csinode", node.name, "-o", "json", check=False)
+        if r.returncode != 0:
+            return False
+        names = {d["name"] for d in json.loads(r.stdout)["spec"].get("drivers") or []}
+        if not all(d in names for d in DRIVERS):
+            return False
+    return True
 
 
 def wait_suite():
@@ -971,7 +1193,11 @@ def cmd_up():
         shutil.rmtree(STATE / "pod-logs", ignore_errors=True)
     setup_pki()
     prepare_host()
-    start_metadata()
+    all_nodes = nodes()
+    for node in all_nodes:
+        if not node.host:
+            prepare_namespaced_node(node)
+        start_metadata(node, node_server(node))
     start_etcd()
     # kubelet before the apiserver, as on a control-plane node: it starts
     # the KMS static pod without the API, so the apiserver finds the
@@ -979,23 +1205,30 @@ def cmd_up():
     # up to two minutes, and Secrets cannot be written meanwhile)
     install_kms()
     write_overlay_inputs()
-    start_containerd()
-    import_images()
-    start_kubelet()
+    for node in all_nodes:
+        start_containerd(node)
+    import_images(all_nodes)
+    for node in all_nodes:
+        start_kubelet(node)
     start_apiserver()
     start_apiserver("kube-apiserver-b")
     start_controllers()
-    wait_node_ready()
+    for node in all_nodes:
+        wait_node_ready(node)
     apply_addons()
     apply_suite()
     wait_suite()
-    log(f"up in {time.time() - t0:.0f}s: node {NODE} Ready, drivers {', '.join(DRIVERS)} registered; "
-        f"KUBECONFIG={STATE / 'admin.kubeconfig'}")
+    log(f"up in {time.time() - t0:.0f}s: nodes {', '.join(n.name for n in all_nodes)} Ready, drivers "
+        f"{', '.join(DRIVERS)} registered on each; KUBECONFIG={STATE / 'admin.kubeconfig'}")
+
+
+def all_processes():
+    return PROCESSES + [n.service(p) for n in namespaced_nodes() for p in ("kubelet", "containerd", "metadata")]
 
 
 def cmd_status():
-    ok = all(SERVICES.alive(p) for p in PROCESSES)
-    for p in PROCESSES:
+    ok = all(SERVICES.alive(p) for p in all_processes())
+    for p in all_processes():
         print(f"{p:24} {'up' if SERVICES.alive(p) else 'DOWN'}")
     reg = ok and drivers_registered()
     print(f"{'drivers registered':24} {'yes' if reg else 'no'}")
@@ -1040,27 +1273,30 @@ def stop_pods(timeout=120):
     kubectl("delete", "pods", "-A", "--all", "--grace-period=5", "--wait=false", check=False)
     deadline = time.time() + timeout
     while time.time() < deadline:
-        r = ctr("tasks", "ls", "-q", check=False)
-        if r.returncode != 0 or not r.stdout.split():
+        running = False
+        for node in nodes():
+            r = ctr("tasks", "ls", "-q", check=False, node=node)
+            running |= r.returncode == 0 and bool(r.stdout.split())
+        if not running:
             return
         time.sleep(1)
     log(f"containers still running after {timeout}s: removing them by force")
 
 
-def remove_containers():
+def remove_containers(node):
     """Whatever kubelet did not stop: tasks killed, containers and their
     network namespaces removed."""
-    if not SERVICES.alive("containerd"):
+    if not SERVICES.alive(node.service("containerd")):
         return
     for _ in range(3):
-        tasks = ctr("tasks", "ls", "-q", check=False).stdout.split()
+        tasks = ctr("tasks", "ls", "-q", check=False, node=node).stdout.split()
         for t in tasks:
-            ctr("tasks", "kill", "--signal", "SIGKILL", t, check=False)
+            ctr("tasks", "kill", "--signal", "SIGKILL", t, check=False, node=node)
         for t in tasks:
-            ctr("tasks", "delete", "--force", t, check=False, timeout=60)
-        containers = ctr("containers", "ls", "-q", check=False).stdout.split()
+            ctr("tasks", "delete", "--force", t, check=False, timeout=60, node=node)
+        containers = ctr("containers", "ls", "-q", check=False, node=node).stdout.split()
         for c in containers:
-            ctr("containers", "delete", c, check=False)
+            ctr("containers", "delete", c, check=False, node=node)
         if not tasks and not containers:
             break
         time.sleep(1)
@@ -1075,18 +1311,22 @@ def kill_strays():
             cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "containerd-shim" in cmdline and str(CONTAINERD_SOCK) in cmdline:
+        if "containerd-shim" in cmdline and any(str(n.containerd_sock) in cmdline for n in nodes()):
             try:
                 os.kill(int(d.name), signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
 
+def pod_cgroup_roots():
+    """Every node's `kubepods` cgroup, in every hierarchy."""
+    return [r / "kubepods" for n in nodes() for r in n.cgroup_roots()]
+
+
 def pod_processes():
     """The processes in the pods' cgroups (every hierarchy kubelet made)."""
     pids = set()
-    for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        root = hierarchy / "kubepods"
+    for root in pod_cgroup_roots():
         if not root.is_dir():
             continue
         for procs in root.rglob("cgroup.procs"):
@@ -1150,7 +1390,7 @@ def remove_iptables():
 
 def leftovers():
     """What of the cluster is still on the machine (empty: nothing)."""
-    left = [f"process {p}" for p in PROCESSES if SERVICES.alive(p)]
+    left = [f"process {p}" for p in all_processes() if SERVICES.alive(p)]
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
             continue
@@ -1158,7 +1398,7 @@ def leftovers():
             cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if (str(CONTAINERD_SOCK) in cmdline or str(STATE) in cmdline) and "cluster.py" not in cmdline:
+        if (str(RUN) in cmdline or str(STATE) in cmdline) and "cluster.py" not in cmdline:
             left.append(f"process {d.name}: {cmdline[:120]}")
     for point, _, _ in mountinfo():
         if point.startswith((str(KUBELET_DIR), str(STATE) + "/", str(RUN), "/run/netns/cni-")):
@@ -1166,7 +1406,7 @@ def leftovers():
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     for line in links.splitlines():
         name = line.split(":")[1].strip().split("@")[0]
-        if name == BRIDGE or name.startswith("veth"):
+        if name == BRIDGE or name.startswith(("veth", "k8st")):
             left.append(f"network device {name}")
     for tool in ("iptables", "ip6tables"):
         if shutil.which(tool) is None:
@@ -1180,9 +1420,19 @@ def leftovers():
                                text=True).stdout.splitlines():
         if images in line:
             left.append(f"loop device of a volume: {line.strip()}")
-    for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        if (hierarchy / "kubepods").is_dir():
-            left.append(f"cgroup {hierarchy / 'kubepods'}")
+    for root in pod_cgroup_roots():
+        if root.is_dir():
+            left.append(f"cgroup {root}")
+    for node in namespaced_nodes():
+        left += [f"cgroup {r}" for r in node.cgroup_roots() if r.is_dir()]
+        if Path(f"/run/netns/{node.netns}").exists():
+            left.append(f"network namespace {node.netns}")
+        if node.mnt_ns.exists():
+            left.append(f"mount namespace {node.mnt_ns}")
+    if subprocess.run(["iptables", "-t", "nat", "-S", "K8STEST-NODES"], capture_output=True).returncode == 0:
+        left.append("iptables -t nat chain K8STEST-NODES")
+    if HOSTS_MARK in Path("/etc/hosts").read_text():
+        left.append("a node's name in /etc/hosts")
     return left
 
 
@@ -1192,8 +1442,7 @@ def remove_cgroups(timeout=15):
     deadline = time.time() + timeout
     while True:
         left = False
-        for hierarchy in Path("/sys/fs/cgroup").iterdir():
-            root = hierarchy / "kubepods"
+        for root in pod_cgroup_roots():
             if not root.is_dir():
                 continue
             for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
@@ -1214,20 +1463,29 @@ def cmd_down():
     if SERVICES.alive("kube-apiserver") and SERVICES.alive("kubelet"):
         delete_test_objects()
         stop_pods()
-    SERVICES.stop("kubelet")
-    remove_containers()
-    SERVICES.stop("containerd")
+    all_nodes = nodes()
+    SERVICES.stop_all([n.service("kubelet") for n in all_nodes])
+    for node in all_nodes:
+        remove_containers(node)
+    SERVICES.stop_all([n.service("containerd") for n in all_nodes])
     kill_strays()
     kill_pod_processes()
-    # containerd's mounts (rootfs overlays, shm, netns) and the pods'
+    # containerd's mounts (rootfs overlays, shm, netns) and the pods' (a
+    # namespaced node's go with its mount namespace)
     for root in (RUN, STATE / "containerd"):
         unmount_below(root)
     remove_network()
     SERVICES.stop_all(["kube-scheduler", "kube-controller-manager", "kube-apiserver", "kube-apiserver-b",
-                       "metadata"])
+                       *(n.service("metadata") for n in all_nodes)])
     SERVICES.stop("etcd")
     restore_host()
     remove_cgroups()
+    for node in namespaced_nodes():
+        remove_namespaced_node(node)
+        if cloud_up():
+            run([sys.executable, REPO / "tests" / "openstack" / "cloud.py", "node-server-delete", node.name],
+                timeout=300)
+    remove_node_chain()
     remove_iptables()
     shutil.rmtree(RUN, ignore_errors=True)
     shutil.rmtree(OVERLAY / "generated", ignore_errors=True)
@@ -1245,7 +1503,7 @@ def cmd_restart_kubelet():
     manager restarts it: its pods keep running meanwhile."""
     SERVICES.stop("kubelet")
     t = time.time()
-    start_kubelet()
+    start_kubelet(nodes()[0])
 
     def reported_since():
         # a Ready heartbeat of the new kubelet: it has synced its pods
@@ -1279,6 +1537,7 @@ def cmd_restart_apiservers(rest):
 
 def cmd_env():
     print(f"K8S_TEST_CLUSTER_DIR={STATE}")
+    print(f"K8S_TEST_NODES={' '.join(n.name for n in nodes())}")
     print(f"K8S_TEST_APISERVER_B=https://{HOST}:{PORTS['apiserver-b']}")
     print(f"KUBECONFIG={STATE / 'admin.kubeconfig'}")
     print(f"K8S_TEST_NODE={NODE}")
