@@ -261,9 +261,9 @@ tests "preflight of the real cloud (suite-walk)" \
 unset OPENSTACK_TEST_BACKEND
 
 # the cluster tier: deploy/suite from the images above in a real
-# single-node Kubernetes on this cloud; without Kubernetes binaries
-# (../shared/k8s or KUBE_BIN_DIR) it says so and its scenarios count as
-# skipped
+# Kubernetes of two nodes on this cloud (A in the host's namespaces, B in
+# its own); without Kubernetes binaries (KUBE_BIN_DIR) it says so and its
+# scenarios count as skipped
 cluster_up() {
   local rc=0
   python3 tests/cluster/cluster.py up || rc=$?
@@ -282,6 +282,8 @@ if [[ -e $work/cluster-up ]]; then
     run_tests cluster-tests scenarios --ignored --test-threads=1 --show-output
   tests "cluster tier: KMS rotation, restarts and two control-plane nodes" \
     run_tests cluster-tests kms --ignored --test-threads=1 --show-output
+  tests "cluster tier: many nodes (volumes follow their pods, shares on every node, limits steer)" \
+    run_tests cluster-tests nodes --ignored --test-threads=1 --show-output
   tests "cluster tier: figures bench, quick" run_bench cluster-tests figures
 fi
 # down fails when anything of the cluster is left on the machine

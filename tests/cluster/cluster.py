@@ -1501,6 +1501,7 @@ def cmd_down():
 def cmd_restart_kubelet():
     """kubelet stopped (SIGTERM) and started again, as a node's service
     manager restarts it: its pods keep running meanwhile."""
+    binary("kubelet")  # before anything stops: a missing input stops nothing
     SERVICES.stop("kubelet")
     t = time.time()
     start_kubelet(nodes()[0])

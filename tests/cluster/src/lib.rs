@@ -1,7 +1,7 @@
-//! The cluster tier's harness: the single-node Kubernetes that
-//! `tests/cluster/cluster.py up` runs (deploy/suite from our images, on
-//! the real test cloud), driven as users drive it: kubectl, app pods,
-//! and OpenStack's own view of what the drivers did.
+//! The cluster tier's harness: the Kubernetes that `tests/cluster/cluster.py
+//! up` runs (node A, and B... in their own namespaces; deploy/suite from
+//! our images, on the real test cloud), driven as users drive it: kubectl,
+//! app pods, and OpenStack's own view of what the drivers did.
 //!
 //! Every test namespace is labelled `csi-cluster-tier=test` and deleted
 //! (with its claims, and so its volumes) when its guard drops; what a
@@ -278,6 +278,26 @@ impl Cluster {
         .await
     }
 
+    /// The longest gap between two successful writes of a [`prober`], how
+    /// many it made, and how many failed.
+    pub async fn probe_report(&self, ns: &str, pod: &str) -> (Duration, usize, usize) {
+        let text = match self.exec(ns, pod, "cat /data/probe-$HOSTNAME").await {
+            Ok(t) => t,
+            Err(e) => panic!("{pod}: its volume no longer answers: {e}"),
+        };
+        // the node's uptime in seconds (busybox's date has no sub-second format)
+        let times: Vec<f64> = text
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .collect();
+        let gap = times.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+        let fails = match self.logs(ns, pod).await {
+            Ok(logs) => logs.lines().filter(|l| l.starts_with("FAIL")).count(),
+            Err(e) => panic!("{pod}: its logs: {e}"),
+        };
+        (Duration::from_secs_f64(gap.max(0.0)), times.len(), fails)
+    }
+
     /// The pod's status and the last events about it.
     async fn why_pending(&self, ns: &str, pod: &str, p: &Value) -> String {
         let events = self
@@ -374,6 +394,72 @@ impl Cluster {
         std::fs::read_to_string(self.cloud_dir.join("test-server-id"))
             .map(|s| s.trim().to_string())
             .map_err(|e| ClusterError::Other(format!("the test server's id: {e}")))
+    }
+
+    /// Every node's name, A first (`cluster.py env`'s K8S_TEST_NODES, else
+    /// the API's list with A first).
+    pub async fn nodes(&self) -> Result<Vec<String>> {
+        if let Ok(names) = std::env::var("K8S_TEST_NODES") {
+            let names: Vec<String> = names.split_whitespace().map(str::to_string).collect();
+            if !names.is_empty() {
+                return Ok(names);
+            }
+        }
+        let mut names: Vec<String> = self
+            .list("nodes", &[])
+            .await?
+            .iter()
+            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        names.sort_by_key(|n| (n != &self.node, n.clone()));
+        Ok(names)
+    }
+
+    /// The Nova server a node is: A's is the test cloud's test server, the
+    /// others' were booted for them (`cloud.py node-server`).
+    pub fn server_of(&self, node: &str) -> Result<String> {
+        if node == self.node {
+            return self.server_id();
+        }
+        let path = self.cloud_dir.join("node-server-names.json");
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| ClusterError::Other(format!("{}: {e}", path.display())))?;
+        let servers: Value = serde_json::from_str(&text)
+            .map_err(|e| ClusterError::Other(format!("{}: {e}", path.display())))?;
+        servers[node]["id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| ClusterError::Other(format!("no server for node {node}")))
+    }
+
+    /// The mount points containing `needle` as node `node` sees them (A:
+    /// the host; the others: their own mount namespace).
+    pub fn node_mounts_containing(&self, node: &str, needle: &str) -> Result<Vec<String>> {
+        if node == self.node {
+            return Ok(host_mounts_containing(needle));
+        }
+        let letter = node
+            .rsplit('-')
+            .next()
+            .filter(|l| l.len() == 1)
+            .ok_or_else(|| ClusterError::Other(format!("{node} is no namespaced node")))?;
+        let out = std::process::Command::new("nsenter")
+            .arg(format!("--mount=/run/k8s-test-cluster/nodes/{letter}.mnt"))
+            .args(["--", "cat", "/proc/self/mountinfo"])
+            .output()
+            .map_err(|e| ClusterError::Other(format!("nsenter: {e}")))?;
+        if !out.status.success() {
+            return Err(ClusterError::Other(format!(
+                "the mounts of {node}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|p| p.contains(needle))
+            .map(str::to_string)
+            .collect())
     }
 
     /// Manila as the member (the shares' project) sees it.
@@ -525,6 +611,36 @@ pub fn pod(name: &str, claim: &str, script: &str, opts: PodOptions) -> String {
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  restartPolicy: {restart}\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {APP_IMAGE}\n    command: [\"sh\", \"-c\", '{script}']\n{volume}  volumes:\n  - name: data\n    persistentVolumeClaim:\n      claimName: {claim}\n      readOnly: {}\n",
         opts.read_only
     )
+}
+
+/// A pod that writes a line every 100 ms and says FAIL when a write fails
+/// (read by [`Cluster::probe_report`]).
+pub fn prober(name: &str, claim: &str) -> String {
+    pod(
+        name,
+        claim,
+        "i=0; while true; do i=$((i+1)); t=$(cut -d\" \" -f1 /proc/uptime); if echo \"$i $t\" >> /data/probe-$HOSTNAME && tail -n 1 /data/probe-$HOSTNAME > /dev/null; then :; else echo \"FAIL $t\"; fi; sleep 0.1; done",
+        PodOptions::default(),
+    )
+}
+
+/// The taint of the nodes beyond A (cluster.py's MULTI_NODE_TAINT): only
+/// the multi-node scenarios' pods (and the node plugins) go there.
+pub const MULTI_NODE_TAINT_KEY: &str = "csi-cluster-tier/multi-node";
+
+/// A pod's (or pod template's, at `indent`) manifest placed on one of
+/// `nodes`: it tolerates the multi-node taint and requires one of them.
+pub fn placement(nodes: &[&str], indent: usize) -> String {
+    let pad = " ".repeat(indent);
+    let names = nodes.join(", ");
+    format!(
+        "{pad}tolerations:\n{pad}- key: {MULTI_NODE_TAINT_KEY}\n{pad}  operator: Exists\n{pad}  effect: NoSchedule\n{pad}affinity:\n{pad}  nodeAffinity:\n{pad}    requiredDuringSchedulingIgnoredDuringExecution:\n{pad}      nodeSelectorTerms:\n{pad}      - matchExpressions:\n{pad}        - key: kubernetes.io/hostname\n{pad}          operator: In\n{pad}          values: [{names}]\n"
+    )
+}
+
+/// A pod manifest made by [`pod`] or [`prober`], placed on one of `nodes`.
+pub fn placed_on(pod_yaml: &str, nodes: &[&str]) -> String {
+    pod_yaml.replacen("\nspec:\n", &format!("\nspec:\n{}", placement(nodes, 2)), 1)
 }
 
 #[derive(Debug, Clone, Copy, Default)]

@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use cluster_tests::{
-    APP_IMAGE, Cluster, PodOptions, SUITE_NAMESPACE, claim, host_mounts_containing, pod,
+    APP_IMAGE, Cluster, PodOptions, SUITE_NAMESPACE, claim, host_mounts_containing, pod, prober,
 };
 use openstack_client::cinder::VolumeStatus;
 use serde_json::Value;
@@ -125,12 +125,13 @@ async fn wait_released(c: &Cluster, pv: &str, volume_id: Option<&str>) {
 }
 
 /// The node plugin pods of the suite (one per DaemonSet on this node).
+/// The node plugins' pods on node A (the single-node scenarios' node).
 async fn node_plugin_pods(c: &Cluster) -> Vec<Value> {
     c.list("pods", &["-n", SUITE_NAMESPACE])
         .await
         .unwrap()
         .into_iter()
-        .filter(|p| name(p).contains("-nodeplugin-"))
+        .filter(|p| name(p).contains("-nodeplugin-") && p["spec"]["nodeName"] == c.node.as_str())
         .collect()
 }
 
@@ -589,46 +590,13 @@ async fn cephfs_shares_are_shared_by_pods_read_only_where_asked_and_their_key_di
 
 // --------------------------------------------------- restarts and kills
 
-/// A pod that writes a line every 100 ms and says FAIL when a write fails.
-fn prober(name: &str, claim: &str) -> String {
-    pod(
-        name,
-        claim,
-        "i=0; while true; do i=$((i+1)); t=$(cut -d\" \" -f1 /proc/uptime); if echo \"$i $t\" >> /data/probe-$HOSTNAME && tail -n 1 /data/probe-$HOSTNAME > /dev/null; then :; else echo \"FAIL $t\"; fi; sleep 0.1; done",
-        PodOptions::default(),
-    )
-}
-
-/// The longest gap between two successful writes of a prober, and its
-/// failures.
-async fn probe_report(c: &Cluster, ns: &str, pod: &str) -> (Duration, usize, usize) {
-    let text = c
-        .exec(ns, pod, "cat /data/probe-$HOSTNAME")
-        .await
-        .unwrap_or_else(|e| panic!("{pod}: its volume no longer answers: {e}"));
-    // the node's uptime in seconds (busybox's date has no sub-second format)
-    let times: Vec<f64> = text
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .collect();
-    let gap = times.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
-    let fails = c
-        .logs(ns, pod)
-        .await
-        .unwrap()
-        .lines()
-        .filter(|l| l.starts_with("FAIL"))
-        .count();
-    (Duration::from_secs_f64(gap.max(0.0)), times.len(), fails)
-}
-
 const PROBERS: [&str; 2] = ["probe-cinder", "probe-cephfs"];
 
 /// How many writes each prober has made so far.
 async fn probe_writes(c: &Cluster, ns: &str) -> Vec<usize> {
     let mut writes = Vec::new();
     for p in PROBERS {
-        writes.push(probe_report(c, ns, p).await.1);
+        writes.push(c.probe_report(ns, p).await.1);
     }
     writes
 }
@@ -685,7 +653,7 @@ async fn a_node_plugin_restart_never_breaks_a_mounted_volume() {
     wait_more_writes(&c, &n, &rolled_out, 30).await;
     let mut worst = Duration::ZERO;
     for p in ["probe-cinder", "probe-cephfs"] {
-        let (gap, writes, fails) = probe_report(&c, &n, p).await;
+        let (gap, writes, fails) = c.probe_report(&n, p).await;
         println!(
             "{p}: {writes} writes, {fails} failed, longest gap {gap:?} (node plugins replaced in {took:?})"
         );
@@ -744,7 +712,7 @@ async fn after_a_kubelet_restart_deleting_the_pods_releases_every_volume() {
     .await
     .unwrap();
     for p in ["probe-cinder", "probe-cephfs"] {
-        let (_, writes, fails) = probe_report(&c, &n, p).await;
+        let (_, writes, fails) = c.probe_report(&n, p).await;
         assert_eq!(fails, 0, "{p}");
         assert!(writes > 10, "{p}");
     }

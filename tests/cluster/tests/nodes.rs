@@ -1,0 +1,656 @@
+//! Many nodes: volumes that follow their pods between nodes, shares read
+//! on several nodes at once, and one node's trouble staying on that node.
+//! Node A runs in the host's namespaces, the others each in their own
+//! network and mount namespaces, each a Nova server of the test cloud
+//! seeing only the disks attached to it (tests/cluster/cluster.py).
+//!
+//! Needs `tests/cluster/cluster.py up` with two nodes or more (the
+//! default); run with `--ignored --test-threads=1`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cluster_tests::{
+    Cluster, PodOptions, SUITE_NAMESPACE, claim, placed_on, placement, pod, prober,
+};
+use serde_json::Value;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn name(v: &Value) -> String {
+    v["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The cluster and its nodes (A first); at least two.
+async fn cluster() -> (Cluster, Vec<String>) {
+    let c = Cluster::from_env().unwrap();
+    let nodes = c.nodes().await.unwrap();
+    assert!(
+        nodes.len() >= 2,
+        "the multi-node scenarios need two nodes or more; the cluster has {nodes:?}"
+    );
+    (c, nodes)
+}
+
+/// A node cordoned for as long as the guard lives.
+struct Cordoned {
+    kubeconfig: std::path::PathBuf,
+    node: String,
+}
+
+impl Cordoned {
+    async fn new(c: &Cluster, node: &str) -> Self {
+        c.kubectl(&["cordon", node]).await.unwrap();
+        Self {
+            kubeconfig: c.kubeconfig.clone(),
+            node: node.to_string(),
+        }
+    }
+}
+
+impl Drop for Cordoned {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kubectl")
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args(["uncordon", &self.node])
+            .output();
+    }
+}
+
+/// The servers holding an attachment of the volume, as Cinder and Nova
+/// each say: (Cinder's attachments, Nova's servers listing it).
+async fn holders(c: &Cluster, volume: &str, servers: &[String]) -> (Vec<String>, Vec<String>) {
+    let cinder = c.cinder().unwrap();
+    let nova = c.nova().unwrap();
+    let v = cinder.get_volume(volume).await.unwrap();
+    let by_cinder: Vec<String> = v.attached_servers().map(str::to_string).collect();
+    let mut by_nova = Vec::new();
+    for s in servers {
+        let atts = nova.list_volume_attachments(s).await.unwrap();
+        if atts.iter().any(|a| a.volume_id == volume) {
+            by_nova.push(s.clone());
+        }
+    }
+    (by_cinder, by_nova)
+}
+
+/// What the sampler saw of a volume's holders while a pod moved.
+#[derive(Debug, Default)]
+struct HolderSamples {
+    /// the most servers seen holding it at once, by either service
+    most: usize,
+    seen_then: String,
+    samples: usize,
+    /// when the first server (`servers[0]`) was last seen holding it
+    first_released_at: Option<SystemTime>,
+}
+
+/// Samples who holds the volume until stopped.
+fn sample_holders(
+    c: &Cluster,
+    volume: &str,
+    servers: Vec<String>,
+) -> (Arc<AtomicBool>, tokio::task::JoinHandle<HolderSamples>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (c, volume, flag) = (c.clone(), volume.to_string(), stop.clone());
+    let task = tokio::spawn(async move {
+        let mut out = HolderSamples::default();
+        while !flag.load(Ordering::Relaxed) {
+            let before = SystemTime::now();
+            let (by_cinder, by_nova) = holders(&c, &volume, &servers).await;
+            let distinct: BTreeSet<&String> = by_cinder.iter().chain(&by_nova).collect();
+            out.samples += 1;
+            if distinct.len() > out.most {
+                out.most = distinct.len();
+                out.seen_then = format!("Cinder {by_cinder:?}, Nova {by_nova:?}");
+            }
+            if distinct.contains(&servers[0]) {
+                out.first_released_at = None;
+            } else if out.first_released_at.is_none() {
+                out.first_released_at = Some(before);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        out
+    });
+    (stop, task)
+}
+
+/// Seconds since the epoch of an RFC 3339 UTC time (`2026-11-26T13:20:01Z`,
+/// fractions ignored), as the API writes event times.
+fn rfc3339_secs(t: &str) -> Option<u64> {
+    let num = |r: std::ops::Range<usize>| t.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    // days from the civil date (Howard Hinnant's algorithm)
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400 + hh * 3600 + mm * 60 + ss).ok()
+}
+
+/// The events of a namespace whose message contains `needle`: (message,
+/// when it was last reported, in seconds since the epoch).
+async fn events_saying(c: &Cluster, ns: &str, needle: &str) -> Vec<(String, Option<u64>)> {
+    c.list("events", &["-n", ns])
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e["message"].as_str().is_some_and(|m| m.contains(needle)))
+        .map(|e| {
+            let when = ["lastTimestamp", "eventTime", "firstTimestamp"]
+                .iter()
+                .find_map(|k| e[*k].as_str().and_then(rfc3339_secs));
+            (format!("{}: {}", e["reason"], e["message"]), when)
+        })
+        .collect()
+}
+
+/// The pod's node once it runs there under a new uid.
+async fn wait_running_on(c: &Cluster, ns: &str, pod: &str, node: &str, not_uid: &str) -> Value {
+    c.wait_for(
+        &format!("pod {ns}/{pod} running on {node}"),
+        4 * MINUTE,
+        || async move {
+            let Some(p) = c.get("pod", pod, Some(ns)).await? else {
+                return Ok(Err("no such pod".into()));
+            };
+            let (phase, on, uid) = (
+                p["status"]["phase"].as_str().unwrap_or_default(),
+                p["spec"]["nodeName"].as_str().unwrap_or_default(),
+                p["metadata"]["uid"].as_str().unwrap_or_default(),
+            );
+            Ok(if phase == "Running" && on == node && uid != not_uid {
+                Ok(p)
+            } else {
+                Err(format!("{phase} on {on:?} (uid {uid})"))
+            })
+        },
+    )
+    .await
+    .unwrap()
+}
+
+// ------------------------------------------------------ RWO follows its pod
+
+fn stateful_set(name: &str, class: &str, nodes: &[&str], script: &str) -> String {
+    let script = script.replace('\'', "'\"'\"'");
+    format!(
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: {name}\nspec:\n  replicas: 1\n  serviceName: {name}\n  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      terminationGracePeriodSeconds: 2\n{}      containers:\n      - name: app\n        image: {}\n        command: [\"sh\", \"-c\", '{script}']\n        volumeMounts:\n        - name: data\n          mountPath: /data\n  volumeClaimTemplates:\n  - metadata:\n      name: data\n    spec:\n      accessModes: [ReadWriteOnce]\n      storageClassName: {class}\n      resources:\n        requests:\n          storage: 1Gi\n",
+        placement(nodes, 6),
+        cluster_tests::APP_IMAGE
+    )
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier with two nodes or more: tests/cluster/cluster.py up"]
+async fn an_rwo_volume_follows_its_pod_to_another_node_never_attached_twice() {
+    let (c, nodes) = cluster().await;
+    let (a, b) = (nodes[0].as_str(), nodes[1].as_str());
+    let ns = c.namespace("follow").await.unwrap();
+    let n = ns.name.clone();
+    // first on A: B cordoned until the pod runs
+    let cordon_b = Cordoned::new(&c, b).await;
+    c.apply_in(
+        &n,
+        &stateful_set(
+            "app",
+            "csi-cinder-sc-delete",
+            &[a, b],
+            "[ -f /data/token ] || cat /proc/sys/kernel/random/uuid > /data/token; while true; do date >> /data/log; sleep 1; done",
+        ),
+    )
+    .await
+    .unwrap();
+    let first = c.wait_running(&n, "app-0", 3 * MINUTE).await.unwrap();
+    assert_eq!(first["spec"]["nodeName"], a, "the pod started on A");
+    let token = c.exec(&n, "app-0", "cat /data/token").await.unwrap();
+    let pv = c.volume_of(&n, "data-app-0", MINUTE).await.unwrap();
+    let volume = pv["spec"]["csi"]["volumeHandle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (server_a, server_b) = (c.server_of(a).unwrap(), c.server_of(b).unwrap());
+    assert_eq!(
+        holders(&c, &volume, &[server_a.clone(), server_b.clone()]).await,
+        (vec![server_a.clone()], vec![server_a.clone()]),
+        "attached to A's server only"
+    );
+
+    // A cordoned, the pod deleted: its successor runs on B with the data
+    drop(cordon_b);
+    let _cordon_a = Cordoned::new(&c, a).await;
+    let (stop, sampler) = sample_holders(&c, &volume, vec![server_a.clone(), server_b.clone()]);
+    let moved = Instant::now();
+    let old_uid = first["metadata"]["uid"].as_str().unwrap().to_string();
+    c.kubectl(&["delete", "pod", "app-0", "-n", &n, "--wait=false"])
+        .await
+        .unwrap();
+    wait_running_on(&c, &n, "app-0", b, &old_uid).await;
+    let took = moved.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let seen = sampler.await.unwrap();
+    println!(
+        "pod moved from {a} to {b} in {took:?} (deleted → Running); {} samples of Cinder and Nova",
+        seen.samples
+    );
+    assert_eq!(
+        c.exec(&n, "app-0", "cat /data/token").await.unwrap(),
+        token,
+        "the data followed the pod"
+    );
+    assert!(
+        seen.most <= 1,
+        "two servers held the volume at once: {}",
+        seen.seen_then
+    );
+    assert_eq!(
+        holders(&c, &volume, &[server_a.clone(), server_b.clone()]).await,
+        (vec![server_b.clone()], vec![server_b.clone()]),
+        "attached to B's server only"
+    );
+    // Kubernetes' attach/detach controller says "Multi-Attach" once when
+    // the new pod is scheduled while A's detach is still under way (the
+    // old pod already gone): that is its design, for every driver. What
+    // users report against the upstream driver is the lasting kind: a pod
+    // still holding the volume elsewhere, or an attachment that never
+    // goes. Neither may happen: no event names a pod, and none came after
+    // A's server let the volume go.
+    let multi = events_saying(&c, &n, "Multi-Attach").await;
+    println!("Multi-Attach events: {multi:?}");
+    assert!(
+        multi
+            .iter()
+            .all(|(m, _)| !m.contains("already used by pod")),
+        "a pod elsewhere still held the volume: {multi:?}"
+    );
+    assert!(multi.len() <= 1, "Multi-Attach reported again: {multi:?}");
+    let released = seen
+        .first_released_at
+        .expect("A's server let the volume go")
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    for (m, when) in &multi {
+        let when = when.unwrap_or_else(|| panic!("an event without a time: {m}"));
+        assert!(
+            when <= released + 1,
+            "Multi-Attach reported {}s after A's server let the volume go: {m}",
+            when.saturating_sub(released)
+        );
+    }
+    let pv_name = name(&pv);
+    assert!(
+        c.node_mounts_containing(a, &pv_name).unwrap().is_empty(),
+        "A still mounts the volume"
+    );
+    assert!(
+        !c.node_mounts_containing(b, &pv_name).unwrap().is_empty(),
+        "B mounts the volume"
+    );
+    ns.close().await.unwrap();
+}
+
+// ------------------------------------------------------- RWX across nodes
+
+#[tokio::test]
+#[ignore = "needs the cluster tier with two nodes or more: tests/cluster/cluster.py up"]
+async fn a_cephfs_share_is_read_on_every_node_at_once_each_with_its_own_mount() {
+    let (c, nodes) = cluster().await;
+    let ns = c.namespace("rwx").await.unwrap();
+    let n = ns.name.clone();
+    let mut docs = vec![claim(
+        "shared",
+        "csi-manila-cephfs",
+        "1Gi",
+        "ReadWriteMany",
+        false,
+    )];
+    docs.push(placed_on(
+        &pod(
+            "writer",
+            "shared",
+            "cat /proc/sys/kernel/random/uuid > /data/token; sleep 100000",
+            PodOptions::default(),
+        ),
+        &[&nodes[0]],
+    ));
+    for (i, node) in nodes.iter().enumerate().skip(1) {
+        docs.push(placed_on(
+            &pod(
+                &format!("reader-{i}"),
+                "shared",
+                "sleep 100000",
+                PodOptions::default(),
+            ),
+            &[node],
+        ));
+    }
+    c.apply_in(&n, &docs.join("---\n")).await.unwrap();
+    c.wait_running(&n, "writer", 3 * MINUTE).await.unwrap();
+    let token = c.exec(&n, "writer", "cat /data/token").await.unwrap();
+    for (i, node) in nodes.iter().enumerate().skip(1) {
+        let r = format!("reader-{i}");
+        c.wait_running(&n, &r, 3 * MINUTE).await.unwrap();
+        assert_eq!(
+            c.exec(&n, &r, "cat /data/token").await.unwrap(),
+            token,
+            "{r} on {node} reads what A wrote"
+        );
+    }
+    // a write on B is seen on A at once: one share, not copies
+    c.exec(&n, "reader-1", "echo from-b > /data/from-b")
+        .await
+        .unwrap();
+    assert_eq!(
+        c.exec(&n, "writer", "cat /data/from-b")
+            .await
+            .unwrap()
+            .trim(),
+        "from-b"
+    );
+
+    let pv = c.volume_of(&n, "shared", MINUTE).await.unwrap();
+    let share = pv["spec"]["csi"]["volumeHandle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mount_pods_of_share = || async {
+        c.list(
+            "pods",
+            &[
+                "-n",
+                SUITE_NAMESPACE,
+                "-l",
+                "app.kubernetes.io/component=ceph-fuse-mount",
+            ],
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|p| {
+            p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"] == share.as_str()
+        })
+        .map(|p| {
+            p["spec"]["nodeName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect::<Vec<String>>()
+    };
+    let mut on: Vec<String> = mount_pods_of_share().await;
+    on.sort();
+    let mut want = nodes.clone();
+    want.sort();
+    assert_eq!(on, want, "one mount pod per node for the share");
+
+    // B's reader gone: B's mount goes, A's stays and keeps working
+    c.delete("pod", "reader-1", Some(&n)).await.unwrap();
+    let b = nodes[1].clone();
+    c.wait_for("B's mount pod of the share gone", 2 * MINUTE, || {
+        let b = b.clone();
+        let f = mount_pods_of_share();
+        async move {
+            let on = f.await;
+            Ok(if on.contains(&b) {
+                Err(format!("{on:?}"))
+            } else {
+                Ok(())
+            })
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        mount_pods_of_share().await.contains(&nodes[0]),
+        "A's mount pod stays"
+    );
+    assert!(
+        c.node_mounts_containing(&nodes[1], &name(&pv))
+            .unwrap()
+            .is_empty(),
+        "B still mounts the share"
+    );
+    c.exec(&n, "writer", "echo again >> /data/token && sync")
+        .await
+        .unwrap();
+    assert!(
+        c.exec(&n, "writer", "cat /data/token")
+            .await
+            .unwrap()
+            .contains("again")
+    );
+    ns.close().await.unwrap();
+}
+
+// -------------------------------------- one node's restart stays on that node
+
+/// The node plugins' pods on `node`: name → (uid, restarts).
+async fn plugins_on(c: &Cluster, node: &str) -> Vec<(String, String, i64)> {
+    let mut out: Vec<(String, String, i64)> = c
+        .list("pods", &["-n", SUITE_NAMESPACE])
+        .await
+        .unwrap()
+        .iter()
+        .filter(|p| name(p).contains("-nodeplugin-") && p["spec"]["nodeName"] == node)
+        .map(|p| {
+            let restarts = p["status"]["containerStatuses"]
+                .as_array()
+                .map(|s| s.iter().filter_map(|c| c["restartCount"].as_i64()).sum())
+                .unwrap_or(0);
+            (
+                name(p),
+                p["metadata"]["uid"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                restarts,
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier with two nodes or more: tests/cluster/cluster.py up"]
+async fn restarting_one_nodes_plugins_leaves_the_other_nodes_volumes_untouched() {
+    let (c, nodes) = cluster().await;
+    let (a, b) = (nodes[0].as_str(), nodes[1].as_str());
+    let ns = c.namespace("one-node").await.unwrap();
+    let n = ns.name.clone();
+    let docs = [
+        claim("blk", "csi-cinder-sc-xfs", "1Gi", "ReadWriteOnce", false),
+        claim("fs", "csi-manila-cephfs", "1Gi", "ReadWriteMany", false),
+        placed_on(&prober("probe-cinder", "blk"), &[b]),
+        placed_on(&prober("probe-cephfs", "fs"), &[b]),
+    ];
+    c.apply_in(&n, &docs.join("---\n")).await.unwrap();
+    for p in ["probe-cinder", "probe-cephfs"] {
+        let pod = c.wait_running(&n, p, 3 * MINUTE).await.unwrap();
+        assert_eq!(pod["spec"]["nodeName"], b);
+    }
+    let on_b = plugins_on(&c, b).await;
+    let on_a = plugins_on(&c, a).await;
+    assert_eq!(on_a.len(), 3, "three node plugins on A: {on_a:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // A's node plugins replaced, as an upgrade rolling through A does
+    let mut args = vec!["delete", "pods", "-n", SUITE_NAMESPACE, "--timeout=120s"];
+    args.extend(on_a.iter().map(|(p, _, _)| p.as_str()));
+    let restarted = Instant::now();
+    c.kubectl(&args).await.unwrap();
+    c.wait_for("A's node plugins back", 3 * MINUTE, || async {
+        let now = plugins_on(&c, a).await;
+        let ready = c
+            .list("pods", &["-n", SUITE_NAMESPACE])
+            .await?
+            .iter()
+            .filter(|p| name(p).contains("-nodeplugin-") && p["spec"]["nodeName"] == a)
+            .all(|p| {
+                p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|s| s.iter().all(|c| c["ready"] == true))
+            });
+        Ok(
+            if now.len() == 3
+                && ready
+                && now
+                    .iter()
+                    .all(|(p, _, _)| !on_a.iter().any(|(o, _, _)| o == p))
+            {
+                Ok(())
+            } else {
+                Err(format!("{now:?}"))
+            },
+        )
+    })
+    .await
+    .unwrap();
+    println!("A's node plugins replaced in {:?}", restarted.elapsed());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    assert_eq!(
+        plugins_on(&c, b).await,
+        on_b,
+        "B's node plugins were touched"
+    );
+    for p in ["probe-cinder", "probe-cephfs"] {
+        let (gap, writes, fails) = c.probe_report(&n, p).await;
+        println!("{p} on {b}: {writes} writes, {fails} failed, longest gap {gap:?}");
+        assert_eq!(
+            fails, 0,
+            "{p} on B: writes failed while A's plugins restarted"
+        );
+        assert!(gap < Duration::from_secs(2), "{p} on B stalled {gap:?}");
+        assert!(writes > 50, "{p}: {writes} writes");
+    }
+    ns.close().await.unwrap();
+}
+
+#[test]
+fn event_times_are_read_as_the_api_writes_them() {
+    assert_eq!(rfc3339_secs("1970-01-01T00:00:00Z"), Some(0));
+    assert_eq!(rfc3339_secs("2026-11-26T13:20:01Z"), Some(1_795_699_201));
+    assert_eq!(
+        rfc3339_secs("2000-03-01T00:00:00.123456Z"),
+        Some(951_868_800)
+    );
+    assert_eq!(rfc3339_secs("yesterday"), None);
+}
+
+// ------------------------------------------- attach limits steer the scheduler
+
+/// The Cinder volumes a node still takes, as its CSINode says.
+async fn cinder_allocatable(c: &Cluster, node: &str) -> i64 {
+    let n = c.get("csinode", node, None).await.unwrap().unwrap();
+    n["spec"]["drivers"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["name"] == "cinder.csi.openstack.org"))
+        .and_then(|d| d["allocatable"]["count"].as_i64())
+        .unwrap_or_else(|| panic!("no Cinder allocatable count on {node}: {n}"))
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier with two nodes or more: tests/cluster/cluster.py up"]
+async fn a_node_at_its_attach_limit_sends_the_next_pod_elsewhere() {
+    let (c, nodes) = cluster().await;
+    let (a, b) = (nodes[0].as_str(), nodes[1].as_str());
+    let ns = c.namespace("limits").await.unwrap();
+    let n = ns.name.clone();
+    let room = cinder_allocatable(&c, a).await;
+    assert!(
+        (1..=16).contains(&room),
+        "A takes {room} volumes: expected the test cloud's small limit"
+    );
+    // A filled to what it takes, B cordoned meanwhile
+    let cordon_b = Cordoned::new(&c, b).await;
+    let mut docs = Vec::new();
+    for i in 0..room {
+        docs.push(claim(
+            &format!("fill-{i}"),
+            "csi-cinder-sc-delete",
+            "1Gi",
+            "ReadWriteOnce",
+            false,
+        ));
+        docs.push(placed_on(
+            &pod(
+                &format!("fill-{i}"),
+                &format!("fill-{i}"),
+                "sleep 100000",
+                PodOptions::default(),
+            ),
+            &[a, b],
+        ));
+    }
+    c.apply_in(&n, &docs.join("---\n")).await.unwrap();
+    let filled = Instant::now();
+    for i in 0..room {
+        let p = c
+            .wait_running(&n, &format!("fill-{i}"), 5 * MINUTE)
+            .await
+            .unwrap();
+        assert_eq!(p["spec"]["nodeName"], a);
+    }
+    println!(
+        "{room} Cinder pods running on {a} in {:?}",
+        filled.elapsed()
+    );
+    drop(cordon_b);
+
+    // one more, allowed on either and preferring A: only A's limit can
+    // send it to B
+    let extra_pod = placed_on(
+        &pod("extra", "extra", "sleep 100000", PodOptions::default()),
+        &[a, b],
+    );
+    let prefer_a = format!(
+        "    nodeAffinity:\n      preferredDuringSchedulingIgnoredDuringExecution:\n      - weight: 100\n        preference:\n          matchExpressions:\n          - key: kubernetes.io/hostname\n            operator: In\n            values: [{a}]\n"
+    );
+    let extra = [
+        claim(
+            "extra",
+            "csi-cinder-sc-delete",
+            "1Gi",
+            "ReadWriteOnce",
+            false,
+        ),
+        extra_pod.replacen("    nodeAffinity:\n", &prefer_a, 1),
+    ];
+    assert!(extra[1].contains("preferredDuring"));
+    c.apply_in(&n, &extra.join("---\n")).await.unwrap();
+    let p = c.wait_running(&n, "extra", 3 * MINUTE).await.unwrap();
+    assert_eq!(
+        p["spec"]["nodeName"], b,
+        "the pod beyond A's limit went to B"
+    );
+    let failed = events_saying(&c, &n, "AttachVolume").await;
+    assert!(
+        failed
+            .iter()
+            .all(|(m, _)| !m.contains("FailedAttachVolume")),
+        "an attach failed: {failed:?}"
+    );
+    let server_a = c.server_of(a).unwrap();
+    let attached = c
+        .nova()
+        .unwrap()
+        .list_volume_attachments(&server_a)
+        .await
+        .unwrap()
+        .len();
+    println!("{a}'s server holds {attached} disks (its root included)");
+    ns.close().await.unwrap();
+}
