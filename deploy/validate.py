@@ -213,12 +213,48 @@ def workload_rules(doc):
         mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
         if sc.get("readOnlyRootFilesystem") and "/tmp" not in mounts:
             yield f"container {c['name']}: a read-only root needs a writable /tmp (the config drive is mounted there)"
+    if name.startswith("csi-") and name.endswith("-nodeplugin"):
+        yield from pre_stop_rules(pod)
     if name == "barbican-kms-plugin":
         if any("secret" in v for v in pod.get("volumes", [])):
             yield ("the KMS plugin must not read its credentials from a Secret: once Secrets are encrypted "
                    "a cold restart of the control plane deadlocks (use a host file)")
         if not pod.get("hostNetwork"):
             yield "the KMS plugin reaches Barbican as the apiserver does: hostNetwork"
+
+
+def pre_stop_rules(pod):
+    """A node plugin is the last to leave a drained node: its preStop runs
+    `pre-stop-hook` for its own driver, with the node's name and a token
+    to read the node and the VolumeAttachments, within a grace period
+    long enough for the detaches."""
+    for c in pod["containers"]:
+        if c["name"] not in ("cinder-csi-plugin", "manila-csi-plugin"):
+            continue
+        args = c.get("args", [])
+        driver = next((a.split("=", 1)[1] for a in args if a.startswith("--drivername=")),
+                      "cinder.csi.openstack.org" if c["name"] == "cinder-csi-plugin" else None)
+        command = ((c.get("lifecycle") or {}).get("preStop") or {}).get("exec", {}).get("command", [])
+        if "pre-stop-hook" not in command:
+            yield (f"container {c['name']}: no preStop `pre-stop-hook`: on a drained node the plugin would leave "
+                   "before kubelet unmounted through it")
+        elif f"--driver-name={driver}" not in command:
+            yield f"container {c['name']}: the pre-stop hook must wait for its own driver ({driver})"
+        env = {e["name"]: e for e in c.get("env", [])}
+        if ((env.get("NODE_NAME") or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") != "spec.nodeName":
+            yield f"container {c['name']}: the pre-stop hook needs NODE_NAME from the downward API (spec.nodeName)"
+        mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+        if pod.get("automountServiceAccountToken") is not True \
+                and "/var/run/secrets/kubernetes.io/serviceaccount" not in mounts:
+            yield f"container {c['name']}: the pre-stop hook needs a service account token"
+        port = next((a.rsplit(":", 1)[1] for a in args if a.startswith("--http-endpoint=")), None)
+        registrar = next((r for r in pod["containers"] if r["name"] == "node-driver-registrar"), None)
+        get = (((registrar or {}).get("lifecycle") or {}).get("preStop") or {}).get("httpGet") or {}
+        if registrar and (get.get("path") != "/pre-stop" or str(get.get("port")) != str(port)):
+            yield ("node-driver-registrar: its preStop must wait on the plugin's /pre-stop (httpGet to the "
+                   "--http-endpoint port): told to stop, it deregisters the driver and kubelet unmounts nothing")
+        if pod.get("terminationGracePeriodSeconds", 30) < 30:
+            yield "a node plugin's grace period bounds the pre-stop hook's wait: 30 s at least"
 
 
 def manila_rules(doc):
@@ -262,7 +298,7 @@ def manila_rules(doc):
                 yield "the CephFS node plugin needs /dev/fuse for ceph-fuse"
 
 
-def _daemonset(name, container, args, strategy=True, tmp=True, volumes=()):
+def _daemonset(name, container, args, strategy=True, tmp=True, volumes=(), pre_stop="cinder.csi.openstack.org"):
     """A node DaemonSet as deploy/ writes them, to break one rule at a time."""
     mounts = [{"name": "k", "mountPath": "/var/lib/kubelet", "mountPropagation": "Bidirectional"},
               {"name": "f", "mountPath": "/dev/fuse"}, {"name": "d", "mountPath": "/dev"}]
@@ -275,11 +311,24 @@ def _daemonset(name, container, args, strategy=True, tmp=True, volumes=()):
         "hostNetwork": True, "automountServiceAccountToken": False,
         "containers": [{"name": container, "image": "i:1", "args": args,
                         "securityContext": {"privileged": True, "readOnlyRootFilesystem": True},
-                        "volumeMounts": mounts}],
+                        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                        **({"lifecycle": {"preStop": {"exec": {"command": [
+                            "/usr/local/bin/p", "pre-stop-hook", f"--driver-name={pre_stop}"]}}}}
+                           if pre_stop else {}),
+                        "volumeMounts": mounts + [{"name": "t", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]}],
         "volumes": vols}}}
     if strategy:
         spec["updateStrategy"] = {"type": "RollingUpdate"}
     return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name}, "spec": spec}
+
+
+def _with_registrar(ds, pre_stop=None):
+    """The DaemonSet with a node-driver-registrar container (its preStop as given)."""
+    c = {"name": "node-driver-registrar", "image": "r:1"}
+    if pre_stop:
+        c["lifecycle"] = {"preStop": pre_stop}
+    ds["spec"]["template"]["spec"]["containers"].append(c)
+    return ds
 
 
 # each must be reported: proves the checks can fail
@@ -325,9 +374,18 @@ BROKEN = [
     ("KMS plugin reading a Secret", _daemonset("barbican-kms-plugin", "barbican-kms-plugin", [],
                                                  volumes=[{"name": "c", "secret": {"secretName": "s"}}])),
     ("Manila with topology on", _daemonset("csi-manila-nfs-nodeplugin", "manila-csi-plugin", [
-        "--drivername=nfs.manila.csi.openstack.org", "--share-protocol-selector=NFS", "--with-topology"])),
+        "--drivername=nfs.manila.csi.openstack.org", "--share-protocol-selector=NFS", "--with-topology"],
+        pre_stop="nfs.manila.csi.openstack.org")),
     ("mount pods without the node name", _daemonset("csi-manila-cephfs-nodeplugin", "manila-csi-plugin", [
-        "--drivername=cephfs.manila.csi.openstack.org", "--share-protocol-selector=CEPHFS", "--mount-pods"])),
+        "--drivername=cephfs.manila.csi.openstack.org", "--share-protocol-selector=CEPHFS", "--mount-pods"],
+        pre_stop="cephfs.manila.csi.openstack.org")),
+    ("node plugin without the pre-stop hook", _daemonset("csi-cinder-nodeplugin", "cinder-csi-plugin", [],
+                                                         pre_stop=None)),
+    ("registrar leaving before the plugin", _with_registrar(_daemonset("csi-cinder-nodeplugin", "cinder-csi-plugin",
+                                                                      ["--http-endpoint=:9829"]))),
+    ("pre-stop hook waiting for another driver", _daemonset("csi-manila-nfs-nodeplugin", "manila-csi-plugin", [
+        "--drivername=nfs.manila.csi.openstack.org", "--share-protocol-selector=NFS"],
+        pre_stop="cephfs.manila.csi.openstack.org")),
 ]
 
 

@@ -3,6 +3,10 @@ use csi_cinder::Options;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    if csi_common::pre_stop::invoked() {
+        csi_common::pre_stop::main(csi_cinder::DEFAULT_DRIVER_NAME).await?;
+        return Ok(());
+    }
     let opts = Options::parse();
     plugin_runtime::logging::init(&opts.log)?;
     csi_cinder::plugin::run(opts).await?;

@@ -28,7 +28,7 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     for what in opts.not_served() {
         tracing::info!(%what, "not served by this instance");
     }
-    let server = PluginServer::new(opts.endpoint.clone()).http_endpoint(opts.http_endpoint);
+    let mut server = PluginServer::new(opts.endpoint.clone()).http_endpoint(opts.http_endpoint);
 
     // the node needs only [Metadata] (and [BlockStorage]): its cloud.conf
     // is optional
@@ -94,6 +94,9 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
         let (r, identity) =
             Readiness::node_identity(conf.metadata.clone(), opts.metadata_url.clone());
         parts.push(r);
+        if let Some(root) = opts.services.path_roots().first() {
+            server = csi_common::pre_stop::serve_on(server, &opts.driver_name, root);
+        }
         let node = NodeService::new(
             identity,
             Arc::new(host_ops::LinuxMounter),

@@ -25,6 +25,7 @@ pub mod node_ops;
 pub mod paging;
 pub mod parameters;
 pub mod plugin;
+pub mod pre_stop;
 pub mod readiness;
 pub mod request;
 pub mod waits;

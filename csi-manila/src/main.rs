@@ -3,6 +3,10 @@ use csi_manila::Options;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    if csi_common::pre_stop::invoked() {
+        csi_common::pre_stop::main(csi_manila::DEFAULT_DRIVER_NAME).await?;
+        return Ok(());
+    }
     let opts = Options::parse();
     plugin_runtime::logging::init(&opts.log)?;
     csi_manila::plugin::run(opts).await?;

@@ -309,6 +309,78 @@ impl Client {
     }
 }
 
+impl Client {
+    /// The node, or None when there is none by that name.
+    pub async fn get_node(&self, name: &str) -> Result<Option<Node>> {
+        let path = format!("api/v1/nodes/{name}");
+        match self.call("GET", &path, &[], None).await {
+            Ok(v) => decode("GET", &path, v).map(Some),
+            Err(e) if e.status() == Some(404) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every VolumeAttachment of the cluster (the API selects them by no
+    /// field but their name).
+    pub async fn list_volume_attachments(&self) -> Result<Vec<VolumeAttachment>> {
+        let path = "apis/storage.k8s.io/v1/volumeattachments";
+        let v = self.call("GET", path, &[], None).await?;
+        let list: VolumeAttachmentList = decode("GET", path, v)?;
+        Ok(list.items)
+    }
+}
+
+/// The parts of a node the plugins read.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Node {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: NodeSpec,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NodeSpec {
+    /// Cordoned (`kubectl cordon`, and so `kubectl drain`).
+    #[serde(default)]
+    pub unschedulable: bool,
+    #[serde(default)]
+    pub taints: Vec<Taint>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Taint {
+    #[serde(default)]
+    pub key: String,
+    #[serde(default)]
+    pub effect: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct VolumeAttachmentList {
+    #[serde(default)]
+    items: Vec<VolumeAttachment>,
+}
+
+/// The parts of a VolumeAttachment the plugins read.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct VolumeAttachment {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: VolumeAttachmentSpec,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeAttachmentSpec {
+    /// The CSI driver's name.
+    #[serde(default)]
+    pub attacher: String,
+    #[serde(default)]
+    pub node_name: String,
+}
+
 fn decode<T: serde::de::DeserializeOwned>(
     method: &'static str,
     path: &str,

@@ -19,6 +19,10 @@ pub type HealthCheck = Arc<
     dyn Fn() -> Pin<Box<dyn Future<Output = Result<Option<String>, String>> + Send>> + Send + Sync,
 >;
 
+/// A further GET route of the endpoint: its status code and body.
+pub type HttpHandler =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = (u16, String)> + Send>> + Send + Sync>;
+
 #[derive(Clone)]
 struct HttpState {
     registry: Arc<Mutex<Registry>>,
@@ -62,14 +66,30 @@ pub async fn serve(
     addr: SocketAddr,
     registry: Arc<Mutex<Registry>>,
     health: HealthCheck,
+    extra: Vec<(&'static str, HttpHandler)>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let app = axum::Router::new()
+    let mut app = axum::Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .with_state(HttpState { registry, health });
+        .route("/healthz", get(healthz));
+    for (path, handler) in extra {
+        app = app.route(
+            path,
+            get(move || {
+                let handler = handler.clone();
+                async move {
+                    let (code, body) = handler().await;
+                    (
+                        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                        body,
+                    )
+                }
+            }),
+        );
+    }
+    let app = app.with_state(HttpState { registry, health });
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)

@@ -51,6 +51,7 @@ pub struct PluginServer {
     registry: Arc<Mutex<Registry>>,
     grpc_metrics: GrpcMetrics,
     health: HealthCheck,
+    http_routes: Vec<(&'static str, http_endpoint::HttpHandler)>,
     grace: Duration,
     bound_http: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
 }
@@ -76,6 +77,7 @@ impl PluginServer {
             registry: Arc::new(Mutex::new(registry)),
             grpc_metrics,
             health: Arc::new(|| Box::pin(async { Ok(None) })),
+            http_routes: Vec::new(),
             grace: Duration::from_secs(30),
             bound_http: None,
         }
@@ -88,6 +90,12 @@ impl PluginServer {
 
     pub fn http_endpoint(mut self, addr: Option<SocketAddr>) -> Self {
         self.http_endpoint = addr;
+        self
+    }
+
+    /// A further GET route of the HTTP endpoint (when it is served).
+    pub fn http_route(mut self, path: &'static str, handler: http_endpoint::HttpHandler) -> Self {
+        self.http_routes.push((path, handler));
         self
     }
 
@@ -131,6 +139,7 @@ impl PluginServer {
                     addr,
                     self.registry.clone(),
                     self.health.clone(),
+                    std::mem::take(&mut self.http_routes),
                     async move {
                         let _ = rx.wait_for(|stop| *stop).await;
                     },

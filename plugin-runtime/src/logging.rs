@@ -22,7 +22,7 @@ impl FromStr for LogFormat {
 }
 
 /// Log flags every binary takes.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct LogArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "LOG_FORMAT")]

@@ -1,0 +1,210 @@
+//! The node plugins' pre-stop hook against a stand-in apiserver that keeps
+//! state (a node that can be cordoned, VolumeAttachments that go), with a
+//! real mount of the driver below a kubelet directory: it returns at once
+//! on a node that is not drained, and on a drained one only after the
+//! driver's last attachment and last mount are gone, riding out API
+//! errors meanwhile.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use csi_common::pre_stop::{Outcome, PreStopArgs, http_handler, run};
+use kube_api::{Client, Token};
+
+const DRIVER: &str = "cinder.csi.openstack.org";
+
+#[derive(Default)]
+struct Cluster {
+    unschedulable: bool,
+    /// (name, attacher, node)
+    attachments: Vec<(String, String, String)>,
+    /// answer the next N lists with 500
+    failing_lists: usize,
+    lists: usize,
+    node_gets: usize,
+}
+
+type Shared = Arc<Mutex<Cluster>>;
+
+async fn node(State(s): State<Shared>) -> Response {
+    let mut c = s.lock().unwrap();
+    c.node_gets += 1;
+    axum::Json(serde_json::json!({
+        "metadata": {"name": "node-1"},
+        "spec": {"unschedulable": c.unschedulable}
+    }))
+    .into_response()
+}
+
+async fn attachments(State(s): State<Shared>) -> Response {
+    let mut c = s.lock().unwrap();
+    c.lists += 1;
+    if c.failing_lists > 0 {
+        c.failing_lists -= 1;
+        return (StatusCode::INTERNAL_SERVER_ERROR, "etcd is slow").into_response();
+    }
+    let items: Vec<_> = c
+        .attachments
+        .iter()
+        .map(|(n, a, node)| serde_json::json!({"metadata": {"name": n}, "spec": {"attacher": a, "nodeName": node}}))
+        .collect();
+    axum::Json(serde_json::json!({ "items": items })).into_response()
+}
+
+async fn apiserver(state: Shared) -> Client {
+    let app = Router::new()
+        .route("/api/v1/nodes/node-1", get(node))
+        .route(
+            "/apis/storage.k8s.io/v1/volumeattachments",
+            get(attachments),
+        )
+        .with_state(state);
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    Client::new(
+        format!("http://{a}/").parse().unwrap(),
+        None,
+        Token::Fixed("t".into()),
+    )
+    .unwrap()
+}
+
+fn args(root: &Path) -> PreStopArgs {
+    use clap::Parser;
+    PreStopArgs::parse_from([
+        "pre-stop-hook",
+        "--node-name=node-1",
+        &format!("--path-root={}", root.display()),
+        "--poll-interval-ms=100",
+    ])
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+#[tokio::test]
+async fn a_node_not_being_drained_lets_the_plugin_go_at_once() {
+    let state = Shared::default();
+    state.lock().unwrap().attachments = vec![("va-1".into(), DRIVER.into(), "node-1".into())];
+    let client = apiserver(state.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let t = Instant::now();
+    let out = run(&client, &args(dir.path()), DRIVER).await.unwrap();
+    assert_eq!(out, Outcome::NotDraining);
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert_eq!(state.lock().unwrap().lists, 0, "nothing listed");
+}
+
+#[tokio::test]
+async fn a_drained_node_keeps_its_plugin_until_the_last_attachment_and_mount_are_gone() {
+    assert!(is_root(), "needs root (a real mount), as every node test");
+    let state = Shared::default();
+    {
+        let mut c = state.lock().unwrap();
+        c.unschedulable = true;
+        c.failing_lists = 3;
+        c.attachments = vec![
+            ("va-ours".into(), DRIVER.into(), "node-1".into()),
+            // another driver's, and ours on another node: not waited for
+            (
+                "va-other-driver".into(),
+                "other.csi.example.org".into(),
+                "node-1".into(),
+            ),
+            ("va-other-node".into(), DRIVER.into(), "node-2".into()),
+        ];
+    }
+    let client = apiserver(state.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let staging = dir.path().join(format!(
+        "plugins/kubernetes.io/csi/{DRIVER}/0123abcd/globalmount"
+    ));
+    std::fs::create_dir_all(&staging).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "stage-test"])
+        .arg(&staging)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let unmount = Unmount(staging.clone());
+
+    let hook = tokio::spawn({
+        let (client, args) = (client.clone(), args(dir.path()));
+        async move { run(&client, &args, DRIVER).await }
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        !hook.is_finished(),
+        "returned with our attachment and mount left"
+    );
+    // the attachment goes (Kubernetes detached): the mount still holds it
+    state
+        .lock()
+        .unwrap()
+        .attachments
+        .retain(|(n, _, _)| n != "va-ours");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!hook.is_finished(), "returned with our mount left");
+    drop(unmount);
+    let out = tokio::time::timeout(Duration::from_secs(5), hook)
+        .await
+        .expect("returned once nothing was left")
+        .unwrap()
+        .unwrap();
+    assert!(matches!(out, Outcome::Released { waited } if waited >= Duration::from_millis(1400)));
+    let c = state.lock().unwrap();
+    assert_eq!(c.failing_lists, 0, "the failed lists were retried");
+    assert!(c.lists > 5);
+}
+
+/// Unmounts when dropped (also when the test fails).
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[tokio::test]
+async fn the_registrars_http_waits_share_one_run_of_the_hook() {
+    let state = Shared::default();
+    state.lock().unwrap().unschedulable = true;
+    state.lock().unwrap().attachments = vec![("va-1".into(), DRIVER.into(), "node-1".into())];
+    let client = apiserver(state.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let handler = http_handler(client, args(dir.path()), DRIVER.into());
+    let waits: Vec<_> = (0..20).map(|_| tokio::spawn(handler())).collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        waits.iter().all(|w| !w.is_finished()),
+        "answered with an attachment left"
+    );
+    state.lock().unwrap().attachments.clear();
+    for w in waits {
+        let (code, body) = tokio::time::timeout(Duration::from_secs(5), w)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(code, 200);
+        assert!(body.starts_with("Released"), "{body}");
+    }
+    assert_eq!(
+        state.lock().unwrap().node_gets,
+        1,
+        "one run for twenty callers"
+    );
+    // a later caller gets the same answer at once, without a new run
+    assert_eq!(handler().await.0, 200);
+    assert_eq!(state.lock().unwrap().node_gets, 1);
+}
