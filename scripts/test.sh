@@ -285,6 +285,7 @@ if [[ -e $work/cluster-up ]]; then
   tests "cluster tier: many nodes (volumes follow their pods, shares on every node, limits steer)" \
     run_tests cluster-tests nodes --ignored --test-threads=1 --show-output
   tests "cluster tier: figures bench, quick" run_bench cluster-tests figures
+  tests "cluster tier: many-node figures bench, quick" run_bench cluster-tests nodes
 fi
 # down fails when anything of the cluster is left on the machine
 tests "cluster tier down (nothing left)" python3 tests/cluster/cluster.py down

@@ -63,7 +63,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE.parent / "lib"))
-from services import Services, http, port_open, run_cli  # noqa: E402
+from services import Services, group_rss_kib, http, port_open, run_cli  # noqa: E402
 
 STATE = Path(os.environ.get("K8S_TEST_CLUSTER_DIR", REPO / ".k8s-cluster")).resolve()
 CLOUD = Path(os.environ.get("OS_TEST_CLOUD_DIR", REPO / ".openstack-cloud")).resolve()
@@ -1226,10 +1226,50 @@ def all_processes():
     return PROCESSES + [n.service(p) for n in namespaced_nodes() for p in ("kubelet", "containerd", "metadata")]
 
 
+def pods_rss_kib(node):
+    """What the node's pods hold resident (their cgroups' total_rss)."""
+    stat = Path("/sys/fs/cgroup/memory") / (node.cgroup_root or "") / "kubepods" / "memory.stat"
+    try:
+        for line in stat.read_text().splitlines():
+            if line.startswith("total_rss "):
+                return int(line.split()[1]) // 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def shims_rss_kib(node):
+    """What the node's containerd shims hold resident (one per pod; they
+    live outside the pods' cgroups and process groups)."""
+    total = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if "containerd-shim" not in cmdline or str(node.containerd_sock) not in cmdline:
+                continue
+            for line in (d / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return total
+
+
 def cmd_status():
     ok = all(SERVICES.alive(p) for p in all_processes())
+    total = 0
     for p in all_processes():
-        print(f"{p:24} {'up' if SERVICES.alive(p) else 'DOWN'}")
+        pgid = SERVICES.group(p) if SERVICES.alive(p) else None
+        rss = group_rss_kib(pgid) if pgid else 0
+        total += rss
+        print(f"{p:24} {'up' if pgid else 'DOWN':4} {rss / 1024:6.0f} MiB")
+    for node in nodes():
+        for what, rss in (("pods", pods_rss_kib(node)), ("shims", shims_rss_kib(node))):
+            total += rss
+            print(f"{what + ' on ' + node.name:24} {'':4} {rss / 1024:6.0f} MiB")
+    print(f"{'memory of the tier':24} {'':4} {total / 1024:6.0f} MiB")
     reg = ok and drivers_registered()
     print(f"{'drivers registered':24} {'yes' if reg else 'no'}")
     return 0 if reg else 1

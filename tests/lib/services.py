@@ -159,6 +159,23 @@ class Services:
 # ---------------------------------------------------------------- network
 
 
+def group_rss_kib(pgid):
+    """The resident memory of a process group's processes, in KiB."""
+    total = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(d.name)) != pgid:
+                continue
+            for line in (d / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except (OSError, ProcessLookupError, ValueError):
+            continue
+    return total
+
+
 def port_open(port, host="127.0.0.1"):
     with socket.socket() as s:
         s.settimeout(0.3)

@@ -108,7 +108,7 @@ class CloudError(Exception):
 # ---------------------------------------------------------------- helpers
 
 sys.path.insert(0, str(HERE.parent / "lib"))
-from services import Services, http, port_open as _port_open, run_cli  # noqa: E402
+from services import Services, group_rss_kib, http, port_open as _port_open, run_cli  # noqa: E402
 
 SERVICES = Services(STATE, log, CloudError)
 run = SERVICES.run
@@ -1459,22 +1459,6 @@ def cmd_up(profile):
     if "nova" in services:
         start_hypervisor_agent()
     log(f"profile {profile} up: install {t1 - t0:.0f}s, start {time.time() - t1:.0f}s; state in {STATE}")
-
-
-def group_rss_kib(pgid):
-    total = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(d.name)) != pgid:
-                continue
-            for line in (d / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except (OSError, ProcessLookupError, ValueError):
-            continue
-    return total
 
 
 def cmd_status(profile):

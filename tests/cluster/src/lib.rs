@@ -17,6 +17,8 @@ use openstack_client::manila::SharedFileSystems;
 use openstack_client::{Session, SessionOptions};
 use serde_json::Value;
 
+pub mod nodes;
+
 /// The label of every namespace a test makes.
 pub const TEST_LABEL: &str = "csi-cluster-tier=test";
 /// The image of the test pods.

@@ -14,9 +14,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use cluster_tests::{
-    Cluster, PodOptions, SUITE_NAMESPACE, claim, placed_on, placement, pod, prober,
-};
+use cluster_tests::nodes::{deployment, stateful_set};
+use cluster_tests::{Cluster, PodOptions, SUITE_NAMESPACE, claim, placed_on, pod, prober};
 use serde_json::Value;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -37,31 +36,6 @@ async fn cluster() -> (Cluster, Vec<String>) {
         "the multi-node scenarios need two nodes or more; the cluster has {nodes:?}"
     );
     (c, nodes)
-}
-
-/// A node cordoned for as long as the guard lives.
-struct Cordoned {
-    kubeconfig: std::path::PathBuf,
-    node: String,
-}
-
-impl Cordoned {
-    async fn new(c: &Cluster, node: &str) -> Self {
-        c.kubectl(&["cordon", node]).await.unwrap();
-        Self {
-            kubeconfig: c.kubeconfig.clone(),
-            node: node.to_string(),
-        }
-    }
-}
-
-impl Drop for Cordoned {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kubectl")
-            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-            .args(["uncordon", &self.node])
-            .output();
-    }
 }
 
 /// The servers holding an attachment of the volume, as Cinder and Nova
@@ -156,41 +130,7 @@ async fn events_saying(c: &Cluster, ns: &str, needle: &str) -> Vec<(String, Opti
         .collect()
 }
 
-/// The pod's node once it runs there under a new uid.
-async fn wait_running_on(c: &Cluster, ns: &str, pod: &str, node: &str, not_uid: &str) -> Value {
-    c.wait_for(
-        &format!("pod {ns}/{pod} running on {node}"),
-        4 * MINUTE,
-        || async move {
-            let Some(p) = c.get("pod", pod, Some(ns)).await? else {
-                return Ok(Err("no such pod".into()));
-            };
-            let (phase, on, uid) = (
-                p["status"]["phase"].as_str().unwrap_or_default(),
-                p["spec"]["nodeName"].as_str().unwrap_or_default(),
-                p["metadata"]["uid"].as_str().unwrap_or_default(),
-            );
-            Ok(if phase == "Running" && on == node && uid != not_uid {
-                Ok(p)
-            } else {
-                Err(format!("{phase} on {on:?} (uid {uid})"))
-            })
-        },
-    )
-    .await
-    .unwrap()
-}
-
 // ------------------------------------------------------ RWO follows its pod
-
-fn stateful_set(name: &str, class: &str, nodes: &[&str], script: &str) -> String {
-    let script = script.replace('\'', "'\"'\"'");
-    format!(
-        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: {name}\nspec:\n  replicas: 1\n  serviceName: {name}\n  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      terminationGracePeriodSeconds: 2\n{}      containers:\n      - name: app\n        image: {}\n        command: [\"sh\", \"-c\", '{script}']\n        volumeMounts:\n        - name: data\n          mountPath: /data\n  volumeClaimTemplates:\n  - metadata:\n      name: data\n    spec:\n      accessModes: [ReadWriteOnce]\n      storageClassName: {class}\n      resources:\n        requests:\n          storage: 1Gi\n",
-        placement(nodes, 6),
-        cluster_tests::APP_IMAGE
-    )
-}
 
 #[tokio::test]
 #[ignore = "needs the cluster tier with two nodes or more: tests/cluster/cluster.py up"]
@@ -200,7 +140,7 @@ async fn an_rwo_volume_follows_its_pod_to_another_node_never_attached_twice() {
     let ns = c.namespace("follow").await.unwrap();
     let n = ns.name.clone();
     // first on A: B cordoned until the pod runs
-    let cordon_b = Cordoned::new(&c, b).await;
+    let cordon_b = c.cordon(b).await.unwrap();
     c.apply_in(
         &n,
         &stateful_set(
@@ -229,14 +169,14 @@ async fn an_rwo_volume_follows_its_pod_to_another_node_never_attached_twice() {
 
     // A cordoned, the pod deleted: its successor runs on B with the data
     drop(cordon_b);
-    let _cordon_a = Cordoned::new(&c, a).await;
+    let _cordon_a = c.cordon(a).await.unwrap();
     let (stop, sampler) = sample_holders(&c, &volume, vec![server_a.clone(), server_b.clone()]);
     let moved = Instant::now();
     let old_uid = first["metadata"]["uid"].as_str().unwrap().to_string();
     c.kubectl(&["delete", "pod", "app-0", "-n", &n, "--wait=false"])
         .await
         .unwrap();
-    wait_running_on(&c, &n, "app-0", b, &old_uid).await;
+    c.wait_running_on(&n, "app-0", b, &old_uid).await.unwrap();
     let took = moved.elapsed();
     stop.store(true, Ordering::Relaxed);
     let seen = sampler.await.unwrap();
@@ -575,7 +515,7 @@ async fn a_node_at_its_attach_limit_sends_the_next_pod_elsewhere() {
         "A takes {room} volumes: expected the test cloud's small limit"
     );
     // A filled to what it takes, B cordoned meanwhile
-    let cordon_b = Cordoned::new(&c, b).await;
+    let cordon_b = c.cordon(b).await.unwrap();
     let mut docs = Vec::new();
     for i in 0..room {
         docs.push(claim(
@@ -657,34 +597,6 @@ async fn a_node_at_its_attach_limit_sends_the_next_pod_elsewhere() {
 
 // ------------------------------------------------------------------ drain
 
-/// A Deployment of one pod on one of `nodes`, with a claim of `class`
-/// mounted at /data, writing a token once.
-fn deployment(name: &str, claim: &str, nodes: &[&str]) -> String {
-    format!(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\nspec:\n  replicas: 1\n  strategy:\n    type: Recreate\n  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      terminationGracePeriodSeconds: 2\n{}      containers:\n      - name: app\n        image: {}\n        command: [\"sh\", \"-c\", '[ -f /data/token-{name} ] || cat /proc/sys/kernel/random/uuid > /data/token-{name}; sleep 100000']\n        volumeMounts:\n        - name: data\n          mountPath: /data\n      volumes:\n      - name: data\n        persistentVolumeClaim:\n          claimName: {claim}\n",
-        placement(nodes, 6),
-        cluster_tests::APP_IMAGE
-    )
-}
-
-/// The one running pod of an app label, and its node.
-async fn app_pod(c: &Cluster, ns: &str, app: &str) -> Option<(String, String)> {
-    c.list("pods", &["-n", ns, "-l", &format!("app={app}")])
-        .await
-        .ok()?
-        .into_iter()
-        .find(|p| p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null())
-        .map(|p| {
-            (
-                name(&p),
-                p["spec"]["nodeName"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-            )
-        })
-}
-
 /// What is left of the drivers on a node: Cinder VolumeAttachments naming
 /// it, and its mounts of the given volumes.
 async fn left_on(c: &Cluster, node: &str, pvs: &[String]) -> (usize, usize) {
@@ -747,7 +659,7 @@ async fn a_drained_node_keeps_its_plugins_until_its_volumes_have_left() {
     // out: kubectl drain refuses the node's ceph-fuse mount pods (pods
     // without a controller) unless forced, and forcing kills them under
     // the app's last writes (README: what is left)
-    let cordon_a = Cordoned::new(&c, a).await;
+    let cordon_a = c.cordon(a).await.unwrap();
     let apps = ["cinder-1", "cinder-2", "cinder-3"];
     let mut docs = Vec::new();
     for app in apps {
@@ -766,7 +678,7 @@ async fn a_drained_node_keeps_its_plugins_until_its_volumes_have_left() {
     for app in apps {
         let (pod, on) = c
             .wait_for(&format!("{app} running"), 4 * MINUTE, || async move {
-                Ok(app_pod(cr, nr, app).await.ok_or("not yet".to_string()))
+                Ok(cr.app_pod(nr, app).await.ok_or("not yet".to_string()))
             })
             .await
             .unwrap();
@@ -793,7 +705,7 @@ async fn a_drained_node_keeps_its_plugins_until_its_volumes_have_left() {
 
     // the node going away as autoscalers take it: cordoned, its node
     // plugins evicted first on purpose, then drained
-    let _cordon_b = Cordoned::new(&c, b).await;
+    let _cordon_b = c.cordon(b).await.unwrap();
     let plugins: Vec<String> = plugins_on(&c, b).await.into_iter().map(|p| p.0).collect();
     let (stop, sampler) = sample_departures(&c, b, plugins.clone(), pvs.clone());
     let started = Instant::now();
@@ -815,7 +727,7 @@ async fn a_drained_node_keeps_its_plugins_until_its_volumes_have_left() {
                 &format!("{app} running elsewhere"),
                 4 * MINUTE,
                 || async move {
-                    Ok(match app_pod(cr, nr, app).await {
+                    Ok(match cr.app_pod(nr, app).await {
                         Some((p, on)) if on != b => Ok((p, on)),
                         other => Err(format!("{other:?}")),
                     })

@@ -1,0 +1,263 @@
+//! Figures of the suite on many nodes, printed and never asserted:
+//!
+//! - a StatefulSet's pod moved between nodes A and B (the old node
+//!   cordoned, the pod deleted): deleted → Running on the other node, p50
+//!   and max over 10 moves;
+//! - a node drained of N Cinder pods (N = 1, 4, 8: a node takes 8 test
+//!   volumes): the drain's time until every pod runs elsewhere, against the
+//!   time the Cinder controller spent in ControllerUnpublishVolume and
+//!   ControllerPublishVolume meanwhile (OpenStack's detaches and attaches
+//!   as the plugin saw them, summed);
+//! - claims and pods made at once, spread over the nodes: each pod's time
+//!   from creation to Running, p50 and max over 10;
+//! - the memory of the whole tier (`cluster.py status`: every process of
+//!   the control plane and the nodes, the pods and their shims).
+//!
+//! Needs the cluster tier up with two nodes or more
+//! (`tests/cluster/cluster.py up`): `cargo bench -p cluster-tests --bench
+//! nodes`. `BENCH_QUICK=1` (as the test command runs it): one move, a
+//! drain of one pod, two spread pods; no cluster is a failure, not a skip.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use cluster_tests::nodes::{deployment, stateful_set};
+use cluster_tests::{Cluster, PodOptions, claim, placed_on, pod};
+
+const MINUTE: Duration = Duration::from_secs(60);
+/// The Cinder controller's metrics port (deploy/cinder, host network).
+const CINDER_CONTROLLER_METRICS: u16 = 9828;
+
+fn quick() -> bool {
+    std::env::var_os("BENCH_QUICK").is_some()
+}
+
+fn quantiles(mut v: Vec<Duration>) -> (f64, f64) {
+    v.sort();
+    (
+        v[v.len() / 2].as_secs_f64(),
+        v.last().copied().unwrap_or_default().as_secs_f64(),
+    )
+}
+
+fn all(v: &[Duration]) -> String {
+    v.iter()
+        .map(|d| format!("{:.1}", d.as_secs_f64()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The Cinder controller's time in these RPCs so far (seconds).
+async fn controller_seconds(methods: &[&str]) -> f64 {
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            &format!("http://127.0.0.1:{CINDER_CONTROLLER_METRICS}/metrics"),
+        ])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    methods
+        .iter()
+        .map(|m| {
+            let key =
+                format!("grpc_server_handling_seconds_sum{{method=\"/csi.v1.Controller/{m}\"}}");
+            text.lines()
+                .find(|l| l.starts_with(&key))
+                .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        })
+        .sum()
+}
+
+async fn moves(c: &Cluster, a: &str, b: &str) {
+    let count = if quick() { 1 } else { 10 };
+    let ns = c.namespace("fig-moves").await.unwrap();
+    let n = ns.name.clone();
+    let mut guard = Some(c.cordon(b).await.unwrap());
+    c.apply_in(
+        &n,
+        &stateful_set(
+            "app",
+            "csi-cinder-sc-delete",
+            &[a, b],
+            "while true; do date >> /data/log; sleep 1; done",
+        ),
+    )
+    .await
+    .unwrap();
+    let mut pod = c.wait_running(&n, "app-0", 3 * MINUTE).await.unwrap();
+    let mut took = Vec::new();
+    for i in 0..count {
+        let (from, to) = if i % 2 == 0 { (a, b) } else { (b, a) };
+        drop(guard.take());
+        guard = Some(c.cordon(from).await.unwrap());
+        let uid = pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let t = Instant::now();
+        c.kubectl(&["delete", "pod", "app-0", "-n", &n, "--wait=false"])
+            .await
+            .unwrap();
+        pod = c.wait_running_on(&n, "app-0", to, &uid).await.unwrap();
+        took.push(t.elapsed());
+    }
+    drop(guard);
+    let (p50, max) = quantiles(took.clone());
+    println!(
+        "pod moves between {a} and {b} (Cinder RWO, deleted -> Running on the other node), {count}: p50 {p50:.1} s, max {max:.1} s (all: {})",
+        all(&took)
+    );
+    ns.close().await.unwrap();
+}
+
+async fn drain(c: &Cluster, a: &str, b: &str, count: usize) {
+    let ns = c.namespace(&format!("fig-drain-{count}")).await.unwrap();
+    let n = ns.name.as_str();
+    let keep_off_a = c.cordon(a).await.unwrap();
+    let apps: Vec<String> = (0..count).map(|i| format!("app-{i}")).collect();
+    let docs: Vec<String> = apps
+        .iter()
+        .flat_map(|app| {
+            [
+                claim(app, "csi-cinder-sc-delete", "1Gi", "ReadWriteOnce", false),
+                deployment(app, app, &[a, b]),
+            ]
+        })
+        .collect();
+    c.apply_in(n, &docs.join("---\n")).await.unwrap();
+    for app in &apps {
+        c.wait_for(&format!("{app} on {b}"), 5 * MINUTE, || async move {
+            Ok(match c.app_pod(n, app).await {
+                Some((_, on)) if on == b => Ok(()),
+                other => Err(format!("{other:?}")),
+            })
+        })
+        .await
+        .unwrap();
+    }
+    drop(keep_off_a);
+    let methods = ["ControllerUnpublishVolume", "ControllerPublishVolume"];
+    let before = controller_seconds(&methods).await;
+    let t = Instant::now();
+    c.kubectl(&["drain", b, "--ignore-daemonsets", "--timeout=600s"])
+        .await
+        .unwrap();
+    for app in &apps {
+        c.wait_for(&format!("{app} on {a}"), 5 * MINUTE, || async move {
+            Ok(match c.app_pod(n, app).await {
+                Some((_, on)) if on == a => Ok(()),
+                other => Err(format!("{other:?}")),
+            })
+        })
+        .await
+        .unwrap();
+    }
+    let took = t.elapsed();
+    let openstack = controller_seconds(&methods).await - before;
+    c.kubectl(&["uncordon", b]).await.unwrap();
+    println!(
+        "drain of {b} with {count} Cinder pod(s): every pod running on {a} after {:.1} s; the controller's detaches + attaches took {openstack:.1} s summed ({:.2}x the drain)",
+        took.as_secs_f64(),
+        openstack / took.as_secs_f64()
+    );
+    ns.close().await.unwrap();
+}
+
+async fn spread(c: &Cluster, nodes: &[&str]) {
+    let count = if quick() { 2 } else { 10 };
+    let ns = c.namespace("fig-spread").await.unwrap();
+    let n = ns.name.clone();
+    let docs: Vec<String> = (0..count)
+        .flat_map(|i| {
+            let node = nodes[i % nodes.len()];
+            [
+                claim(
+                    &format!("c{i}"),
+                    "csi-cinder-sc-delete",
+                    "1Gi",
+                    "ReadWriteOnce",
+                    false,
+                ),
+                placed_on(
+                    &pod(
+                        &format!("p{i}"),
+                        &format!("c{i}"),
+                        "exec sleep 3600",
+                        PodOptions::default(),
+                    ),
+                    &[node],
+                ),
+            ]
+        })
+        .collect();
+    let t = Instant::now();
+    c.apply_in(&n, &docs.join("---\n")).await.unwrap();
+    let mut running: BTreeMap<String, Duration> = BTreeMap::new();
+    let deadline = t + 10 * MINUTE;
+    while running.len() < count {
+        assert!(Instant::now() < deadline, "pods not running: {running:?}");
+        for p in c.list("pods", &["-n", &n]).await.unwrap() {
+            let name = p["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if p["status"]["phase"] == "Running" {
+                running.entry(name).or_insert_with(|| t.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let took: Vec<Duration> = running.values().copied().collect();
+    let (p50, max) = quantiles(took.clone());
+    println!(
+        "{count} Cinder claims and pods at once, spread over {} nodes: claim -> Running p50 {p50:.1} s, max {max:.1} s (all: {})",
+        nodes.len(),
+        all(&took)
+    );
+    ns.close().await.unwrap();
+}
+
+async fn memory(c: &Cluster) {
+    // the status verb prints each process group's, the pods' and the
+    // shims' resident memory, and their sum
+    let status = c
+        .cluster_py(&["status"])
+        .await
+        .unwrap_or_else(|e| e.to_string());
+    for line in status.lines().filter(|l| l.contains("MiB")) {
+        println!(
+            "memory: {}",
+            line.split_whitespace().collect::<Vec<_>>().join(" ")
+        );
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let c = match Cluster::from_env() {
+        Ok(c) => c,
+        Err(e) if quick() => panic!("no cluster to measure: {e}"),
+        Err(e) => {
+            println!("figures skipped: {e}");
+            return;
+        }
+    };
+    let nodes = c.nodes().await.unwrap();
+    assert!(nodes.len() >= 2, "needs two nodes or more: {nodes:?}");
+    let (a, b) = (nodes[0].as_str(), nodes[1].as_str());
+    moves(&c, a, b).await;
+    let counts: &[usize] = if quick() { &[1] } else { &[1, 4, 8] };
+    for &count in counts {
+        drain(&c, a, b, count).await;
+    }
+    let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    spread(&c, &names).await;
+    memory(&c).await;
+}
