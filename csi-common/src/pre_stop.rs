@@ -244,10 +244,9 @@ pub fn driver_mounts(mountinfo: &str, root: &Path, driver: &str) -> BTreeSet<Pat
     let staging = csi.join(driver);
     let devices = csi.join("volumeDevices");
     let pods = root.join("pods");
-    mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape_mountinfo(p)))
+    host_ops::mountinfo::parse(mountinfo)
+        .into_iter()
+        .map(|m| m.mount_point)
         .filter(|p| {
             if p.starts_with(&staging) {
                 return true;
@@ -288,27 +287,6 @@ fn names_driver(vol_data: &Path, driver: &str) -> bool {
         .ok()
         .and_then(|b| serde_json::from_slice::<VolData>(&b).ok())
         .is_some_and(|d| d.driver_name == driver)
-}
-
-/// Mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && b.get(i + 1..i + 4)
-                .is_some_and(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

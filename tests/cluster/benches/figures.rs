@@ -16,42 +16,11 @@
 
 use std::time::{Duration, Instant};
 
-use cluster_tests::{Cluster, PodOptions, claim, pod};
+use cluster_tests::{
+    Cluster, PodOptions, bench_cluster, bench_quick, claim, controller_rpc_seconds, pod,
+};
 
 const MINUTE: Duration = Duration::from_secs(60);
-
-/// A handful of pods per figure (`BENCH_QUICK`): the bench runs through,
-/// its figures mean little.
-fn quick() -> bool {
-    std::env::var_os("BENCH_QUICK").is_some()
-}
-
-/// The sum of a controller's time in these RPCs (seconds), from its
-/// metrics on the host network.
-async fn rpc_seconds(port: u16, methods: &[&str]) -> f64 {
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "5",
-            &format!("http://127.0.0.1:{port}/metrics"),
-        ])
-        .output()
-        .await
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    methods
-        .iter()
-        .map(|m| {
-            let key =
-                format!("grpc_server_handling_seconds_sum{{method=\"/csi.v1.Controller/{m}\"}}");
-            text.lines()
-                .find(|l| l.starts_with(&key))
-                .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        })
-        .sum()
-}
 
 fn quantiles(mut v: Vec<Duration>) -> (Duration, Duration) {
     v.sort();
@@ -63,7 +32,7 @@ async fn latency(c: &Cluster, what: &str, class: &str, mode: &str) {
     let ns = c.namespace(&format!("fig-{what}")).await.unwrap();
     let n = ns.name.clone();
     let mut took = Vec::new();
-    let pods = if quick() { 2 } else { 10 };
+    let pods = if bench_quick() { 2 } else { 10 };
     for i in 0..pods {
         let t = Instant::now();
         let yaml = format!(
@@ -99,11 +68,11 @@ async fn latency(c: &Cluster, what: &str, class: &str, mode: &str) {
 
 /// `count` claims and pods at once.
 async fn burst(c: &Cluster, what: &str, class: &str, mode: &str, count: usize, metrics_port: u16) {
-    let count = if quick() { count.min(2) } else { count };
+    let count = if bench_quick() { count.min(2) } else { count };
     let ns = c.namespace(&format!("burst-{what}")).await.unwrap();
     let n = ns.name.clone();
     let methods = ["CreateVolume", "ControllerPublishVolume"];
-    let before = rpc_seconds(metrics_port, &methods).await;
+    let before = controller_rpc_seconds(metrics_port, &methods).await;
     let yaml: Vec<String> = (0..count)
         .flat_map(|i| {
             [
@@ -125,7 +94,7 @@ async fn burst(c: &Cluster, what: &str, class: &str, mode: &str, count: usize, m
             .unwrap();
     }
     let total = t.elapsed();
-    let waits = rpc_seconds(metrics_port, &methods).await - before;
+    let waits = controller_rpc_seconds(metrics_port, &methods).await - before;
     println!(
         "{what}: {count} claims and {count} pods at once: all running after {:.1} s; the controller's CreateVolume + ControllerPublishVolume took {:.1} s in all ({:.1}x the wall time)",
         total.as_secs_f64(),
@@ -142,9 +111,8 @@ async fn burst(c: &Cluster, what: &str, class: &str, mode: &str, count: usize, m
 
 #[tokio::main]
 async fn main() {
-    let c = match Cluster::from_env() {
+    let c = match bench_cluster() {
         Ok(c) => c,
-        Err(e) if quick() => panic!("no cluster to measure: {e}"),
         Err(e) => {
             println!("figures skipped: {e}");
             return;

@@ -24,15 +24,13 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use cluster_tests::nodes::{deployment, stateful_set};
-use cluster_tests::{Cluster, PodOptions, claim, placed_on, pod};
+use cluster_tests::{
+    Cluster, PodOptions, bench_cluster, bench_quick, claim, controller_rpc_seconds, placed_on, pod,
+};
 
 const MINUTE: Duration = Duration::from_secs(60);
 /// The Cinder controller's metrics port (deploy/cinder, host network).
 const CINDER_CONTROLLER_METRICS: u16 = 9828;
-
-fn quick() -> bool {
-    std::env::var_os("BENCH_QUICK").is_some()
-}
 
 fn quantiles(mut v: Vec<Duration>) -> (f64, f64) {
     v.sort();
@@ -49,34 +47,8 @@ fn all(v: &[Duration]) -> String {
         .join(" ")
 }
 
-/// The Cinder controller's time in these RPCs so far (seconds).
-async fn controller_seconds(methods: &[&str]) -> f64 {
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "5",
-            &format!("http://127.0.0.1:{CINDER_CONTROLLER_METRICS}/metrics"),
-        ])
-        .output()
-        .await
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    methods
-        .iter()
-        .map(|m| {
-            let key =
-                format!("grpc_server_handling_seconds_sum{{method=\"/csi.v1.Controller/{m}\"}}");
-            text.lines()
-                .find(|l| l.starts_with(&key))
-                .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        })
-        .sum()
-}
-
 async fn moves(c: &Cluster, a: &str, b: &str) {
-    let count = if quick() { 1 } else { 10 };
+    let count = if bench_quick() { 1 } else { 10 };
     let ns = c.namespace("fig-moves").await.unwrap();
     let n = ns.name.clone();
     let mut guard = Some(c.cordon(b).await.unwrap());
@@ -144,7 +116,7 @@ async fn drain(c: &Cluster, a: &str, b: &str, count: usize) {
     }
     drop(keep_off_a);
     let methods = ["ControllerUnpublishVolume", "ControllerPublishVolume"];
-    let before = controller_seconds(&methods).await;
+    let before = controller_rpc_seconds(CINDER_CONTROLLER_METRICS, &methods).await;
     let t = Instant::now();
     c.kubectl(&["drain", b, "--ignore-daemonsets", "--timeout=600s"])
         .await
@@ -160,7 +132,7 @@ async fn drain(c: &Cluster, a: &str, b: &str, count: usize) {
         .unwrap();
     }
     let took = t.elapsed();
-    let openstack = controller_seconds(&methods).await - before;
+    let openstack = controller_rpc_seconds(CINDER_CONTROLLER_METRICS, &methods).await - before;
     c.kubectl(&["uncordon", b]).await.unwrap();
     println!(
         "drain of {b} with {count} Cinder pod(s): every pod running on {a} after {:.1} s; the controller's detaches + attaches took {openstack:.1} s summed ({:.2}x the drain)",
@@ -171,7 +143,7 @@ async fn drain(c: &Cluster, a: &str, b: &str, count: usize) {
 }
 
 async fn spread(c: &Cluster, nodes: &[&str]) {
-    let count = if quick() { 2 } else { 10 };
+    let count = if bench_quick() { 2 } else { 10 };
     let ns = c.namespace("fig-spread").await.unwrap();
     let n = ns.name.clone();
     let docs: Vec<String> = (0..count)
@@ -241,9 +213,8 @@ async fn memory(c: &Cluster) {
 
 #[tokio::main]
 async fn main() {
-    let c = match Cluster::from_env() {
+    let c = match bench_cluster() {
         Ok(c) => c,
-        Err(e) if quick() => panic!("no cluster to measure: {e}"),
         Err(e) => {
             println!("figures skipped: {e}");
             return;
@@ -253,7 +224,7 @@ async fn main() {
     assert!(nodes.len() >= 2, "needs two nodes or more: {nodes:?}");
     let (a, b) = (nodes[0].as_str(), nodes[1].as_str());
     moves(&c, a, b).await;
-    let counts: &[usize] = if quick() { &[1] } else { &[1, 4, 8] };
+    let counts: &[usize] = if bench_quick() { &[1] } else { &[1, 4, 8] };
     for &count in counts {
         drain(&c, a, b, count).await;
     }

@@ -464,6 +464,21 @@ impl Cluster {
             .collect())
     }
 
+    /// The CephFS node plugin's mount pods (one ceph-fuse each), on every
+    /// node.
+    pub async fn mount_pods(&self) -> Result<Vec<Value>> {
+        self.list(
+            "pods",
+            &[
+                "-n",
+                SUITE_NAMESPACE,
+                "-l",
+                "app.kubernetes.io/component=ceph-fuse-mount",
+            ],
+        )
+        .await
+    }
+
     /// Manila as the member (the shares' project) sees it.
     pub fn manila(&self) -> Result<SharedFileSystems> {
         Ok(SharedFileSystems::new(self.session("member")?))
@@ -613,6 +628,51 @@ pub fn pod(name: &str, claim: &str, script: &str, opts: PodOptions) -> String {
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  restartPolicy: {restart}\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {APP_IMAGE}\n    command: [\"sh\", \"-c\", '{script}']\n{volume}  volumes:\n  - name: data\n    persistentVolumeClaim:\n      claimName: {claim}\n      readOnly: {}\n",
         opts.read_only
     )
+}
+
+/// `BENCH_QUICK` is set (as the test command runs the benches): a handful
+/// per figure, so that a bench runs through; its figures mean little.
+pub fn bench_quick() -> bool {
+    std::env::var_os("BENCH_QUICK").is_some()
+}
+
+/// The cluster a bench measures; without one, `Err` says why (a skip),
+/// except under `BENCH_QUICK`, where the test command expects a cluster
+/// and its absence is a failure.
+pub fn bench_cluster() -> std::result::Result<Cluster, String> {
+    match Cluster::from_env() {
+        Ok(c) => Ok(c),
+        Err(e) if bench_quick() => panic!("no cluster to measure: {e}"),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The time a controller spent in these CSI Controller RPCs so far
+/// (seconds, summed), from its gRPC metrics on the host network.
+pub async fn controller_rpc_seconds(port: u16, methods: &[&str]) -> f64 {
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            &format!("http://127.0.0.1:{port}/metrics"),
+        ])
+        .output()
+        .await;
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    methods
+        .iter()
+        .map(|m| {
+            let key =
+                format!("grpc_server_handling_seconds_sum{{method=\"/csi.v1.Controller/{m}\"}}");
+            text.lines()
+                .find(|l| l.starts_with(&key))
+                .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        })
+        .sum()
 }
 
 /// A pod that writes a line every 100 ms and says FAIL when a write fails

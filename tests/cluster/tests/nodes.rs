@@ -306,28 +306,20 @@ async fn a_cephfs_share_is_read_on_every_node_at_once_each_with_its_own_mount() 
         .unwrap()
         .to_string();
     let mount_pods_of_share = || async {
-        c.list(
-            "pods",
-            &[
-                "-n",
-                SUITE_NAMESPACE,
-                "-l",
-                "app.kubernetes.io/component=ceph-fuse-mount",
-            ],
-        )
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|p| {
-            p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"] == share.as_str()
-        })
-        .map(|p| {
-            p["spec"]["nodeName"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string()
-        })
-        .collect::<Vec<String>>()
+        c.mount_pods()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|p| {
+                p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"] == share.as_str()
+            })
+            .map(|p| {
+                p["spec"]["nodeName"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect::<Vec<String>>()
     };
     let mut on: Vec<String> = mount_pods_of_share().await;
     on.sort();

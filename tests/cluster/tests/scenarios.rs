@@ -135,21 +135,6 @@ async fn node_plugin_pods(c: &Cluster) -> Vec<Value> {
         .collect()
 }
 
-/// Mount pods (one ceph-fuse each) of the CephFS node plugin.
-async fn mount_pods(c: &Cluster) -> Vec<Value> {
-    c.list(
-        "pods",
-        &[
-            "-n",
-            SUITE_NAMESPACE,
-            "-l",
-            "app.kubernetes.io/component=ceph-fuse-mount",
-        ],
-    )
-    .await
-    .unwrap()
-}
-
 async fn wait_rolled_out(c: &Cluster) {
     for ds in [
         "csi-cinder-nodeplugin",
@@ -503,7 +488,7 @@ async fn cephfs_shares_are_shared_by_pods_read_only_where_asked_and_their_key_di
     // ceph-fuse runs from our image, in a mount pod of its own on this node
     let pv = c.volume_of(&n, "shared", MINUTE).await.unwrap();
     let (pv_name, share_id) = (name(&pv), handle(&pv));
-    let mps = mount_pods(&c).await;
+    let mps = c.mount_pods().await.unwrap();
     let ours: Vec<&Value> = mps
         .iter()
         .filter(|p| {
@@ -555,8 +540,9 @@ async fn cephfs_shares_are_shared_by_pods_read_only_where_asked_and_their_key_di
     }
     wait_released(&c, &pv_name, None).await;
     c.wait_for("the mount pod ends with the last pod", MINUTE, || async {
-        let left: Vec<String> = mount_pods(&c)
-            .await
+        let left: Vec<String> = c
+            .mount_pods()
+            .await?
             .iter()
             .filter(|p| {
                 p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"]
@@ -687,7 +673,7 @@ async fn a_node_plugin_restart_never_breaks_a_mounted_volume() {
     wait_released(&c, &pvs[0].0, Some(&pvs[0].1)).await;
     wait_released(&c, &pvs[1].0, None).await;
     wait_detached(&c, &pvs[0].1).await;
-    assert!(mount_pods(&c).await.iter().all(
+    assert!(c.mount_pods().await.unwrap().iter().all(
         |p| p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"] != pvs[1].1.as_str()
     ));
     ns.close().await.unwrap();
@@ -722,7 +708,7 @@ async fn after_a_kubelet_restart_deleting_the_pods_releases_every_volume() {
     wait_released(&c, &name(&blk), Some(&handle(&blk))).await;
     wait_released(&c, &name(&fs), None).await;
     wait_detached(&c, &handle(&blk)).await;
-    assert!(mount_pods(&c).await.iter().all(
+    assert!(c.mount_pods().await.unwrap().iter().all(
         |p| p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"]
             != handle(&fs).as_str()
     ));
