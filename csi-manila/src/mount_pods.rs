@@ -12,6 +12,13 @@
 //! from the node and the staging path, so that every call finds it again;
 //! the plugin's service account may only create such pods on its own node
 //! (deploy/manila/base/mount-pods-policy.yaml).
+//!
+//! A mount pod's controller is its node (an owner reference to the Node):
+//! `kubectl drain` refuses pods without a controller unless forced, and
+//! forcing would kill ceph-fuse under the apps' last writes. Owned, it is
+//! evicted like any pod, and deploy/'s PodDisruptionBudget refuses each
+//! eviction: drain retries until the plugin deletes the pod itself, once
+//! the share is unstaged. The node's deletion also takes its mount pods.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -41,6 +48,9 @@ pub struct MountPodOptions {
     pub driver_name: String,
     /// Each mount pod's memory limit (ceph-fuse's caches live there).
     pub memory_limit: String,
+    /// This node's uid: the mount pods' controller (None: no owner, and
+    /// `kubectl drain` needs `--force` for them).
+    pub node_uid: Option<String>,
 }
 
 #[derive(Debug)]
@@ -150,7 +160,7 @@ impl MountPods {
         if let Some(p) = &self.opts.image_pull_policy {
             container["imagePullPolicy"] = p.clone().into();
         }
-        serde_json::json!({
+        let mut pod = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
@@ -182,7 +192,17 @@ impl MountPods {
                     {"name": "fuse", "hostPath": {"path": "/dev/fuse", "type": "CharDevice"}},
                 ],
             },
-        })
+        });
+        if let Some(uid) = &self.opts.node_uid {
+            pod["metadata"]["ownerReferences"] = serde_json::json!([{
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.opts.node_name,
+                "uid": uid,
+                "controller": true,
+            }]);
+        }
+        pod
     }
 
     /// Creates the mount pod of `staging`, or keeps the one that runs
@@ -305,6 +325,7 @@ mod tests {
                 kubelet_dir: "/var/lib/kubelet".into(),
                 driver_name: "cephfs.manila.csi.openstack.org".into(),
                 memory_limit: "512Mi".into(),
+                node_uid: Some("uid-of-node-a".into()),
             },
         )
     }
@@ -350,6 +371,28 @@ mod tests {
         assert_eq!(c["resources"]["limits"]["memory"], "512Mi");
         assert_eq!(spec["metadata"]["labels"][COMPONENT_LABEL], COMPONENT);
         assert_eq!(spec["metadata"]["annotations"][VOLUME_ANNOTATION], "vol-1");
+        // its node is its controller: drained like any pod, taken with
+        // the node
+        let owner = &spec["metadata"]["ownerReferences"][0];
+        assert_eq!(
+            (
+                &owner["kind"],
+                &owner["name"],
+                &owner["uid"],
+                &owner["controller"]
+            ),
+            (
+                &"Node".into(),
+                &"node-a".into(),
+                &"uid-of-node-a".into(),
+                &true.into()
+            )
+        );
+        let mut unowned = pods();
+        unowned.opts.node_uid = None;
+        assert!(
+            unowned.spec("ceph-fuse-1", "vol-1", s, &[])["metadata"]["ownerReferences"].is_null()
+        );
         let text = spec.to_string();
         assert!(
             !text.contains("key ="),

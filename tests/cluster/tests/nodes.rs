@@ -647,21 +647,20 @@ async fn a_drained_node_keeps_its_plugins_until_its_volumes_have_left() {
     let (a, b) = (nodes[0].as_str(), nodes[1].as_str());
     let ns = c.namespace("drain").await.unwrap();
     let n = ns.name.clone();
-    // three Cinder apps on B (A cordoned meanwhile). A CephFS app is left
-    // out: kubectl drain refuses the node's ceph-fuse mount pods (pods
-    // without a controller) unless forced, and forcing kills them under
-    // the app's last writes (README: what is left)
+    // three Cinder apps and a CephFS one on B (A cordoned meanwhile); the
+    // CephFS share's mount pod on B is owned by B and guarded by a
+    // disruption budget: drain needs no --force, and waits for the plugin
+    // to end it
     let cordon_a = c.cordon(a).await.unwrap();
-    let apps = ["cinder-1", "cinder-2", "cinder-3"];
+    let apps = ["cinder-1", "cinder-2", "cinder-3", "cephfs"];
     let mut docs = Vec::new();
     for app in apps {
-        docs.push(claim(
-            app,
-            "csi-cinder-sc-delete",
-            "1Gi",
-            "ReadWriteOnce",
-            false,
-        ));
+        let (class, mode) = if app == "cephfs" {
+            ("csi-manila-cephfs", "ReadWriteMany")
+        } else {
+            ("csi-cinder-sc-delete", "ReadWriteOnce")
+        };
+        docs.push(claim(app, class, "1Gi", mode, false));
         docs.push(deployment(app, app, &[a, b]));
     }
     c.apply_in(&n, &docs.join("---\n")).await.unwrap();
@@ -685,12 +684,14 @@ async fn a_drained_node_keeps_its_plugins_until_its_volumes_have_left() {
     let mut cinder_ids = Vec::new();
     for app in apps {
         let pv = c.volume_of(&n, app, MINUTE).await.unwrap();
-        cinder_ids.push(
-            pv["spec"]["csi"]["volumeHandle"]
-                .as_str()
-                .unwrap()
-                .to_string(),
-        );
+        if app != "cephfs" {
+            cinder_ids.push(
+                pv["spec"]["csi"]["volumeHandle"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            );
+        }
         pvs.push(name(&pv));
     }
     drop(cordon_a);
@@ -753,7 +754,7 @@ async fn a_drained_node_keeps_its_plugins_until_its_volumes_have_left() {
     stop.store(true, Ordering::Relaxed);
     let (plugin_seen, volumes_seen) = sampler.await.unwrap();
     println!(
-        "{b} drained of 3 Cinder volumes in {drained:?}; its volumes left after {:?}, its evicted node plugins after {:?}",
+        "{b} drained of 3 Cinder volumes and a CephFS share in {drained:?}; its volumes left after {:?}, its evicted node plugins after {:?}",
         volumes_seen - started,
         plugin_seen - started
     );
@@ -774,5 +775,17 @@ async fn a_drained_node_keeps_its_plugins_until_its_volumes_have_left() {
         .filter(|v| cinder_ids.contains(v))
         .collect();
     assert!(on_b.is_empty(), "still attached to B's server: {on_b:?}");
+    let mount_pods_on_b: Vec<String> = c
+        .mount_pods()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|p| p["spec"]["nodeName"] == b)
+        .map(name)
+        .collect();
+    assert!(
+        mount_pods_on_b.is_empty(),
+        "mount pods left on B: {mount_pods_on_b:?}"
+    );
     ns.close().await.unwrap();
 }
