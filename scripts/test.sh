@@ -222,7 +222,7 @@ fuzzing() {
     mkdir -p "$work/fuzz/$t" "$work/fuzz/tmp"
     # the targets' fixtures go under TMPDIR: removed with $work
     if (cd fuzz && TMPDIR="$work/fuzz/tmp" cargo fuzz run -s none "$t" "$work/fuzz/$t" "seeds/$t" \
-          -- -max_total_time="${FUZZ_SECONDS:-30}") >"$work/fuzz-$t.log" 2>&1; then
+          -- -max_total_time="${FUZZ_SECONDS:-20}") >"$work/fuzz-$t.log" 2>&1; then
       echo "test fuzz/$t ... ok" | tee -a "$log"
       grep -E '^Done [0-9]+ runs' "$work/fuzz-$t.log" || true
     else
@@ -234,7 +234,7 @@ fuzzing() {
   done
   return $failed
 }
-tests "fuzzing (each target ${FUZZ_SECONDS:-30} s over its seeds)" fuzzing
+tests "fuzzing (each target ${FUZZ_SECONDS:-20} s over its seeds)" fuzzing
 tests "container images (deploy/images), checked against deploy/suite" \
   env IMAGE_PROFILE=debug bash deploy/images/build.sh target/images
 

@@ -9,7 +9,7 @@
 //!
 //! Needs the cluster tier up (`tests/cluster/cluster.py up`):
 //! `cargo bench -p cluster-tests --bench figures`. `BENCH_QUICK=1` (as the
-//! test command runs it): 2 pods one after the other and bursts of 2, and
+//! test command runs it): 1 pod per latency figure and bursts of 2, and
 //! no cluster is a failure, not a skip.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
@@ -32,7 +32,7 @@ async fn latency(c: &Cluster, what: &str, class: &str, mode: &str) {
     let ns = c.namespace(&format!("fig-{what}")).await.unwrap();
     let n = ns.name.clone();
     let mut took = Vec::new();
-    let pods = if bench_quick() { 2 } else { 10 };
+    let pods = if bench_quick() { 1 } else { 10 };
     for i in 0..pods {
         let t = Instant::now();
         let yaml = format!(
