@@ -473,6 +473,20 @@ fn stage_filesystem(
             )));
         }
     };
+    // ext grows before it is mounted: online it needs CAP_SYS_RESOURCE,
+    // which many nodes drop (xfs and btrfs grow only mounted, below)
+    let mut grow_mounted = grow;
+    if grow {
+        grow_mounted = !devices.grow_unmounted(&device, fs).context(format!(
+            "growing the {fs} filesystem of volume {id} to its new size"
+        ))?;
+        if !grow_mounted {
+            tracing::info!(
+                volume_id = id,
+                "filesystem grown to the volume's size before mounting"
+            );
+        }
+    }
     let mut flags = mount_flags;
     if fs == Filesystem::Xfs {
         // clones and restores carry their source's UUID: let them mount
@@ -487,7 +501,7 @@ fn stage_filesystem(
             device.display(),
             staging.display()
         ))?;
-    if grow {
+    if grow_mounted {
         if let Err(e) = devices.grow_filesystem(&device, &staging, fs) {
             let _ = mounter.unmount(&staging);
             return Err(e).context(format!(

@@ -97,6 +97,11 @@ pub trait BlockDevices: Send + Sync + fmt::Debug {
     /// Grows the filesystem on `device`, mounted at `mount_point`, to the
     /// device's size.
     fn grow_filesystem(&self, device: &Path, mount_point: &Path, fs: Filesystem) -> Result<()>;
+    /// Grows a filesystem that is not mounted to its device's size, where
+    /// the filesystem allows it (ext2/3/4: checked first, as resize2fs
+    /// demands); false where it must be grown mounted (xfs, btrfs).
+    /// Growing ext4 mounted needs CAP_SYS_RESOURCE, which many nodes drop.
+    fn grow_unmounted(&self, device: &Path, fs: Filesystem) -> Result<bool>;
     /// Makes the kernel re-read a device's size where the bus supports it.
     fn rescan_device(&self, device: &Path) -> Result<()>;
     /// `(major, minor)` of a device node.
@@ -359,6 +364,32 @@ impl BlockDevices for LinuxBlockDevices {
             _ => run("resize2fs", &[&device.to_string_lossy()])?,
         };
         Ok(())
+    }
+
+    fn grow_unmounted(&self, device: &Path, fs: Filesystem) -> Result<bool> {
+        if matches!(fs, Filesystem::Xfs | Filesystem::Btrfs) {
+            return Ok(false);
+        }
+        let dev = device.to_string_lossy();
+        // -p: repair only what is safe without a question; 1 (errors
+        // corrected) and 2 (reboot advised, for a root filesystem) are
+        // success for a volume about to be mounted
+        let out = std::process::Command::new("e2fsck")
+            .args(["-f", "-p", &dev])
+            .output()
+            .map_err(io_err("running e2fsck on", device))?;
+        match out.status.code() {
+            Some(0..=2) => {}
+            code => {
+                return Err(HostError::Command {
+                    command: format!("e2fsck -f -p {dev}"),
+                    code,
+                    stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                });
+            }
+        }
+        run("resize2fs", &[&dev])?;
+        Ok(true)
     }
 
     fn rescan_device(&self, device: &Path) -> Result<()> {
