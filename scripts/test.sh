@@ -32,6 +32,7 @@ log=$work/tests.log
 cloud_started=
 cluster_started=
 cleanup() {
+  [[ -n ${background_pid:-} ]] && kill -- "$background_pid" 2>/dev/null
   if [[ -n $cluster_started ]]; then
     python3 tests/cluster/cluster.py down || true
   fi
@@ -47,8 +48,31 @@ cleanup() {
 }
 trap cleanup EXIT
 failed_phases=()
+# each failed phase's output, in the order of failed_phases
+failed_outs=()
 # the tests' plugin logs go here, not into /tmp
 export TEST_LOG_DIR=$work/logs
+
+# background_tests NAME FUNCTION: a test phase run beside the next ones
+# (a CPU-bound phase beside one that mostly waits on the emulator's
+# delays); its output and verdict come at await_background
+background_pid=
+background_name=
+background_tests() {
+  background_name=$1
+  # its own phase number: its output file is known, and no other phase's
+  ( phases=1000; tests "$@" ) >"$work/background.out" 2>&1 &
+  background_pid=$!
+}
+await_background() {
+  wait "$background_pid" || true
+  background_pid=
+  cat "$work/background.out"
+  if [[ -e $work/phase-1001.out.failed ]]; then
+    failed_phases+=("$background_name")
+    failed_outs+=("$work/phase-1001.out")
+  fi
+}
 
 phase() {
   local name=$1; shift
@@ -71,7 +95,7 @@ tests() {
   { "$@" || touch "$out.failed"; } 2>&1 | tee "$out"
   if [[ -e $out.failed ]]; then
     failed_phases+=("$name")
-    cp "$out" "$work/failed-$((${#failed_phases[@]})).out"
+    failed_outs+=("$out")
   fi
   # this tier's own count (the closing line counts each test once)
   local passed failed ignored
@@ -169,6 +193,35 @@ run_tests() {
   return $failed
 }
 
+# fuzzing: each target of fuzz/ for a bounded time over its committed
+# seeds (what it finds goes to a scratch corpus), without a sanitizer (the
+# code is safe Rust; the targets' assertions are the oracles); a crash
+# fails the run, and each target counts as a test in the summary
+fuzzing() {
+  local version=0.13.2 failed=0 t
+  export PATH=$PWD/target/tools/bin:$PATH
+  if [[ $(cargo-fuzz --version 2>/dev/null) != "cargo-fuzz $version" ]]; then
+    echo "installing cargo-fuzz $version into target/tools"
+    cargo install --quiet --locked --version "$version" --root target/tools cargo-fuzz
+  fi
+  (cd fuzz && cargo fuzz build -s none) || return 1
+  for t in $(cd fuzz && cargo fuzz list); do
+    mkdir -p "$work/fuzz/$t" "$work/fuzz/tmp"
+    # the targets' fixtures go under TMPDIR: removed with $work
+    if (cd fuzz && TMPDIR="$work/fuzz/tmp" cargo fuzz run -s none "$t" "$work/fuzz/$t" "seeds/$t" \
+          -- -max_total_time="${FUZZ_SECONDS:-20}") >"$work/fuzz-$t.log" 2>&1; then
+      echo "test fuzz/$t ... ok" | tee -a "$log"
+      grep -E '^Done [0-9]+ runs' "$work/fuzz-$t.log" || true
+    else
+      echo "test fuzz/$t ... FAILED" | tee -a "$log"
+      grep -E -A8 'panicked at|^ERROR|^SUMMARY' "$work/fuzz-$t.log" | head -n 40
+      grep -E 'Test unit written to' "$work/fuzz-$t.log" || true
+      failed=1
+    fi
+  done
+  return $failed
+}
+
 phase "prerequisites" bash scripts/install-test-deps.sh
 phase "cargo fmt --check" cargo fmt --all -- --check
 phase "cargo fmt --check (fuzz/)" cargo fmt --manifest-path fuzz/Cargo.toml -- --check
@@ -205,36 +258,11 @@ community_csi_sanity() {
   [[ -f $work/community.results ]] && cat "$work/community.results" >>"$log"
   return $rc
 }
+# fuzzing keeps a core busy while csi-sanity mostly waits on the
+# emulator's delays: the two run side by side
+background_tests "fuzzing (each target ${FUZZ_SECONDS:-20} s over its seeds)" fuzzing
 tests "community csi-sanity v5.4.0 and master (Cinder, Manila NFS, Manila CephFS; emulator)" community_csi_sanity
-# fuzzing: each target of fuzz/ for a bounded time over its committed
-# seeds (what it finds goes to a scratch corpus), without a sanitizer (the
-# code is safe Rust; the targets' assertions are the oracles); a crash
-# fails the run, and each target counts as a test in the summary
-fuzzing() {
-  local version=0.13.2 failed=0 t
-  export PATH=$PWD/target/tools/bin:$PATH
-  if [[ $(cargo-fuzz --version 2>/dev/null) != "cargo-fuzz $version" ]]; then
-    echo "installing cargo-fuzz $version into target/tools"
-    cargo install --quiet --locked --version "$version" --root target/tools cargo-fuzz
-  fi
-  (cd fuzz && cargo fuzz build -s none) || return 1
-  for t in $(cd fuzz && cargo fuzz list); do
-    mkdir -p "$work/fuzz/$t" "$work/fuzz/tmp"
-    # the targets' fixtures go under TMPDIR: removed with $work
-    if (cd fuzz && TMPDIR="$work/fuzz/tmp" cargo fuzz run -s none "$t" "$work/fuzz/$t" "seeds/$t" \
-          -- -max_total_time="${FUZZ_SECONDS:-20}") >"$work/fuzz-$t.log" 2>&1; then
-      echo "test fuzz/$t ... ok" | tee -a "$log"
-      grep -E '^Done [0-9]+ runs' "$work/fuzz-$t.log" || true
-    else
-      echo "test fuzz/$t ... FAILED" | tee -a "$log"
-      grep -E -A8 'panicked at|^ERROR|^SUMMARY' "$work/fuzz-$t.log" | head -n 40
-      grep -E 'Test unit written to' "$work/fuzz-$t.log" || true
-      failed=1
-    fi
-  done
-  return $failed
-}
-tests "fuzzing (each target ${FUZZ_SECONDS:-20} s over its seeds)" fuzzing
+await_background
 tests "container images (deploy/images), checked against deploy/suite" \
   env IMAGE_PROFILE=debug bash deploy/images/build.sh target/images
 
@@ -312,14 +340,15 @@ awk -v declared="$work/declared-skips" '
     if (undeclared) { printf "%d skipped without a tier declaring it (UNDECLARED above)\n", undeclared; exit 1 }
   }' "$log" | tee "$work/summary.out" || {
   failed_phases+=("summary: tests skipped that no tier declared")
-  grep UNDECLARED "$work/summary.out" >"$work/failed-${#failed_phases[@]}.out" || true
+  grep UNDECLARED "$work/summary.out" >"$work/summary.failed" || true
+  failed_outs+=("$work/summary.failed")
 }
 if ((${#failed_phases[@]})); then
   for i in "${!failed_phases[@]}"; do
     echo "failed: ${failed_phases[$i]}; what failed, and its last lines:"
-    { grep -E -A3 '\.\.\. FAILED$|panicked at|left behind|[Ee]rror:' "$work/failed-$((i + 1)).out" | head -n 16 || true
+    { grep -E -A3 '\.\.\. FAILED$|panicked at|left behind|[Ee]rror:' "${failed_outs[$i]}" | head -n 16 || true
       echo "..."
-      tail -n 4 "$work/failed-$((i + 1)).out"; } | sed 's/^/   | /'
+      tail -n 4 "${failed_outs[$i]}"; } | sed 's/^/   | /'
   done
   exit 1
 fi

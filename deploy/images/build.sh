@@ -92,8 +92,9 @@ kubectl kustomize deploy/kms/base >"$out/kms.yaml"
 py=python3
 if ! python3 -c 'import yaml' 2>/dev/null; then
   # PyYAML comes with the manifest validator's tools
-  [[ -x .venv-tools/bin/python ]] || python3 deploy/validate.py >/dev/null
-  py=.venv-tools/bin/python
+  tools_venv=${DEPLOY_VALIDATE_VENV:-.venv-tools}
+  [[ -x $tools_venv/bin/python ]] || python3 deploy/validate.py >/dev/null
+  py=$tools_venv/bin/python
 fi
 "$py" - "$out" <<'EOF'
 import subprocess, sys

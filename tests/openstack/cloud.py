@@ -27,6 +27,7 @@ constraints.txt beside this script. Only the standard library is used here.
 """
 
 import base64
+import hashlib
 import json
 import os
 import shutil
@@ -151,7 +152,9 @@ def ensure_venv(profile):
     wanted = sorted({p for s in PROFILES[profile] for p in PACKAGES[s]})
     marker = VENV / ".installed"
     have = set(marker.read_text().split()) if marker.exists() else set()
-    constraints_stamp = str(CONSTRAINTS.stat().st_mtime_ns)
+    # the pins' content, not the file's time: a fresh clone of the same
+    # pins reuses a kept venv (.ci/run keeps it on the machine)
+    constraints_stamp = hashlib.sha256(CONSTRAINTS.read_bytes()).hexdigest()
     stamp = VENV / ".constraints-stamp"
     if stamp.exists() and stamp.read_text() != constraints_stamp:
         have = set()
