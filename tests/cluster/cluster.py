@@ -10,7 +10,9 @@ own containerd, kubelet, cgroup root and Nova server (class Node).
                         import the images; apply the snapshot CRDs and
                         controller, the KMS static pod and deploy/suite
                         through tests/cluster/overlay
-    cluster.py status   exit 0 when the node is Ready and every driver registered
+    cluster.py status   exit 0 when every node is Ready and every driver registered;
+                        prints each process group's, the pods' and the shims'
+                        resident memory, and their sum
     cluster.py down     delete what the tests left, stop everything, unmount,
                         remove containers, network devices and host changes
     cluster.py env      print the variables the tests read
