@@ -150,9 +150,10 @@ pub async fn run(
 /// only its own binary: it waits by asking the plugin.
 pub const HTTP_PATH: &str = "/pre-stop";
 
-/// The plugin's `/pre-stop` route: every request waits for one shared run
-/// of the hook (so callers cannot multiply its API calls), started by the
-/// first; answers 200 with the outcome, or 503 when the API refused.
+/// The plugin's `/pre-stop` route: a request joins the run of the hook
+/// under way, or starts one (so callers cannot multiply its API calls, and
+/// every answer is of now); answers 200 with the outcome, or 503 when the
+/// API refused.
 pub fn http_handler(
     client: kube_api::Client,
     args: PreStopArgs,
@@ -164,8 +165,12 @@ pub fn http_handler(
         let mut rx = {
             let mut slot = running.lock().unwrap_or_else(|p| p.into_inner());
             match slot.as_ref() {
-                Some(rx) => rx.clone(),
-                None => {
+                // a run under way: wait for its answer
+                Some(rx) if rx.borrow().is_none() => rx.clone(),
+                // none yet, or an answer of earlier: ask afresh (an early
+                // "not draining", from anyone who can reach the port, must
+                // not answer the registrar's call at the real drain)
+                _ => {
                     let (tx, rx) = tokio::sync::watch::channel(None);
                     let (client, args, driver) = (client.clone(), args.clone(), driver.clone());
                     tokio::spawn(async move {

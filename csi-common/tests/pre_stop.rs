@@ -204,7 +204,29 @@ async fn the_registrars_http_waits_share_one_run_of_the_hook() {
         1,
         "one run for twenty callers"
     );
-    // a later caller gets the same answer at once, without a new run
-    assert_eq!(handler().await.0, 200);
-    assert_eq!(state.lock().unwrap().node_gets, 1);
+}
+
+#[tokio::test]
+async fn an_early_answer_over_http_is_not_the_answer_at_the_drain() {
+    let state = Shared::default();
+    state.lock().unwrap().attachments = vec![("va-1".into(), DRIVER.into(), "node-1".into())];
+    let client = apiserver(state.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let handler = http_handler(client, args(dir.path()), DRIVER.into());
+    // asked before any drain (by anyone who reaches the port)
+    let (code, body) = handler().await;
+    assert_eq!((code, body.trim()), (200, "NotDraining"));
+    // the drain: the registrar's call waits for the attachment
+    state.lock().unwrap().unschedulable = true;
+    let wait = tokio::spawn(handler());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!wait.is_finished(), "the early answer stood for the drain");
+    state.lock().unwrap().attachments.clear();
+    let (code, body) = tokio::time::timeout(Duration::from_secs(5), wait)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(body.starts_with("Released"), "{body}");
+    assert_eq!(state.lock().unwrap().node_gets, 2);
 }
