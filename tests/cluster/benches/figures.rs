@@ -111,12 +111,8 @@ async fn burst(c: &Cluster, what: &str, class: &str, mode: &str, count: usize, m
 
 #[tokio::main]
 async fn main() {
-    let c = match bench_cluster() {
-        Ok(c) => c,
-        Err(e) => {
-            println!("figures skipped: {e}");
-            return;
-        }
+    let Some(c) = bench_cluster() else {
+        return;
     };
     latency(&c, "cinder", "csi-cinder-sc-xfs", "ReadWriteOnce").await;
     latency(&c, "manila-cephfs", "csi-manila-cephfs", "ReadWriteMany").await;
