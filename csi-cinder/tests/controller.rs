@@ -107,6 +107,100 @@ async fn create_volume_topology_metadata_and_multiattach() {
 }
 
 #[tokio::test]
+async fn a_restore_lands_in_its_sources_zone_or_is_refused_never_a_lying_topology() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let zone = |z: &str| csi::Topology {
+        segments: HashMap::from([(csi_cinder::TOPOLOGY_KEY.to_string(), z.to_string())]),
+    };
+    let cap = || mount_cap("ext4", Mode::SingleNodeWriter);
+    let mut r = create_req("zoned-src", cap(), 1);
+    r.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![zone("nova")],
+        preferred: vec![zone("nova")],
+    });
+    let src =
+        e.c.create_volume(r)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    let snap =
+        e.c.create_snapshot(snapshot_req(&src.volume_id, "zoned-snap", &[]))
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+    let sources = [
+        ("snapshot", from_snapshot(&snap.snapshot_id)),
+        ("source volume", from_volume(&src.volume_id)),
+    ];
+    for (what, source) in sources {
+        // preferred elsewhere, but the request allows the source's zone:
+        // created there, and the answer says so
+        let name = format!("zoned-ok-{}", what.replace(' ', "-"));
+        let mut r = create_req(&name, cap(), 1);
+        r.volume_content_source = source.clone();
+        r.accessibility_requirements = Some(csi::TopologyRequirement {
+            requisite: vec![zone("zone-b"), zone("nova")],
+            preferred: vec![zone("zone-b"), zone("nova")],
+        });
+        let v =
+            e.c.create_volume(r)
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap();
+        assert_eq!(v.accessible_topology, vec![zone("nova")], "{what}");
+        let got = e.cinder.get_volume(&v.volume_id).await.unwrap();
+        assert_eq!(got.availability_zone, "nova", "{what}");
+
+        // only another zone allowed: refused, saying where the source is,
+        // and nothing created
+        let name = format!("zoned-no-{}", what.replace(' ', "-"));
+        let mut r = create_req(&name, cap(), 1);
+        r.volume_content_source = source.clone();
+        r.accessibility_requirements = Some(csi::TopologyRequirement {
+            requisite: vec![zone("zone-b")],
+            preferred: vec![zone("zone-b")],
+        });
+        let err = e.c.create_volume(r).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            Code::ResourceExhausted,
+            "{what}: {}",
+            err.message()
+        );
+        assert!(
+            err.message().contains(&format!("the {what}")) && err.message().contains("\"nova\""),
+            "{}",
+            err.message()
+        );
+        assert!(e.named(&name).await.is_empty(), "{what}: a volume was left");
+
+        // a StorageClass that names another zone: a clear InvalidArgument
+        let name = format!("zoned-class-{}", what.replace(' ', "-"));
+        let mut r = create_req(&name, cap(), 1);
+        r.volume_content_source = source;
+        r.parameters.insert("availability".into(), "zone-b".into());
+        let err = e.c.create_volume(r).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            Code::InvalidArgument,
+            "{what}: {}",
+            err.message()
+        );
+        assert!(err.message().contains("zone-b"), "{}", err.message());
+        assert!(e.named(&name).await.is_empty(), "{what}: a volume was left");
+    }
+}
+
+#[tokio::test]
 async fn concurrent_identical_creates_make_one_volume() {
     if !root() {
         return;

@@ -174,6 +174,10 @@ impl Control {
     pub fn set_max_disk_devices(&self, max: i64) {
         self.state.world().max_disk_devices_to_attach = max;
     }
+    /// Nova's `[cinder] cross_az_attach` (true by default, as Nova's).
+    pub fn set_cross_az_attach(&self, allowed: bool) {
+        self.state.world().cross_az_attach = allowed;
+    }
     /// Creates an ACTIVE server in `project` ("admin" or "demo") booted
     /// from an image (one disk of its own), returns its id.
     pub fn create_server(
@@ -306,9 +310,15 @@ async fn set_failures(State(s): St, Json(f): Json<Failures>) -> StatusCode {
 #[derive(Deserialize)]
 struct ComputeOptions {
     max_disk_devices_to_attach: i64,
+    #[serde(default)]
+    cross_az_attach: Option<bool>,
 }
 async fn set_compute(State(s): St, Json(c): Json<ComputeOptions>) -> StatusCode {
-    s.world().max_disk_devices_to_attach = c.max_disk_devices_to_attach;
+    let mut w = s.world();
+    w.max_disk_devices_to_attach = c.max_disk_devices_to_attach;
+    if let Some(allowed) = c.cross_az_attach {
+        w.cross_az_attach = allowed;
+    }
     StatusCode::NO_CONTENT
 }
 

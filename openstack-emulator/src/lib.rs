@@ -61,6 +61,9 @@ pub struct EmulatorConfig {
     pub listen: SocketAddr,
     pub region: String,
     pub availability_zones: Vec<String>,
+    /// Nova's `[cinder] cross_az_attach`: false refuses an attach across
+    /// zones, as a multi-zone cloud is set up (Nova's default: true).
+    pub cross_az_attach: bool,
     pub token_lifetime: Duration,
     pub delays: Delays,
     pub hypervisor: Option<HypervisorConfig>,
@@ -72,6 +75,7 @@ impl Default for EmulatorConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             region: "RegionOne".into(),
             availability_zones: vec!["nova".into()],
+            cross_az_attach: true,
             token_lifetime: Duration::from_secs(3600),
             delays: Delays::default(),
             hypervisor: None,

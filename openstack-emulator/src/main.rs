@@ -22,6 +22,10 @@ struct Args {
     /// Availability zones, comma separated; the first is the default.
     #[arg(long, value_delimiter = ',', default_value = "nova")]
     availability_zones: Vec<String>,
+    /// Refuse attaching a volume to a server of another zone, as Nova's
+    /// `[cinder] cross_az_attach = False` does.
+    #[arg(long)]
+    no_cross_az_attach: bool,
     #[arg(long, default_value_t = 3600)]
     token_lifetime_secs: u64,
     /// Duration of every transient state (creating, attaching, ...), in ms.
@@ -74,6 +78,7 @@ async fn main() -> anyhow::Result<()> {
         listen: args.listen,
         region: args.region,
         availability_zones: args.availability_zones,
+        cross_az_attach: !args.no_cross_az_attach,
         token_lifetime: Duration::from_secs(args.token_lifetime_secs),
         delays,
         hypervisor,

@@ -311,6 +311,20 @@ async fn attach(
             ),
         ));
     }
+    // `[cinder] cross_az_attach = False`: checked in the API call, before
+    // anything is reserved (nova/volume/cinder.py check_availability_zone)
+    if !w.cross_az_attach
+        && let Some(server) = w.servers.get(&server_id)
+        && server.availability_zone != vol.availability_zone
+    {
+        return Err(ApiErr::bad(
+            S,
+            format!(
+                "Invalid volume: Instance {server_id} and volume {volume_id} are not in the same availability_zone. Instance is in {}. Volume is in {}",
+                server.availability_zone, vol.availability_zone
+            ),
+        ));
+    }
     // Nova counts every disk, the root included (a volume of those booted
     // from one), and refuses in the API call (403 TooManyDiskDevices)
     // before anything is reserved

@@ -394,6 +394,9 @@ pub struct World {
     /// Nova's `[compute] max_disk_devices_to_attach`: disk devices per
     /// server, the root disk included; -1: unlimited (Nova's default).
     pub max_disk_devices_to_attach: i64,
+    /// Nova's `[cinder] cross_az_attach` (Nova's default: true); false
+    /// refuses attaching a volume to a server of another zone.
+    pub cross_az_attach: bool,
     /// The server the metadata service answers for.
     pub metadata_instance: Option<String>,
     /// Catalog types under which each service is registered.
@@ -550,6 +553,7 @@ impl World {
             failing_volume_creates: 0,
             failing_share_creates: 0,
             max_disk_devices_to_attach: -1,
+            cross_az_attach: config.cross_az_attach,
             metadata_instance: None,
             catalog_types,
             manila_max_minor: 87,

@@ -5,7 +5,8 @@
 //! By RPC family: [`volumes`] (create, delete, expand, modify),
 //! [`inventory`] (validate, list, get), [`attachments`] (publish,
 //! unpublish), [`snapshots`] (snapshots and backups), [`groups`] (the
-//! GroupController: volume group snapshots).
+//! GroupController: volume group snapshots), [`zones`] (where a new
+//! volume goes).
 
 mod attachments;
 mod backups;
@@ -13,6 +14,7 @@ mod groups;
 mod inventory;
 mod snapshots;
 mod volumes;
+mod zones;
 
 use std::collections::HashMap;
 

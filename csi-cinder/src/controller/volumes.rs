@@ -78,6 +78,9 @@ impl ControllerService {
 
         // the source decides the minimum size and must be usable
         let source = requested.resolve(&block).await?;
+        let zone = self
+            .zone_for_source(&block, &r, params.availability.as_deref(), &source)
+            .await?;
         let source_size = source.size_gib();
         if let Some(min) = source_size
             && size < min
@@ -108,7 +111,7 @@ impl ControllerService {
             size_gib: size as u64,
             description: Some(DESCRIPTION.to_string()),
             volume_type: volume_type.clone(),
-            availability_zone: requested_zone.clone(),
+            availability_zone: zone.clone(),
             metadata,
             ..Default::default()
         };
@@ -132,26 +135,8 @@ impl ControllerService {
             .await?;
         let context = volume_context(&v, source_size, &params);
         Ok(csi::CreateVolumeResponse {
-            volume: Some(self.csi_volume(&v, context, requested_zone.as_deref())),
+            volume: Some(self.csi_volume(&v, context, zone.as_deref())),
         })
-    }
-
-    fn requested_zone(
-        &self,
-        r: &csi::CreateVolumeRequest,
-        availability: Option<&str>,
-    ) -> Option<String> {
-        if let Some(a) = availability {
-            return Some(a.to_string());
-        }
-        if !self.opts.with_topology {
-            return None;
-        }
-        let req = r.accessibility_requirements.as_ref()?;
-        req.preferred
-            .iter()
-            .chain(req.requisite.iter())
-            .find_map(|t| t.segments.get(TOPOLOGY_KEY).cloned())
     }
 
     pub(super) async fn type_is_multiattach(

@@ -263,3 +263,13 @@ pub fn from_snapshot(id: &str) -> Option<csi::VolumeContentSource> {
         )),
     })
 }
+
+pub fn from_volume(id: &str) -> Option<csi::VolumeContentSource> {
+    Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Volume(
+            csi::volume_content_source::VolumeSource {
+                volume_id: id.into(),
+            },
+        )),
+    })
+}

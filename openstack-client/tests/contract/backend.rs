@@ -11,6 +11,11 @@ use openstack_emulator::{Emulator, EmulatorConfig};
 
 use crate::common::wait_volume;
 
+/// The test cloud's zones (tests/openstack/cloud.py): Cinder's and Nova's
+/// default, where the test server runs, and a second one.
+pub const ZONE: &str = "az1";
+pub const OTHER_ZONE: &str = "az2";
+
 pub enum Backend {
     Emulator(Emulator),
     Real { dir: PathBuf, services: Vec<String> },
@@ -56,9 +61,19 @@ impl Backend {
                 }
             }
             Ok("emulator") | Err(_) => {
-                Backend::Emulator(Emulator::start(EmulatorConfig::default()).await.unwrap())
+                Backend::Emulator(Emulator::start(Self::emulator_config()).await.unwrap())
             }
             Ok(other) => panic!("OPENSTACK_TEST_BACKEND must be emulator or real, not {other:?}"),
+        }
+    }
+
+    /// The emulator set up as the test cloud is: two zones, the first the
+    /// default, and no attach across them.
+    pub fn emulator_config() -> EmulatorConfig {
+        EmulatorConfig {
+            availability_zones: vec![ZONE.into(), OTHER_ZONE.into()],
+            cross_az_attach: false,
+            ..Default::default()
         }
     }
 
@@ -127,7 +142,7 @@ impl Backend {
         match self {
             Backend::Emulator(e) => e
                 .control()
-                .create_server("admin", "contract-node", "nova")
+                .create_server("admin", "contract-node", ZONE)
                 .unwrap(),
             Backend::Real { dir, .. } => std::fs::read_to_string(dir.join("test-server-id"))
                 .unwrap()

@@ -39,7 +39,7 @@ async fn cinder_volume_lifecycle_listing_and_errors() {
     let v = wait_volume(&c, &created.id, VolumeStatus::Available).await;
     assert_eq!(v.name, name);
     assert_eq!(v.size, 1);
-    assert_eq!(v.availability_zone, "nova");
+    assert_eq!(v.availability_zone, ZONE);
     assert!(!v.multiattach);
     assert!(v.attachments.is_empty());
     assert_eq!(
@@ -276,6 +276,87 @@ async fn cinder_snapshots_and_restore() {
         c.delete_volume(id).await.unwrap();
         wait_gone("volume delete", || c.get_volume(id)).await;
     }
+    c.delete_snapshot(&snap.id).await.unwrap();
+    wait_gone("snapshot delete", || c.get_snapshot(&snap.id)).await;
+    c.delete_volume(&v.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn cinder_restores_snapshots_and_clones_only_in_their_zone() {
+    let b = Backend::new().await;
+    if !b.has(
+        "cinder",
+        "cinder_restores_snapshots_and_clones_only_in_their_zone",
+    ) {
+        return;
+    }
+    let c = BlockStorage::new(b.session(User::Member));
+    let v = new_volume(&c, &unique("contract-zoned"), 1).await;
+    assert_eq!(v.availability_zone, ZONE, "{}", b.name());
+    let snap = c
+        .create_snapshot(&CreateSnapshot {
+            volume_id: v.id.clone(),
+            name: unique("contract-zoned-snap"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_snapshot(&c, &snap.id).await;
+    // `cloned_volume_same_az` (Cinder's default): refused before anything
+    // is created
+    for (what, spec) in [
+        (
+            "snapshot",
+            CreateVolume {
+                snapshot_id: Some(snap.id.clone()),
+                ..Default::default()
+            },
+        ),
+        (
+            "source volume",
+            CreateVolume {
+                source_volume_id: Some(v.id.clone()),
+                ..Default::default()
+            },
+        ),
+    ] {
+        let name = unique("contract-cross-zone");
+        let err = c
+            .create_volume(&CreateVolume {
+                name: name.clone(),
+                size_gib: 1,
+                availability_zone: Some(OTHER_ZONE.into()),
+                ..spec
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+        assert!(
+            err.to_string()
+                .contains(&format!("same availability zone as the {what}")),
+            "{}: {err}",
+            b.name()
+        );
+        assert!(
+            c.volumes_named(&name).await.unwrap().is_empty(),
+            "{}",
+            b.name()
+        );
+    }
+    // without a zone, the restore lands in the snapshot's
+    let restored = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-zoned-restored"),
+            size_gib: 1,
+            snapshot_id: Some(snap.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let restored = wait_volume(&c, &restored.id, VolumeStatus::Available).await;
+    assert_eq!(restored.availability_zone, ZONE, "{}", b.name());
+    c.delete_volume(&restored.id).await.unwrap();
+    wait_gone("volume delete", || c.get_volume(&restored.id)).await;
     c.delete_snapshot(&snap.id).await.unwrap();
     wait_gone("snapshot delete", || c.get_snapshot(&snap.id)).await;
     c.delete_volume(&v.id).await.unwrap();

@@ -28,12 +28,7 @@ async fn nova_attach_extend_detach() {
         .await
         .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
     assert_eq!(srv.id, server);
-    assert_eq!(
-        srv.availability_zone.as_deref(),
-        Some("nova"),
-        "{}",
-        b.name()
-    );
+    assert_eq!(srv.availability_zone.as_deref(), Some(ZONE), "{}", b.name());
 
     let v = new_volume(&c, &unique("contract-attach"), 1).await;
     let att = nova
@@ -233,7 +228,7 @@ async fn attached_volumes_become_block_devices() {
                     by_id_dir: scratch.path().join("by-id"),
                     image_dir: scratch.path().join("images"),
                 }),
-                ..Default::default()
+                ..Backend::emulator_config()
             })
             .await
             .unwrap();
@@ -296,4 +291,41 @@ async fn wait_device(link: &std::path::Path, want: Option<u64>, backend: &str) {
     )
     .await
     .unwrap_or_else(|e| panic!("{backend}: {e}"));
+}
+
+#[tokio::test]
+async fn nova_refuses_an_attach_across_zones() {
+    let b = Backend::new().await;
+    if !b.has("nova", "nova_refuses_an_attach_across_zones") {
+        return;
+    }
+    let _server = TEST_SERVER.lock().await;
+    let s = b.session(User::Admin);
+    let c = BlockStorage::new(s.clone());
+    let nova = Compute::new(s.clone());
+    let server = b.server();
+    let created = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-other-zone"),
+            size_gib: 1,
+            availability_zone: Some(OTHER_ZONE.into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let v = wait_volume(&c, &created.id, VolumeStatus::Available).await;
+    assert_eq!(v.availability_zone, OTHER_ZONE, "{}", b.name());
+    // cross_az_attach = False: refused in the API call, nothing reserved
+    let err = nova.attach_volume(&server, &v.id, false).await.unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{}: {err}", b.name());
+    assert!(
+        err.to_string().contains("availability_zone"),
+        "{}: {err}",
+        b.name()
+    );
+    let after = c.get_volume(&v.id).await.unwrap();
+    assert_eq!(after.status, VolumeStatus::Available, "{}", b.name());
+    assert!(after.attachments.is_empty(), "{}: {after:?}", b.name());
+    c.delete_volume(&v.id).await.unwrap();
+    wait_gone("volume delete", || c.get_volume(&v.id)).await;
 }

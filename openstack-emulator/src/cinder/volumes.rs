@@ -63,11 +63,21 @@ pub(super) async fn create_volume(
             ));
         }
         size = Some(s);
-        if az.is_none() {
-            az = w
-                .volumes
-                .get(&snap.volume_id)
-                .map(|v| v.availability_zone.clone());
+        // Cinder's `cloned_volume_same_az` (true by default): a snapshot
+        // is restored only in its volume's zone
+        let snap_az = w
+            .volumes
+            .get(&snap.volume_id)
+            .map(|v| v.availability_zone.clone());
+        match (&az, snap_az) {
+            (None, found) => az = found,
+            (Some(asked), Some(found)) if *asked != found => {
+                return Err(ApiErr::bad(
+                    S,
+                    "Invalid input received: Volume must be in the same availability zone as the snapshot",
+                ));
+            }
+            _ => {}
         }
     }
     if let Some(src) = &source_volid {
@@ -96,8 +106,15 @@ pub(super) async fn create_volume(
             ));
         }
         size = Some(s);
-        if az.is_none() {
-            az = Some(vol.availability_zone.clone());
+        match &az {
+            None => az = Some(vol.availability_zone.clone()),
+            Some(asked) if *asked != vol.availability_zone => {
+                return Err(ApiErr::bad(
+                    S,
+                    "Invalid input received: Volume must be in the same availability zone as the source volume",
+                ));
+            }
+            Some(_) => {}
         }
     }
     let size = size.ok_or_else(|| {
