@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""A real Kubernetes of two nodes (K8S_TEST_NODES, default 2) on this
+"""A real Kubernetes of three nodes (K8S_TEST_NODES, default 3) on this
 machine, running the suite from deploy/ with our images, for the cluster
 tier of the tests. Node A (`localhost`) runs in the host's namespaces;
 node B, C... each in a network and a mount namespace of its own, with its
-own containerd, kubelet, cgroup root and Nova server (class Node).
+own containerd, kubelet, cgroup root and Nova server (class Node). A and B
+are in the test cloud's zone az1, C in az2 (each node's server, instance
+metadata and `topology.kubernetes.io/zone` label).
 
     cluster.py up       start etcd, the control plane, each node's containerd
                         and kubelet;
@@ -124,7 +126,10 @@ PROCESSES = ["kubelet", "containerd", "kube-scheduler", "kube-controller-manager
 CLOUD_PORT_BASE = int(os.environ.get("OS_TEST_CLOUD_PORT_BASE", "25000"))
 # the nodes: A in the host's namespaces (the single-node tier's `localhost`),
 # the further ones each in their own network and mount namespaces
-NODE_COUNT = int(os.environ.get("K8S_TEST_NODES", "2"))
+NODE_COUNT = int(os.environ.get("K8S_TEST_NODES", "3"))
+# the test cloud's zones (tests/openstack/cloud.py): A and B in the first,
+# C and any further node in the second
+ZONES = ("az1", "az2")
 # pods of the single-node scenarios and the controllers stay on A; the
 # multi-node scenarios tolerate this taint
 MULTI_NODE_TAINT = "csi-cluster-tier/multi-node=true:NoSchedule"
@@ -144,6 +149,7 @@ class Node:
         self.index = index
         self.letter = "abcdefgh"[index]
         self.host = index == 0
+        self.zone = ZONES[0] if index < 2 else ZONES[1]
         if self.host:
             self.name, self.state, self.run = NODE, STATE, RUN
             self.address = HOST
@@ -885,7 +891,10 @@ imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 maxPods: 110
 """)
-    extra = [] if node.host else [f"--node-ip={node.address}", f"--register-with-taints={MULTI_NODE_TAINT}"]
+    # the zone label a cloud controller manager would set
+    extra = [f"--node-labels=topology.kubernetes.io/zone={node.zone}"]
+    if not node.host:
+        extra += [f"--node-ip={node.address}", f"--register-with-taints={MULTI_NODE_TAINT}"]
     SERVICES.start(node.service("kubelet"), [
         *node.enter(),
         binary("kubelet"),
@@ -1020,8 +1029,8 @@ def node_server(node):
     the disks attached to it in the node's by-id directory only)."""
     if node.host:
         return (CLOUD / "test-server-id").read_text().strip()
-    out = run([sys.executable, REPO / "tests" / "openstack" / "cloud.py", "node-server", node.name, node.by_id],
-              timeout=300)
+    out = run([sys.executable, REPO / "tests" / "openstack" / "cloud.py", "node-server", node.name, node.by_id,
+               node.zone], timeout=300)
     return out.strip().splitlines()[-1]
 
 
@@ -1042,7 +1051,7 @@ def start_metadata(node, server):
     server); a namespaced node reaches it on the same loopback port as A,
     translated to its own."""
     SERVICES.start(node.service("metadata"), [sys.executable, HERE / "metadata.py", node.metadata_port, server,
-                                              node.name if not node.host else "k8s-test-node", "nova"])
+                                              node.name if not node.host else "k8s-test-node", node.zone])
     SERVICES.wait_until(node.service("metadata"), lambda: port_open(node.metadata_port), 30)
 
 

@@ -78,6 +78,15 @@ ADMIN_PASSWORD = "admin-secret"
 MEMBER_PASSWORD = "demo-secret"
 SERVICE_PASSWORD = "service-secret"
 
+# two availability zones, as a multi-zone cloud has them: Cinder's and
+# Nova's first (each compute host in an aggregate of its zone, so that no
+# server lands in a zone by default) and a second one, each with a Cinder
+# backend and a compute host; no attach across them (cross_az_attach)
+ZONES = ("az1", "az2")
+COMPUTE_HOSTS = {"az1": "test-compute", "az2": "test-compute-az2"}
+# bumped when an existing cloud's state cannot be carried over
+LAYOUT = "zones-1"
+
 PROFILES = {
     "kms": ["keystone", "barbican"],
     "block": ["keystone", "cinder", "nova"],
@@ -547,11 +556,11 @@ transport_url = {rabbit_url()}
 auth_strategy = keystone
 api_paste_config = {d}/api-paste.ini
 resource_query_filters_file = {d}/resource_filters.json
-enabled_backends = fake
+enabled_backends = fake,fake-{ZONES[1]}
 state_path = {d}
 log_file = {STATE}/logs/cinder-app.log
-storage_availability_zone = nova
-default_availability_zone = nova
+storage_availability_zone = {ZONES[0]}
+default_availability_zone = {ZONES[0]}
 periodic_interval = 5
 report_interval = 5
 periodic_fuzzy_delay = 0
@@ -572,6 +581,10 @@ helper_command = {venv_bin("privsep-helper")} --config-file {conf}
 [fake]
 volume_driver = test_cloud_cinder.MultiattachFakeDriver
 volume_backend_name = fake
+[fake-{ZONES[1]}]
+volume_driver = test_cloud_cinder.MultiattachFakeDriver
+volume_backend_name = fake-{ZONES[1]}
+backend_availability_zone = {ZONES[1]}
 {keystone_authtoken("cinder")}
 {service_auth_section("nova", "cinder")}
 """)
@@ -606,10 +619,10 @@ def setup_nova(ks):
 {DEBUG_LINE}transport_url = {rabbit_url()}
 rpc_response_timeout = 15
 compute_driver = fake.FakeDriverWithoutFakeNodes
-state_path = {d}
+state_path = %(state)s
 instances_path = {d}/instances
 my_ip = {HOST}
-host = test-compute
+host = %(host)s
 periodic_fuzzy_delay = 0
 report_interval = 5
 log_file = %(log)s
@@ -626,6 +639,7 @@ discover_hosts_in_cells_interval = -1
 [conductor]
 workers = 1
 [cinder]
+cross_az_attach = False
 os_region_name = {REGION}
 catalog_info = volumev3::publicURL
 auth_type = password
@@ -651,10 +665,20 @@ region_name = {REGION}
 """
     # nova-compute must not see database URLs (gotcha 6): they live in a
     # file only the other services read
-    (d / "nova.conf").write_text(common.replace("%(log)s", f"{STATE}/logs/nova-app.log"))
+    def conf(log_name, state=d, host=COMPUTE_HOSTS[ZONES[0]]):
+        return (common.replace("%(log)s", f"{STATE}/logs/{log_name}").replace("%(state)s", str(state))
+                .replace("%(host)s", host))
+
+    (d / "nova.conf").write_text(conf("nova-app.log"))
     (d / "nova-db.conf").write_text(f"[api_database]\nconnection = {db_url('nova_api')}\n"
                                     f"[database]\nconnection = {db_url('nova')}\n")
-    (d / "nova-compute.conf").write_text(common.replace("%(log)s", f"{STATE}/logs/nova-compute-app.log"))
+    (d / "nova-compute.conf").write_text(conf("nova-compute-app.log"))
+    # the second zone's compute host: its own identity and state, its
+    # configuration beside them (Nova reads compute_id from the config
+    # file's directory too, and refuses two that differ)
+    (d / ZONES[1]).mkdir(exist_ok=True)
+    (d / ZONES[1] / "nova-compute.conf").write_text(
+        conf(f"nova-compute-{ZONES[1]}-app.log", d / ZONES[1], COMPUTE_HOSTS[ZONES[1]]))
     confs = ["--config-file", str(d / "nova.conf"), "--config-file", str(d / "nova-db.conf")]
     if not (d / ".synced").exists():
         manage = [venv_bin("nova-manage"), *confs]
@@ -676,12 +700,15 @@ region_name = {REGION}
                STATE / "logs" / "nova-api.log")
     # the fake virt driver never writes its node identity, and a restarted
     # nova-compute without one refuses to start: provision it up front
-    compute_id = d / "compute_id"
-    if not compute_id.exists():
-        import uuid
-        compute_id.write_text(str(uuid.uuid4()))
+    import uuid
+    for state in (d, d / ZONES[1]):
+        compute_id = state / "compute_id"
+        if not compute_id.exists():
+            compute_id.write_text(str(uuid.uuid4()))
     time.sleep(2)  # let the conductor register before compute starts (gotcha 7)
     start("nova-compute", [venv_bin("nova-compute"), "--config-file", str(d / "nova-compute.conf")])
+    start(f"nova-compute-{ZONES[1]}",
+          [venv_bin("nova-compute"), "--config-file", str(d / ZONES[1] / "nova-compute.conf")])
     # tests size their attach limits from it
     (STATE / "max-disk-devices").write_text(f"{MAX_DISK_DEVICES}\n")
 
@@ -728,9 +755,10 @@ def configure_block():
     api = Api()
     cinder = f"http://{HOST}:{PORTS['cinder']}/v3/{api.project_id}"
     nova = f"http://{HOST}:{PORTS['nova']}/v2.1"
-    wait_until("cinder-volume service", lambda: any(
-        s["binary"] == "cinder-volume" and s["state"] == "up"
-        for s in api.call("GET", cinder + "/os-services")["services"]), 120, STATE / "logs" / "cinder-volume.log")
+    wait_until("cinder-volume service of every zone", lambda: {
+        s["zone"] for s in api.call("GET", cinder + "/os-services")["services"]
+        if s["binary"] == "cinder-volume" and s["state"] == "up"} >= set(ZONES), 120,
+        STATE / "logs" / "cinder-volume.log")
     # unlimited quotas for the test projects, as in the emulator: the
     # defaults (10 volumes, 1000 GiB) would make parallel tests flaky
     for project in (api.project_id, Keystone().find("projects", "demo")):
@@ -752,17 +780,19 @@ def configure_block():
         api.call("POST", nova + "/flavors", {"flavor": {"name": "m1.test", "ram": 64, "vcpus": 1, "disk": 0,
                                                         "id": "test"}})
     server_file = STATE / "test-server-id"
+    # "up" must rest on a heartbeat from each nova-compute, not on one left
+    # from before a restart: Nova refuses detaches while it thinks the
+    # compute service is down
+    for zone in ZONES:
+        process = compute_process(zone)
+        wait_until(process, lambda: reported_since_start(process, [
+            s for s in api.call("GET", nova + "/os-services?binary=nova-compute")["services"]
+            if s["host"] == COMPUTE_HOSTS[zone]]), 120, STATE / "logs" / f"{process}-app.log")
     if server_file.exists():
         sid = server_file.read_text().strip()
         if http("GET", f"{nova}/servers/{sid}", None, {"X-Auth-Token": api.token})[0] == 200:
             smoke_attach(api, cinder, nova, sid)
             return
-    # "up" must rest on a heartbeat from this nova-compute, not on one left
-    # from before a restart: Nova refuses detaches while it thinks the
-    # compute service is down
-    wait_until("nova-compute", lambda: reported_since_start(
-        "nova-compute", api.call("GET", nova + "/os-services?binary=nova-compute")["services"]),
-        120, STATE / "logs" / "nova-compute-app.log")
     # map the host to its cell now rather than leave it to a periodic task;
     # os-hypervisors lists a node only once it is mapped
     d = STATE / "nova"
@@ -770,29 +800,49 @@ def configure_block():
                 str(d / "nova-db.conf"), "cell_v2", "discover_hosts"]
 
     def mapped():
-        if api.call("GET", nova + "/os-hypervisors")["hypervisors"]:
+        if len(api.call("GET", nova + "/os-hypervisors")["hypervisors"]) >= len(ZONES):
             return True
         run(discover)
-        return bool(api.call("GET", nova + "/os-hypervisors")["hypervisors"])
+        return len(api.call("GET", nova + "/os-hypervisors")["hypervisors"]) >= len(ZONES)
 
-    wait_until("the compute host's cell mapping", mapped, 90, STATE / "logs" / "nova-compute-app.log",
+    wait_until("the compute hosts' cell mapping", mapped, 90, STATE / "logs" / "nova-compute-app.log",
                process="nova-compute")
-    server = boot_server(api, cinder, nova, "test-server")
+    zone_aggregates(api, nova)
+    server = boot_server(api, cinder, nova, "test-server", ZONES[0])
     server_file.write_text(server["id"])
     log(f"test server {server['id']} is ACTIVE")
     smoke_attach(api, cinder, nova, server["id"])
 
 
-def boot_server(api, cinder, nova, name):
-    """A server of flavor m1.test booted from a fresh bootable volume (no
-    network), ACTIVE on return."""
-    vol = api.call("POST", cinder + "/volumes", {"volume": {"size": 1, "name": f"{name}-boot"}})["volume"]
+def compute_process(zone):
+    return "nova-compute" if zone == ZONES[0] else f"nova-compute-{zone}"
+
+
+def zone_aggregates(api, nova):
+    """Each compute host in an aggregate of its zone (idempotent)."""
+    mv = {"X-OpenStack-Nova-API-Version": "2.41"}
+    existing = {a["name"]: a for a in api.call("GET", nova + "/os-aggregates", headers=mv)["aggregates"]}
+    for zone, host in COMPUTE_HOSTS.items():
+        agg = existing.get(zone) or api.call("POST", nova + "/os-aggregates", {"aggregate": {
+            "name": zone, "availability_zone": zone}}, headers=mv)["aggregate"]
+        if host not in (agg.get("hosts") or []):
+            api.call("POST", f"{nova}/os-aggregates/{agg['id']}/action", {"add_host": {"host": host}}, headers=mv)
+    log(f"compute hosts in zones: {', '.join(f'{h} in {z}' for z, h in COMPUTE_HOSTS.items())}")
+
+
+def boot_server(api, cinder, nova, name, zone):
+    """A server of flavor m1.test in `zone`, booted from a fresh bootable
+    volume of that zone (no network), ACTIVE on return."""
+    if zone not in ZONES:
+        raise CloudError(f"unknown zone {zone!r}: the test cloud has {', '.join(ZONES)}")
+    vol = api.call("POST", cinder + "/volumes", {"volume": {"size": 1, "name": f"{name}-boot",
+                                                            "availability_zone": zone}})["volume"]
     wait_until("boot volume", lambda: api.call("GET", f"{cinder}/volumes/{vol['id']}")["volume"]["status"]
                == "available", 60, STATE / "logs" / "cinder-volume.log")
     api.call("POST", f"{cinder}/volumes/{vol['id']}/action", {"os-set_bootable": {"bootable": True}})
     mv = {"X-OpenStack-Nova-API-Version": "2.37"}
     server = api.call("POST", nova + "/servers", {"server": {
-        "name": name, "flavorRef": "test", "networks": "none",
+        "name": name, "flavorRef": "test", "networks": "none", "availability_zone": zone,
         "block_device_mapping_v2": [{"boot_index": 0, "uuid": vol["id"], "source_type": "volume",
                                      "destination_type": "volume", "delete_on_termination": True}]}},
         headers=mv)["server"]
@@ -833,23 +883,27 @@ def write_node_servers(servers):
 
 
 def cmd_node_server(rest):
-    """`node-server NAME BY_ID_DIR`: a further server (one per cluster node)
-    whose disks the hypervisor agent links in BY_ID_DIR only; idempotent;
-    prints the server's id."""
-    if len(rest) != 2 or not Path(rest[1]).is_absolute():
-        raise CloudError("usage: cloud.py node-server NAME /ABSOLUTE/BY-ID-DIR")
-    name, by_id_dir = rest
+    """`node-server NAME BY_ID_DIR [ZONE]`: a further server (one per
+    cluster node) in ZONE (default the first) whose disks the hypervisor
+    agent links in BY_ID_DIR only; idempotent; prints the server's id."""
+    if len(rest) not in (2, 3) or not Path(rest[1]).is_absolute():
+        raise CloudError("usage: cloud.py node-server NAME /ABSOLUTE/BY-ID-DIR [ZONE]")
+    name, by_id_dir = rest[:2]
+    zone = rest[2] if len(rest) == 3 else ZONES[0]
     api = Api()
     cinder = f"http://{HOST}:{PORTS['cinder']}/v3/{api.project_id}"
     nova = f"http://{HOST}:{PORTS['nova']}/v2.1"
     servers = node_servers()
     known = servers.get(name)
-    if known and http("GET", f"{nova}/servers/{known['id']}", None, {"X-Auth-Token": api.token})[0] == 200:
+    if (known and known.get("zone") == zone
+            and http("GET", f"{nova}/servers/{known['id']}", None, {"X-Auth-Token": api.token})[0] == 200):
         server_id = known["id"]
     else:
-        server_id = boot_server(api, cinder, nova, name)["id"]
-        log(f"node server {name} {server_id} is ACTIVE")
-    servers[name] = {"id": server_id, "by_id_dir": by_id_dir}
+        if known:
+            cmd_node_server_delete([name])
+        server_id = boot_server(api, cinder, nova, name, zone)["id"]
+        log(f"node server {name} {server_id} is ACTIVE in {zone}")
+    servers[name] = {"id": server_id, "by_id_dir": by_id_dir, "zone": zone}
     write_node_servers(servers)
     print(server_id)
 
@@ -1406,8 +1460,8 @@ def health(service):
         "barbican": (["barbican"], lambda: http("GET", f"http://{HOST}:{PORTS['barbican']}/")[0] in (200, 300)),
         "cinder": (["mariadb", "rabbitmq", "cinder-api", "cinder-scheduler", "cinder-volume", "cinder-backup"],
                    lambda: http("GET", f"http://{HOST}:{PORTS['cinder']}/")[0] in (200, 300)),
-        "nova": (["neutron-stub", "placement", "nova-api", "nova-conductor", "nova-scheduler", "nova-compute",
-                  "hypervisor-agent"],
+        "nova": (["neutron-stub", "placement", "nova-api", "nova-conductor", "nova-scheduler",
+                  *(compute_process(z) for z in ZONES), "hypervisor-agent"],
                  lambda: http("GET", f"http://{HOST}:{PORTS['nova']}/")[0] == 200
                  and (STATE / "test-server-id").exists()),
         "manila": (["mariadb", "rabbitmq", "manila-api", "manila-scheduler", "manila-share"],
@@ -1428,8 +1482,13 @@ def cmd_up(profile):
     if all(health(s) for s in services_of(profile)) and (STATE / "clouds.yaml").exists():
         log(f"profile {profile} already up")
         return
+    layout = STATE / "layout"
+    if (STATE / "cinder").exists() and (not layout.exists() or layout.read_text().strip() != LAYOUT):
+        raise CloudError(f"the state in {STATE} is of an older layout of the test cloud (before {LAYOUT}); "
+                         "start afresh: cloud.py down --purge")
     for sub in ("logs", "pids", "wsgi"):
         (STATE / sub).mkdir(parents=True, exist_ok=True)
+    layout.write_text(LAYOUT + "\n")
     t0 = time.time()
     services = services_of(profile)
     needs_broker = any(s in services for s in ("cinder", "nova", "manila"))
@@ -1485,7 +1544,7 @@ def cmd_status(profile):
 # stopped in waves: the services, then what they depend on
 SERVICE_PROCESSES = [
     "hypervisor-agent",
-    "nova-compute", "nova-api", "nova-scheduler", "nova-conductor", "placement", "neutron-stub",
+    "nova-compute", f"nova-compute-{ZONES[1]}", "nova-api", "nova-scheduler", "nova-conductor", "placement", "neutron-stub",
     "manila-share", "manila-scheduler", "manila-api",
     "cinder-backup", "cinder-volume", "cinder-scheduler", "cinder-api",
     "barbican", "keystone",

@@ -107,3 +107,12 @@ pub fn deployment(name: &str, claim: &str, nodes: &[&str]) -> String {
         placement(nodes, 6),
     )
 }
+
+/// A pod manifest placed by [`crate::placed_on`], preferring `node` among
+/// its nodes (a soft preference the scheduler weighs, never a must).
+pub fn preferring(placed_pod_yaml: &str, node: &str) -> String {
+    let prefer = format!(
+        "    nodeAffinity:\n      preferredDuringSchedulingIgnoredDuringExecution:\n      - weight: 100\n        preference:\n          matchExpressions:\n          - key: kubernetes.io/hostname\n            operator: In\n            values: [{node}]\n"
+    );
+    placed_pod_yaml.replacen("    nodeAffinity:\n", &prefer, 1)
+}

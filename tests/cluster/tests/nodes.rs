@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use cluster_tests::nodes::{deployment, stateful_set};
+use cluster_tests::nodes::{deployment, preferring, stateful_set};
 use cluster_tests::{Cluster, PodOptions, SUITE_NAMESPACE, claim, placed_on, pod, prober};
 use serde_json::Value;
 
@@ -548,9 +548,6 @@ async fn a_node_at_its_attach_limit_sends_the_next_pod_elsewhere() {
         &pod("extra", "extra", "sleep 100000", PodOptions::default()),
         &[a, b],
     );
-    let prefer_a = format!(
-        "    nodeAffinity:\n      preferredDuringSchedulingIgnoredDuringExecution:\n      - weight: 100\n        preference:\n          matchExpressions:\n          - key: kubernetes.io/hostname\n            operator: In\n            values: [{a}]\n"
-    );
     let extra = [
         claim(
             "extra",
@@ -559,7 +556,7 @@ async fn a_node_at_its_attach_limit_sends_the_next_pod_elsewhere() {
             "ReadWriteOnce",
             false,
         ),
-        extra_pod.replacen("    nodeAffinity:\n", &prefer_a, 1),
+        preferring(&extra_pod, a),
     ];
     assert!(extra[1].contains("preferredDuring"));
     c.apply_in(&n, &extra.join("---\n")).await.unwrap();
@@ -788,4 +785,274 @@ async fn a_drained_node_keeps_its_plugins_until_its_volumes_have_left() {
         "mount pods left on B: {mount_pods_on_b:?}"
     );
     ns.close().await.unwrap();
+}
+
+// ------------------------------------------------------------------ zones
+
+const ZONE_KEY: &str = "topology.cinder.csi.openstack.org/zone";
+
+/// The zone the Cinder node plugin reported for a node (its label).
+async fn zone_of(c: &Cluster, node: &str) -> String {
+    let n = c.get("node", node, None).await.unwrap().unwrap();
+    n["metadata"]["labels"][ZONE_KEY]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The zones a PV's node affinity allows.
+fn pv_zones(pv: &Value) -> Vec<String> {
+    let mut zones = Vec::new();
+    for term in pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        for e in term["matchExpressions"].as_array().into_iter().flatten() {
+            if e["key"] == ZONE_KEY {
+                zones.extend(
+                    e["values"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string),
+                );
+            }
+        }
+    }
+    zones
+}
+
+/// The claim's PV, its zones, and its Cinder volume's zone.
+async fn zones_of_claim(c: &Cluster, ns: &str, claim: &str) -> (Vec<String>, String) {
+    let pv = c.volume_of(ns, claim, 3 * MINUTE).await.unwrap();
+    let id = pv["spec"]["csi"]["volumeHandle"].as_str().unwrap();
+    let v = c.cinder().unwrap().get_volume(id).await.unwrap();
+    (pv_zones(&pv), v.availability_zone)
+}
+
+/// A Cinder StorageClass of this test (cluster-scoped: deleted when the
+/// guard drops).
+struct TestClass {
+    cluster: Cluster,
+    name: String,
+}
+
+impl TestClass {
+    async fn new(c: &Cluster, name: &str, body: &str) -> Self {
+        c.apply(&format!(
+            "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: {name}\n  labels:\n    csi-cluster-tier: test\nprovisioner: cinder.csi.openstack.org\nreclaimPolicy: Delete\n{body}"
+        ))
+        .await
+        .unwrap();
+        TestClass {
+            cluster: c.clone(),
+            name: name.to_string(),
+        }
+    }
+}
+
+impl Drop for TestClass {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kubectl")
+            .arg(format!("--kubeconfig={}", self.cluster.kubeconfig.display()))
+            .args(["delete", "storageclass", &self.name, "--ignore-not-found"])
+            .output();
+    }
+}
+
+fn restore_claim(name: &str, class: &str, snapshot: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {name}\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: {class}\n  dataSource:\n    apiGroup: snapshot.storage.k8s.io\n    kind: VolumeSnapshot\n    name: {snapshot}\n  resources:\n    requests:\n      storage: 1Gi\n"
+    )
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier with a node in a second zone (three nodes): tests/cluster/cluster.py up"]
+async fn volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about_it() {
+    let (c, nodes) = cluster().await;
+    assert!(
+        nodes.len() >= 3,
+        "the zones scenario needs node C in the second zone; the cluster has {nodes:?}"
+    );
+    let (a, b, cz) = (nodes[0].as_str(), nodes[1].as_str(), nodes[2].as_str());
+    let (az1, az2) = (zone_of(&c, a).await, zone_of(&c, cz).await);
+    assert_eq!(zone_of(&c, b).await, az1, "A and B share a zone");
+    assert!(
+        !az1.is_empty() && !az2.is_empty() && az1 != az2,
+        "A is in {az1:?}, C in {az2:?}: two zones expected"
+    );
+    let ns = c.namespace("zones").await.unwrap();
+    let n = ns.name.clone();
+    let sleeper = |name: &str, claim: &str, script: &str| {
+        pod(
+            name,
+            claim,
+            &format!("{script}; sleep 100000"),
+            PodOptions::default(),
+        )
+    };
+
+    // 1. WaitForFirstConsumer: the volume is made in the zone of the node
+    // the pod was scheduled to, whichever the scheduler picked
+    let docs = [
+        claim("on-c", "csi-cinder-sc-delete", "1Gi", "ReadWriteOnce", false),
+        placed_on(&sleeper("on-c", "on-c", "echo c > /data/where"), &[cz]),
+        claim("either", "csi-cinder-sc-delete", "1Gi", "ReadWriteOnce", false),
+        placed_on(&sleeper("either", "either", "true"), &[a, cz]),
+        claim("src", "csi-cinder-sc-delete", "1Gi", "ReadWriteOnce", false),
+        placed_on(
+            &sleeper("src", "src", "cat /proc/sys/kernel/random/uuid > /data/token; sync"),
+            &[a],
+        ),
+    ];
+    c.apply_in(&n, &docs.join("---\n")).await.unwrap();
+    for (p, claim_name) in [("on-c", "on-c"), ("either", "either"), ("src", "src")] {
+        let pod = c.wait_running(&n, p, 5 * MINUTE).await.unwrap();
+        let node = pod["spec"]["nodeName"].as_str().unwrap().to_string();
+        let node_zone = zone_of(&c, &node).await;
+        let (pv_zones, volume_zone) = zones_of_claim(&c, &n, claim_name).await;
+        println!("claim {claim_name}: pod on {node} ({node_zone}), volume in {volume_zone}, PV {pv_zones:?}");
+        assert_eq!(volume_zone, node_zone, "{claim_name}: made where its pod runs");
+        assert_eq!(pv_zones, vec![node_zone.clone()], "{claim_name}: the PV says so");
+    }
+    let token = c.exec(&n, "src", "cat /data/token").await.unwrap();
+
+    // 2. Immediate, for the second zone only: the PV names that zone only,
+    // and its pod (allowed everywhere) runs on C
+    let az2_only = TestClass::new(
+        &c,
+        &format!("{n}-az2"),
+        &format!(
+            "volumeBindingMode: Immediate\nallowedTopologies:\n- matchLabelExpressions:\n  - key: {ZONE_KEY}\n    values: [{az2}]\n"
+        ),
+    )
+    .await;
+    c.apply_in(
+        &n,
+        &claim("immediate", &az2_only.name, "1Gi", "ReadWriteOnce", false),
+    )
+    .await
+    .unwrap();
+    let (pv_zones, volume_zone) = zones_of_claim(&c, &n, "immediate").await;
+    assert_eq!(pv_zones, vec![az2.clone()], "an Immediate claim for {az2}");
+    assert_eq!(volume_zone, az2);
+    c.apply_in(
+        &n,
+        &placed_on(&sleeper("immediate", "immediate", "true"), &[a, b, cz]),
+    )
+    .await
+    .unwrap();
+    let p = c.wait_running(&n, "immediate", 5 * MINUTE).await.unwrap();
+    assert_eq!(p["spec"]["nodeName"], cz, "the {az2} volume's pod runs on C");
+
+    // 3. a snapshot of the az1 volume: restored for a pod in az1, it holds
+    // the data
+    c.apply_in(
+        &n,
+        "apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata:\n  name: snap\nspec:\n  volumeSnapshotClassName: csi-cinder-snapclass\n  source:\n    persistentVolumeClaimName: src\n",
+    )
+    .await
+    .unwrap();
+    c.wait_for("snapshot ready", 3 * MINUTE, || async {
+        let s = c
+            .get("volumesnapshot", "snap", Some(&n))
+            .await?
+            .unwrap_or_default();
+        Ok(if s["status"]["readyToUse"] == true {
+            Ok(())
+        } else {
+            Err(s["status"].to_string())
+        })
+    })
+    .await
+    .unwrap();
+    let docs = [
+        restore_claim("restored-a", "csi-cinder-sc-delete", "snap"),
+        placed_on(&sleeper("restored-a", "restored-a", "true"), &[a]),
+        // a pod that prefers C but may run on A: the restore goes to the
+        // snapshot's zone, the PV says so, and the pod follows it to A
+        restore_claim("restored-pref-c", "csi-cinder-sc-delete", "snap"),
+        preferring(
+            &placed_on(
+                &sleeper("restored-pref-c", "restored-pref-c", "true"),
+                &[a, cz],
+            ),
+            cz,
+        ),
+    ];
+    c.apply_in(&n, &docs.join("---\n")).await.unwrap();
+    for p in ["restored-a", "restored-pref-c"] {
+        let pod = c.wait_running(&n, p, 5 * MINUTE).await.unwrap();
+        assert_eq!(pod["spec"]["nodeName"], a, "{p} runs where its data is");
+        let (pv_zones, volume_zone) = zones_of_claim(&c, &n, p).await;
+        assert_eq!(volume_zone, az1, "{p}: restored in the snapshot's zone");
+        assert_eq!(pv_zones, vec![az1.clone()], "{p}: the PV says so");
+        assert_eq!(
+            c.exec(&n, p, "cat /data/token").await.unwrap(),
+            token,
+            "{p} holds the snapshot's data"
+        );
+    }
+    let selected = c
+        .get("pvc", "restored-pref-c", Some(&n))
+        .await
+        .unwrap()
+        .unwrap()["metadata"]["annotations"]["volume.kubernetes.io/selected-node"]
+        .clone();
+    println!("restored-pref-c: the scheduler first selected {selected}");
+
+    // a restore only the other zone may hold: refused with a clear event,
+    // no PV at all
+    c.apply_in(&n, &restore_claim("restored-az2", &az2_only.name, "snap"))
+        .await
+        .unwrap();
+    let refused = c
+        .wait_for("the az2 restore refused", 3 * MINUTE, || async {
+            let said = events_saying(&c, &n, "only in the source's zone").await;
+            Ok(if said.is_empty() {
+                Err("no event yet".to_string())
+            } else {
+                Ok(said)
+            })
+        })
+        .await
+        .unwrap();
+    println!("restored-az2: {}", refused[0].0);
+    assert!(refused[0].0.contains(&az1), "{refused:?}");
+    let pvc = c.get("pvc", "restored-az2", Some(&n)).await.unwrap().unwrap();
+    assert_eq!(pvc["status"]["phase"], "Pending");
+    assert!(pvc["spec"]["volumeName"].is_null(), "{pvc}");
+
+    // 4. never an attachment across zones: every volume of the namespace
+    // is attached only to servers of its own zone, and no attach failed
+    let nova = c.nova().unwrap();
+    let cinder = c.cinder().unwrap();
+    let mut seen = 0;
+    for claim_name in ["on-c", "either", "src", "immediate", "restored-a", "restored-pref-c"] {
+        let pv = c.volume_of(&n, claim_name, MINUTE).await.unwrap();
+        let v = cinder
+            .get_volume(pv["spec"]["csi"]["volumeHandle"].as_str().unwrap())
+            .await
+            .unwrap();
+        for server in v.attached_servers() {
+            let s = nova.get_server(server).await.unwrap();
+            assert_eq!(
+                s.availability_zone.as_deref(),
+                Some(v.availability_zone.as_str()),
+                "{claim_name}: volume in {} attached to server {server}",
+                v.availability_zone
+            );
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 6, "each running pod's volume is attached once");
+    let failed = events_saying(&c, &n, "AttachVolume").await;
+    assert!(
+        failed.iter().all(|(m, _)| !m.contains("FailedAttachVolume")),
+        "an attach failed: {failed:?}"
+    );
+    ns.close().await.unwrap();
+    drop(az2_only);
 }
