@@ -780,6 +780,8 @@ def configure_block():
         api.call("POST", nova + "/flavors", {"flavor": {"name": "m1.test", "ram": 64, "vcpus": 1, "disk": 0,
                                                         "id": "test"}})
     server_file = STATE / "test-server-id"
+    # what a guest's metadata service says of the test server's zone
+    (STATE / "test-server-zone").write_text(ZONES[0] + "\n")
     # "up" must rest on a heartbeat from each nova-compute, not on one left
     # from before a restart: Nova refuses detaches while it thinks the
     # compute service is down

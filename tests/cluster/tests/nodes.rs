@@ -856,7 +856,10 @@ impl TestClass {
 impl Drop for TestClass {
     fn drop(&mut self) {
         let _ = std::process::Command::new("kubectl")
-            .arg(format!("--kubeconfig={}", self.cluster.kubeconfig.display()))
+            .arg(format!(
+                "--kubeconfig={}",
+                self.cluster.kubeconfig.display()
+            ))
             .args(["delete", "storageclass", &self.name, "--ignore-not-found"])
             .output();
     }
@@ -897,13 +900,29 @@ async fn volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about
     // 1. WaitForFirstConsumer: the volume is made in the zone of the node
     // the pod was scheduled to, whichever the scheduler picked
     let docs = [
-        claim("on-c", "csi-cinder-sc-delete", "1Gi", "ReadWriteOnce", false),
+        claim(
+            "on-c",
+            "csi-cinder-sc-delete",
+            "1Gi",
+            "ReadWriteOnce",
+            false,
+        ),
         placed_on(&sleeper("on-c", "on-c", "echo c > /data/where"), &[cz]),
-        claim("either", "csi-cinder-sc-delete", "1Gi", "ReadWriteOnce", false),
+        claim(
+            "either",
+            "csi-cinder-sc-delete",
+            "1Gi",
+            "ReadWriteOnce",
+            false,
+        ),
         placed_on(&sleeper("either", "either", "true"), &[a, cz]),
         claim("src", "csi-cinder-sc-delete", "1Gi", "ReadWriteOnce", false),
         placed_on(
-            &sleeper("src", "src", "cat /proc/sys/kernel/random/uuid > /data/token; sync"),
+            &sleeper(
+                "src",
+                "src",
+                "cat /proc/sys/kernel/random/uuid > /data/token; sync",
+            ),
             &[a],
         ),
     ];
@@ -913,9 +932,18 @@ async fn volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about
         let node = pod["spec"]["nodeName"].as_str().unwrap().to_string();
         let node_zone = zone_of(&c, &node).await;
         let (pv_zones, volume_zone) = zones_of_claim(&c, &n, claim_name).await;
-        println!("claim {claim_name}: pod on {node} ({node_zone}), volume in {volume_zone}, PV {pv_zones:?}");
-        assert_eq!(volume_zone, node_zone, "{claim_name}: made where its pod runs");
-        assert_eq!(pv_zones, vec![node_zone.clone()], "{claim_name}: the PV says so");
+        println!(
+            "claim {claim_name}: pod on {node} ({node_zone}), volume in {volume_zone}, PV {pv_zones:?}"
+        );
+        assert_eq!(
+            volume_zone, node_zone,
+            "{claim_name}: made where its pod runs"
+        );
+        assert_eq!(
+            pv_zones,
+            vec![node_zone.clone()],
+            "{claim_name}: the PV says so"
+        );
     }
     let token = c.exec(&n, "src", "cat /data/token").await.unwrap();
 
@@ -945,7 +973,10 @@ async fn volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about
     .await
     .unwrap();
     let p = c.wait_running(&n, "immediate", 5 * MINUTE).await.unwrap();
-    assert_eq!(p["spec"]["nodeName"], cz, "the {az2} volume's pod runs on C");
+    assert_eq!(
+        p["spec"]["nodeName"], cz,
+        "the {az2} volume's pod runs on C"
+    );
 
     // 3. a snapshot of the az1 volume: restored for a pod in az1, it holds
     // the data
@@ -1021,16 +1052,30 @@ async fn volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about
         .unwrap();
     println!("restored-az2: {}", refused[0].0);
     assert!(refused[0].0.contains(&az1), "{refused:?}");
-    let pvc = c.get("pvc", "restored-az2", Some(&n)).await.unwrap().unwrap();
+    let pvc = c
+        .get("pvc", "restored-az2", Some(&n))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(pvc["status"]["phase"], "Pending");
     assert!(pvc["spec"]["volumeName"].is_null(), "{pvc}");
+    // gone now: the provisioner's sweep (1 min in deploy/) then frees the
+    // snapshot it held, while the rest is checked
+    c.delete("pvc", "restored-az2", Some(&n)).await.unwrap();
 
     // 4. never an attachment across zones: every volume of the namespace
     // is attached only to servers of its own zone, and no attach failed
     let nova = c.nova().unwrap();
     let cinder = c.cinder().unwrap();
     let mut seen = 0;
-    for claim_name in ["on-c", "either", "src", "immediate", "restored-a", "restored-pref-c"] {
+    for claim_name in [
+        "on-c",
+        "either",
+        "src",
+        "immediate",
+        "restored-a",
+        "restored-pref-c",
+    ] {
         let pv = c.volume_of(&n, claim_name, MINUTE).await.unwrap();
         let v = cinder
             .get_volume(pv["spec"]["csi"]["volumeHandle"].as_str().unwrap())
@@ -1050,7 +1095,9 @@ async fn volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about
     assert_eq!(seen, 6, "each running pod's volume is attached once");
     let failed = events_saying(&c, &n, "AttachVolume").await;
     assert!(
-        failed.iter().all(|(m, _)| !m.contains("FailedAttachVolume")),
+        failed
+            .iter()
+            .all(|(m, _)| !m.contains("FailedAttachVolume")),
         "an attach failed: {failed:?}"
     );
     ns.close().await.unwrap();
