@@ -276,6 +276,7 @@ tests "Cinder CSI conformance (real OpenStack)" \
   run_tests csi-sanity drivers --ignored cinder_conforms_on_the_real_cloud --nocapture
 tests "Cinder credentials rotated under a running controller (real Keystone)" \
   run_tests csi-sanity drivers --ignored cinder_credentials_rotate_on_the_real_cloud --nocapture
+tests "Cinder CSI on real Cinder + Nova (zones, attachments)" run_tests csi-cinder real_cloud --ignored
 tests "Manila CSI on real Manila + Ceph (ceph-fuse)" run_tests csi-manila real_cloud --ignored
 tests "Manila CSI conformance (real Manila + Ceph)" \
   run_tests csi-sanity drivers --ignored manila_cephfs_conforms_on_the_real_cloud --nocapture
@@ -289,8 +290,8 @@ tests "preflight of the real cloud (suite-walk)" \
 unset OPENSTACK_TEST_BACKEND
 
 # the cluster tier: deploy/suite from the images above in a real
-# Kubernetes of two nodes on this cloud (A in the host's namespaces, B in
-# its own); without Kubernetes binaries (KUBE_BIN_DIR) it says so and its
+# Kubernetes of three nodes on this cloud (A in the host's namespaces, B
+# and C each in their own; C in the second zone); without Kubernetes binaries (KUBE_BIN_DIR) it says so and its
 # scenarios count as skipped
 cluster_up() {
   local rc=0

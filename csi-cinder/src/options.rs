@@ -57,6 +57,12 @@ pub struct Options {
     /// that was just attached, in seconds.
     #[arg(long, default_value_t = 30)]
     pub device_wait_secs: u64,
+    /// A volume `reserved`, `attaching` or `detaching` this long (Cinder's
+    /// `updated_at`) is repaired by the next ControllerPublish or
+    /// ControllerUnpublish: a reservation Nova forgot is deleted and the
+    /// attach tried again, a detach is asked again.
+    #[arg(long, default_value_t = 120)]
+    pub stuck_attachment_secs: u64,
     /// CSI driver name.
     #[arg(long, default_value = crate::DEFAULT_DRIVER_NAME)]
     pub driver_name: String,

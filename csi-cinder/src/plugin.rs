@@ -77,8 +77,12 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
                 with_topology: opts.with_topology,
                 ignore_volume_az: conf.block_storage.ignore_volume_az,
                 attach_limit: attach_limit(conf.block_storage.node_volume_attach_limit),
+                stuck_after: Duration::from_secs(opts.stuck_attachment_secs),
             },
         );
+        controller
+            .attachment_metrics()
+            .register(&mut server.registry().lock().unwrap_or_else(|p| p.into_inner()));
         routes = routes
             .add_service(GroupControllerServer::new(controller.clone()))
             .add_service(ControllerServer::new(controller));

@@ -965,3 +965,296 @@ async fn faults_give_retryable_codes_and_no_orphans_or_duplicates() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(e.named("after-revoke").await.is_empty());
 }
+
+// ------------------------------------------- attachments stuck, repaired
+
+/// The plugin with its /metrics on a port of its own.
+async fn env_with_metrics() -> (Env, u16) {
+    let port = csi_sanity::harness::free_port().unwrap();
+    let e = env_with(&[&format!("--http-endpoint=127.0.0.1:{port}")]).await;
+    (e, port)
+}
+
+/// `cinder_csi_attachment_repairs_total{kind}` as /metrics says.
+async fn repairs(port: u16, kind: &str) -> u64 {
+    let (_, body) = csi_sanity::harness::http_get(port, "/metrics")
+        .await
+        .unwrap();
+    let series = format!("cinder_csi_attachment_repairs_total{{kind=\"{kind}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in /metrics:\n{body}"))
+}
+
+fn publish_req(id: &str, node: &str) -> csi::ControllerPublishVolumeRequest {
+    csi::ControllerPublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: node.into(),
+        volume_capability: Some(mount_cap("ext4", Mode::SingleNodeWriter)),
+        ..Default::default()
+    }
+}
+
+fn unpublish_req(id: &str, node: &str) -> csi::ControllerUnpublishVolumeRequest {
+    csi::ControllerUnpublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: node.into(),
+        ..Default::default()
+    }
+}
+
+/// Longer than the plugin's default bound (`--stuck-attachment-secs`).
+const LONG_AGO: Duration = Duration::from_secs(600);
+
+#[tokio::test]
+async fn a_reservation_nova_forgot_is_released_and_the_attach_tried_again() {
+    if !root() {
+        return;
+    }
+    let (mut e, port) = env_with_metrics().await;
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let v = e.create("reserved", cap, 1).await;
+    let node = e.h.node_id.clone();
+    e.h.emulator.control().fail_attaches_losing_cleanup(1);
+    let err =
+        e.c.controller_publish_volume(timed(
+            publish_req(&v.volume_id, &node),
+            Duration::from_secs(3),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{}", err.message());
+    assert_eq!(
+        e.cinder
+            .get_volume(&v.volume_id)
+            .await
+            .unwrap()
+            .status
+            .as_str(),
+        "reserved"
+    );
+    // within the bound: waited on, not repaired
+    let err =
+        e.c.controller_publish_volume(timed(
+            publish_req(&v.volume_id, &node),
+            Duration::from_secs(2),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{}", err.message());
+    assert_eq!(repairs(port, "stale_reservation").await, 0);
+    // past it: the reservation Nova no longer lists goes, the attach is
+    // tried again and succeeds
+    e.h.emulator
+        .control()
+        .age_volume_status(&v.volume_id, LONG_AGO);
+    e.c.controller_publish_volume(publish_req(&v.volume_id, &node))
+        .await
+        .unwrap();
+    let got = e.cinder.get_volume(&v.volume_id).await.unwrap();
+    assert_eq!(got.status.as_str(), "in-use");
+    assert_eq!(
+        got.attached_servers().collect::<Vec<_>>(),
+        vec![node.as_str()]
+    );
+    assert!(
+        e.h.by_id_dir
+            .join(openstack_emulator::hypervisor::by_id_name(&v.volume_id))
+            .exists()
+    );
+    assert_eq!(repairs(port, "stale_reservation").await, 1);
+    e.unpublish(&v.volume_id).await;
+}
+
+#[tokio::test]
+async fn an_attach_its_host_never_finished_is_refused_naming_the_server() {
+    if !root() {
+        return;
+    }
+    let (mut e, port) = env_with_metrics().await;
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let v = e.create("stalled", cap, 1).await;
+    let node = e.h.node_id.clone();
+    e.h.emulator.control().stall_attaches(1);
+    let err =
+        e.c.controller_publish_volume(timed(
+            publish_req(&v.volume_id, &node),
+            Duration::from_secs(3),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{}", err.message());
+    e.h.emulator
+        .control()
+        .age_volume_status(&v.volume_id, LONG_AGO);
+    // Nova still lists it: only an operator can end it, and is told how
+    let err =
+        e.c.controller_publish_volume(publish_req(&v.volume_id, &node))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    for needle in [
+        node.as_str(),
+        "attaching",
+        "Nova still lists it",
+        "server remove volume",
+    ] {
+        assert!(
+            err.message().contains(needle),
+            "{needle}: {}",
+            err.message()
+        );
+    }
+    // nothing deleted behind Nova's back
+    assert_eq!(
+        e.cinder
+            .get_volume(&v.volume_id)
+            .await
+            .unwrap()
+            .status
+            .as_str(),
+        "attaching"
+    );
+    assert_eq!(repairs(port, "stale_reservation").await, 0);
+}
+
+#[tokio::test]
+async fn a_detach_that_never_completed_is_asked_again() {
+    if !root() {
+        return;
+    }
+    let (mut e, port) = env_with_metrics().await;
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let v = e.create("detaching", cap.clone(), 1).await;
+    e.publish(&v.volume_id, cap).await;
+    let node = e.h.node_id.clone();
+    e.h.emulator.control().stall_detaches(1);
+    let err =
+        e.c.controller_unpublish_volume(timed(
+            unpublish_req(&v.volume_id, &node),
+            Duration::from_secs(3),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{}", err.message());
+    assert_eq!(
+        e.cinder
+            .get_volume(&v.volume_id)
+            .await
+            .unwrap()
+            .status
+            .as_str(),
+        "detaching"
+    );
+    e.h.emulator
+        .control()
+        .age_volume_status(&v.volume_id, LONG_AGO);
+    e.c.controller_unpublish_volume(unpublish_req(&v.volume_id, &node))
+        .await
+        .unwrap();
+    let got = e.cinder.get_volume(&v.volume_id).await.unwrap();
+    assert_eq!(got.status.as_str(), "available");
+    assert!(got.attachments.is_empty());
+    assert_eq!(repairs(port, "detach_retried").await, 1);
+}
+
+#[tokio::test]
+async fn volumes_of_a_server_that_is_gone_are_released_not_held_forever() {
+    if !root() {
+        return;
+    }
+    let (mut e, port) = env_with_metrics().await;
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let ctl = e.h.emulator.control();
+    let gone = ctl.create_server("admin", "gone-node", "nova").unwrap();
+    let other = ctl.create_server("admin", "other-node", "nova").unwrap();
+    let a = e.create("held-a", cap.clone(), 1).await;
+    let b = e.create("held-b", cap.clone(), 1).await;
+    for v in [&a, &b] {
+        e.c.controller_publish_volume(publish_req(&v.volume_id, &gone))
+            .await
+            .unwrap();
+    }
+    // Nova loses the server; Cinder still calls both volumes in-use by it
+    ctl.forget_server(&gone);
+    assert_eq!(
+        e.cinder
+            .get_volume(&a.volume_id)
+            .await
+            .unwrap()
+            .status
+            .as_str(),
+        "in-use"
+    );
+    // unpublished from the gone server: released
+    e.c.controller_unpublish_volume(unpublish_req(&a.volume_id, &gone))
+        .await
+        .unwrap();
+    let got = e.cinder.get_volume(&a.volume_id).await.unwrap();
+    assert_eq!(got.status.as_str(), "available", "{got:?}");
+    // published elsewhere while the gone server holds it: released, then
+    // attached there
+    e.c.controller_publish_volume(publish_req(&b.volume_id, &other))
+        .await
+        .unwrap();
+    let got = e.cinder.get_volume(&b.volume_id).await.unwrap();
+    assert_eq!(
+        got.attached_servers().collect::<Vec<_>>(),
+        vec![other.as_str()]
+    );
+    assert_eq!(repairs(port, "server_gone").await, 2);
+    // a server that exists keeps its volume: FailedPrecondition, as before
+    let err =
+        e.c.controller_publish_volume(publish_req(&b.volume_id, &e.h.node_id.clone()))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert_eq!(
+        e.cinder
+            .get_volume(&b.volume_id)
+            .await
+            .unwrap()
+            .attached_servers()
+            .collect::<Vec<_>>(),
+        vec![other.as_str()]
+    );
+}
+
+#[tokio::test]
+async fn an_attachment_cinder_has_and_nova_never_made_is_attached_anew() {
+    if !root() {
+        return;
+    }
+    let (mut e, port) = env_with_metrics().await;
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let v = e.create("phantom", cap, 1).await;
+    let node = e.h.node_id.clone();
+    // Cinder says attached to the node; no hypervisor ever connected it
+    let att = e
+        .cinder
+        .create_attachment(&v.volume_id, &node, Some(serde_json::json!({"host": "x"})))
+        .await
+        .unwrap();
+    e.cinder.complete_attachment(&att.id).await.unwrap();
+    assert_eq!(
+        e.cinder
+            .get_volume(&v.volume_id)
+            .await
+            .unwrap()
+            .status
+            .as_str(),
+        "in-use"
+    );
+    e.c.controller_publish_volume(publish_req(&v.volume_id, &node))
+        .await
+        .unwrap();
+    assert!(
+        e.h.by_id_dir
+            .join(openstack_emulator::hypervisor::by_id_name(&v.volume_id))
+            .exists(),
+        "the disk is really there now"
+    );
+    assert_eq!(repairs(port, "attached_without_nova").await, 1);
+    e.unpublish(&v.volume_id).await;
+}

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use http::Method;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::cinder::seg;
 use crate::common::{NOVA_API_VERSION, OPENSTACK_API_VERSION};
@@ -210,6 +210,34 @@ impl Compute {
                 "volume_detach",
                 None,
             ))
+            .await?;
+        Ok(())
+    }
+
+    /// Shuts the server off (`os-stop`); completes asynchronously
+    /// (`SHUTOFF`).
+    pub async fn stop_server(&self, id: &str) -> Result<()> {
+        self.server_action(id, json!({ "os-stop": null }), "server_stop")
+            .await
+    }
+
+    /// Starts a shut-off server (`os-start`); completes asynchronously.
+    pub async fn start_server(&self, id: &str) -> Result<()> {
+        self.server_action(id, json!({ "os-start": null }), "server_start")
+            .await
+    }
+
+    async fn server_action(&self, id: &str, body: Value, op: &'static str) -> Result<()> {
+        self.session
+            .send(
+                self.req(
+                    Method::POST,
+                    format!("servers/{}/action", seg(id)),
+                    op,
+                    None,
+                )
+                .json(body),
+            )
             .await?;
         Ok(())
     }

@@ -157,11 +157,13 @@ impl Control {
                 multiattach: false,
                 bootable: false,
                 attachments,
+                pending_attachments: Vec::new(),
                 metadata: Default::default(),
                 snapshot_id: None,
                 source_volid: None,
                 group_id: None,
                 created_at: crate::state::now_iso(),
+                updated_at: crate::state::now_iso(),
                 generation: 0,
             };
             w.volumes.insert(id.clone(), v);
@@ -173,6 +175,37 @@ impl Control {
     /// -1: unlimited).
     pub fn set_max_disk_devices(&self, max: i64) {
         self.state.world().max_disk_devices_to_attach = max;
+    }
+    /// The next `n` attaches fail on the compute host, whose cleanup never
+    /// reaches Cinder: Nova forgets them, Cinder keeps them `reserved`.
+    pub fn fail_attaches_losing_cleanup(&self, n: u32) {
+        self.state.world().attaches_losing_cleanup = n;
+    }
+    /// The next `n` attaches stop with the compute host dead mid-attach:
+    /// Nova keeps its record, Cinder stays `attaching`.
+    pub fn stall_attaches(&self, n: u32) {
+        self.state.world().attaches_stalling = n;
+    }
+    /// The next `n` detaches never complete: the volume stays `detaching`.
+    pub fn stall_detaches(&self, n: u32) {
+        self.state.world().detaches_stalling = n;
+    }
+    /// The server disappears from Nova while Cinder still has its
+    /// attachments (its compute host was gone when it was deleted).
+    pub fn forget_server(&self, id: &str) {
+        let mut w = self.state.world();
+        w.servers.remove(id);
+        if w.metadata_instance.as_deref() == Some(id) {
+            w.metadata_instance = None;
+        }
+    }
+    /// Makes the volume's status look `age` older than it is (Cinder's
+    /// `updated_at`), as if it had been stuck that long.
+    pub fn age_volume_status(&self, volume_id: &str, age: std::time::Duration) {
+        let mut w = self.state.world();
+        if let Some(v) = w.volumes.get_mut(volume_id) {
+            v.updated_at = crate::state::iso_at(std::time::SystemTime::now() - age);
+        }
     }
     /// Nova's `[cinder] cross_az_attach` (true by default, as Nova's).
     pub fn set_cross_az_attach(&self, allowed: bool) {

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::AppState;
 use crate::errors::{ApiErr, ApiResult, Style};
 use crate::keystone::Ctx;
-use crate::state::{AttachmentRec, Delays, ServerRec, World, new_id};
+use crate::state::{AttachmentRec, Delays, PendingAttachmentRec, ServerRec, World, new_id};
 
 const S: Style = Style::Compute;
 const MAX_MINOR: u32 = 96;
@@ -36,6 +36,7 @@ pub fn routes(_state: Arc<AppState>) -> axum::Router<Arc<AppState>> {
             "/servers/{id}/os-volume_attachments/{volume_id}",
             delete(detach),
         )
+        .route("/servers/{id}/action", post(server_action))
         .route("/flavors", get(flavors))
         .layer(middleware::from_fn(microversion))
 }
@@ -247,6 +248,38 @@ async fn delete_server(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// `os-stop` and `os-start`: a shut-off server keeps its volumes, and
+/// Nova attaches to and detaches from it as from a running one.
+async fn server_action(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path(id): Path<String>,
+    Json(body): Json<Value>,
+) -> ApiResult<StatusCode> {
+    let mut w = state.world();
+    let status = visible_server(&w, &ctx, &id)?.status.clone();
+    let (want, from) = if body.get("os-stop").is_some() {
+        ("SHUTOFF", "ACTIVE")
+    } else if body.get("os-start").is_some() {
+        ("ACTIVE", "SHUTOFF")
+    } else {
+        return Err(ApiErr::bad(S, "There is no such action"));
+    };
+    if status != from {
+        return Err(ApiErr::conflict(
+            S,
+            format!(
+                "Cannot 'action' instance {id} while it is in vm_state {}",
+                status.to_lowercase()
+            ),
+        ));
+    }
+    if let Some(s) = w.servers.get_mut(&id) {
+        s.status = want.into();
+    }
+    Ok(StatusCode::ACCEPTED)
+}
+
 fn attachment_json(server_id: &str, volume_id: &str, device: &str) -> Value {
     json!({ "id": volume_id, "volumeId": volume_id, "serverId": server_id, "device": device })
 }
@@ -346,23 +379,57 @@ async fn attach(
         s.volumes.insert(volume_id.clone(), device.clone());
     }
     let was_in_use = vol.status == "in-use";
-    if !was_in_use && let Some(v) = w.volumes.get_mut(&volume_id) {
-        v.status = "reserved".into();
-        v.generation += 1;
+    // Nova's API reserves the volume in Cinder (an attachment of its own)
+    // before its compute host connects it
+    let attachment_id = new_id();
+    if let Some(v) = w.volumes.get_mut(&volume_id) {
+        v.pending_attachments.push(PendingAttachmentRec {
+            attachment_id: attachment_id.clone(),
+            server_id: server_id.clone(),
+            status: "reserved".into(),
+        });
+        if !was_in_use {
+            v.status = "reserved".into();
+            v.touch();
+        }
     }
+    // injected faults of the compute host
+    let loses_cleanup = take_one(&mut w.attaches_losing_cleanup);
+    let stalls = !loses_cleanup && take_one(&mut w.attaches_stalling);
     let delay = Delays::d(w.delays.volume_attach_ms);
     drop(w);
     let st = state.clone();
     let (sid, vid, dev) = (server_id.clone(), volume_id.clone(), device.clone());
     tokio::spawn(async move {
         tokio::time::sleep(delay / 2).await;
+        if loses_cleanup {
+            // the host failed the attach and rolled back Nova's record,
+            // but its call to delete Cinder's attachment was lost
+            let mut w = st.world();
+            if let Some(s) = w.servers.get_mut(&sid) {
+                s.volumes.remove(&vid);
+            }
+            return;
+        }
         {
             let mut w = st.world();
-            if let Some(v) = w.volumes.get_mut(&vid)
-                && v.status == "reserved"
-            {
-                v.status = "attaching".into();
+            if let Some(v) = w.volumes.get_mut(&vid) {
+                if let Some(p) = v
+                    .pending_attachments
+                    .iter_mut()
+                    .find(|p| p.attachment_id == attachment_id)
+                {
+                    p.status = "attaching".into();
+                }
+                if v.status == "reserved" {
+                    v.status = "attaching".into();
+                    v.touch();
+                }
             }
+        }
+        if stalls {
+            // the host died mid-attach: nothing moves any more
+            return;
         }
         tokio::time::sleep(delay / 2).await;
         let mut attached_ok = true;
@@ -389,9 +456,15 @@ async fn attach(
             .get(&sid)
             .is_some_and(|s| s.volumes.contains_key(&vid));
         if let Some(v) = w.volumes.get_mut(&vid) {
-            if attached_ok && server_alive {
+            let still_pending = v
+                .pending_attachments
+                .iter()
+                .any(|p| p.attachment_id == attachment_id);
+            v.pending_attachments
+                .retain(|p| p.attachment_id != attachment_id);
+            if attached_ok && server_alive && still_pending {
                 v.attachments.push(AttachmentRec {
-                    attachment_id: new_id(),
+                    attachment_id,
                     server_id: sid.clone(),
                     device: dev,
                 });
@@ -403,10 +476,12 @@ async fn attach(
                     "in-use".into()
                 };
             }
-            v.generation += 1;
-        }
-        if !attached_ok && let Some(s) = w.servers.get_mut(&sid) {
-            s.volumes.remove(&vid);
+            v.touch();
+            if !(attached_ok && server_alive && still_pending)
+                && let Some(s) = w.servers.get_mut(&sid)
+            {
+                s.volumes.remove(&vid);
+            }
         }
     });
     Ok(Json(
@@ -450,7 +525,11 @@ async fn detach(
     }
     if let Some(v) = w.volumes.get_mut(&volume_id) {
         v.status = "detaching".into();
-        v.generation += 1;
+        v.touch();
+    }
+    if take_one(&mut w.detaches_stalling) {
+        // the host never detaches: the volume stays `detaching`
+        return Ok(StatusCode::ACCEPTED);
     }
     let delay = Delays::d(w.delays.volume_detach_ms);
     drop(w);
@@ -490,8 +569,17 @@ async fn release_attachment(state: &Arc<AppState>, server_id: &str, volume_id: &
         } else {
             "in-use".into()
         };
-        v.generation += 1;
+        v.touch();
     }
+}
+
+/// Takes one of a fault's remaining occurrences.
+fn take_one(remaining: &mut u32) -> bool {
+    if *remaining == 0 {
+        return false;
+    }
+    *remaining -= 1;
+    true
 }
 
 async fn flavors(_ctx: Ctx) -> Json<Value> {

@@ -154,6 +154,17 @@ pub struct AttachmentRec {
     pub device: String,
 }
 
+/// A Cinder attachment not attached (yet): `reserved` (Nova's API
+/// reserved the volume for a server) or `attaching` (its compute host is
+/// connecting it). Cinder shows it in `/attachments`, never in the
+/// volume's `attachments`.
+#[derive(Debug, Clone)]
+pub struct PendingAttachmentRec {
+    pub attachment_id: String,
+    pub server_id: String,
+    pub status: String,
+}
+
 #[derive(Debug, Clone)]
 pub struct VolumeRec {
     pub seq: u64,
@@ -168,14 +179,26 @@ pub struct VolumeRec {
     pub multiattach: bool,
     pub bootable: bool,
     pub attachments: Vec<AttachmentRec>,
+    pub pending_attachments: Vec<PendingAttachmentRec>,
     pub metadata: BTreeMap<String, String>,
     pub snapshot_id: Option<String>,
     pub source_volid: Option<String>,
     /// The generic volume group the volume belongs to.
     pub group_id: Option<String>,
     pub created_at: String,
+    /// When its status last changed (Cinder's `updated_at`).
+    pub updated_at: String,
     /// Bumped on every status change, so a stale transition is ignored.
     pub generation: u64,
+}
+
+impl VolumeRec {
+    /// A status change: a transition scheduled before it is now stale,
+    /// and `updated_at` says when.
+    pub fn touch(&mut self) {
+        self.generation += 1;
+        self.updated_at = now_iso();
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -397,6 +420,16 @@ pub struct World {
     /// Nova's `[cinder] cross_az_attach` (Nova's default: true); false
     /// refuses attaching a volume to a server of another zone.
     pub cross_az_attach: bool,
+    /// Faults of a compute host: the next N attaches fail on the host and
+    /// its cleanup never reaches Cinder (Nova forgets the attachment,
+    /// Cinder keeps it `reserved`)...
+    pub attaches_losing_cleanup: u32,
+    /// ...the next N attaches stop with the host dead mid-attach (Nova
+    /// keeps its record, Cinder stays `attaching`)...
+    pub attaches_stalling: u32,
+    /// ...and the next N detaches never complete (the volume stays
+    /// `detaching`).
+    pub detaches_stalling: u32,
     /// The server the metadata service answers for.
     pub metadata_instance: Option<String>,
     /// Catalog types under which each service is registered.
@@ -419,7 +452,11 @@ pub fn metadata_of(spec: &serde_json::Value) -> BTreeMap<String, String> {
 }
 
 pub fn now_iso() -> String {
-    time::OffsetDateTime::now_utc()
+    iso_at(std::time::SystemTime::now())
+}
+
+pub fn iso_at(t: std::time::SystemTime) -> String {
+    time::OffsetDateTime::from(t)
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
 }
@@ -554,6 +591,9 @@ impl World {
             failing_share_creates: 0,
             max_disk_devices_to_attach: -1,
             cross_az_attach: config.cross_az_attach,
+            attaches_losing_cleanup: 0,
+            attaches_stalling: 0,
+            detaches_stalling: 0,
             metadata_instance: None,
             catalog_types,
             manila_max_minor: 87,

@@ -41,6 +41,7 @@ impl ControllerService {
         let block = cloud.block.with_deadline(deadline);
         let compute = cloud.compute.with_deadline(deadline);
         let v = block.get_volume(id).await.context(format!("volume {id}"))?;
+        let v = self.repair_before_attach(&block, &compute, v, node).await?;
         if let Some(why) = capability_unsupported(&cap, v.multiattach) {
             return Err(DriverError::InvalidArgument(why));
         }
@@ -118,6 +119,7 @@ impl ControllerService {
         node: &str,
         deadline: Instant,
     ) -> DriverResult<Option<String>> {
+        let _pending = self.metrics.waiting("attach");
         let r = wait_until(
             "volume_attach",
             deadline,
@@ -167,19 +169,29 @@ impl ControllerService {
             Err(e) if e.is_not_found() => return Ok(csi::ControllerUnpublishVolumeResponse {}),
             Err(e) => return Err(e).context(format!("volume {id}")),
         };
-        if !v
+        let attached_here = v
             .attachments
             .iter()
-            .any(|a| a.server_id.as_deref() == Some(node))
-        {
+            .any(|a| a.server_id.as_deref() == Some(node));
+        let done = self
+            .repair_before_detach(&block, &compute, &v, node, attached_here)
+            .await?;
+        if done.is_some() {
             return Ok(csi::ControllerUnpublishVolumeResponse {});
         }
+        // as it is now (a detach asked again reads in-use)
+        let v = match block.get_volume(id).await {
+            Ok(v) => v,
+            Err(e) if e.is_not_found() => return Ok(csi::ControllerUnpublishVolumeResponse {}),
+            Err(e) => return Err(e).context(format!("volume {id}")),
+        };
+        let _pending = self.metrics.waiting("detach");
         if v.status != VolumeStatus::Detaching {
             match compute.detach_volume(node, id).await {
                 Ok(()) => tracing::info!(volume_id = id, node, "detach requested"),
-                // the server is gone, or the attachment with it
+                // the attachment is gone meanwhile
                 Err(e) if e.is_not_found() => {
-                    tracing::info!(volume_id = id, node, "server or attachment gone");
+                    tracing::info!(volume_id = id, node, "attachment gone");
                     return Ok(csi::ControllerUnpublishVolumeResponse {});
                 }
                 // a detach is already under way

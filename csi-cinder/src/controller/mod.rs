@@ -4,7 +4,7 @@
 //!
 //! By RPC family: [`volumes`] (create, delete, expand, modify),
 //! [`inventory`] (validate, list, get), [`attachments`] (publish,
-//! unpublish), [`snapshots`] (snapshots and backups), [`groups`] (the
+//! unpublish, with [`repairs`] of what is stuck), [`snapshots`] (snapshots and backups), [`groups`] (the
 //! GroupController: volume group snapshots), [`zones`] (where a new
 //! volume goes).
 
@@ -12,6 +12,7 @@ mod attachments;
 mod backups;
 mod groups;
 mod inventory;
+mod repairs;
 mod snapshots;
 mod volumes;
 mod zones;
@@ -26,6 +27,7 @@ use proto::csi::v1 as csi;
 use proto::csi::v1::controller_service_capability::rpc::Type as Rpc;
 
 use crate::TOPOLOGY_KEY;
+pub use repairs::AttachmentMetrics;
 use volumes::content_source;
 
 /// Volume metadata and context keys (upstream's).
@@ -54,6 +56,9 @@ pub struct ControllerOptions {
     /// `[BlockStorage] node-volume-attach-limit`: the disks a server takes
     /// in all (its local ones included); the node reports the same limit.
     pub attach_limit: i64,
+    /// `--stuck-attachment-secs`: a volume `reserved`, `attaching` or
+    /// `detaching` this long is repaired (see [`repairs`]).
+    pub stuck_after: std::time::Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -62,6 +67,7 @@ pub struct ControllerService {
     clouds: Vec<Cloud>,
     opts: ControllerOptions,
     locks: KeyedLocks,
+    metrics: AttachmentMetrics,
 }
 
 fn volume_gone(s: &VolumeStatus) -> bool {
@@ -81,7 +87,13 @@ impl ControllerService {
             clouds,
             opts,
             locks: KeyedLocks::default(),
+            metrics: AttachmentMetrics::default(),
         }
+    }
+
+    /// The attachment metrics (see [`repairs`]), to register.
+    pub fn attachment_metrics(&self) -> &AttachmentMetrics {
+        &self.metrics
     }
 
     pub fn capabilities() -> Vec<csi::ControllerServiceCapability> {

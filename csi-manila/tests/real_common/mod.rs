@@ -24,16 +24,7 @@ pub const RPC_TIMEOUT: Duration = Duration::from_secs(90);
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 pub fn cloud_dir() -> PathBuf {
-    assert_eq!(
-        std::env::var("OPENSTACK_TEST_BACKEND").as_deref(),
-        Ok("real"),
-        "these tests run against the real test cloud: set OPENSTACK_TEST_BACKEND=real"
-    );
-    std::env::var_os("OPENSTACK_TEST_CLOUD_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.openstack-cloud"))
-        })
+    csi_sanity::harness::real_cloud_dir()
 }
 
 pub struct Env {
@@ -88,16 +79,7 @@ pub fn cap(mode: Mode) -> csi::VolumeCapability {
     }
 }
 
-pub fn unique(what: &str) -> String {
-    format!("csi-real-{what}-{}-{}", std::process::id(), rand_suffix())
-}
-
-pub fn rand_suffix() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos()
-}
+pub use csi_sanity::harness::unique_name as unique;
 
 pub fn of_snapshot(snapshot_id: &str) -> Option<csi::VolumeContentSource> {
     Some(csi::VolumeContentSource {

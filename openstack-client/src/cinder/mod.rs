@@ -13,9 +13,11 @@ use crate::error::Result;
 use crate::service::ServiceType;
 use crate::session::{ApiRequest, Session};
 
+mod attachments;
 mod backups;
 mod groups;
 
+pub use attachments::{AttachStatus, Attachment, MV_ATTACHMENT_COMPLETE, MV_ATTACHMENTS};
 pub use backups::{Backup, BackupStatus, CreateBackup};
 pub use groups::{CreateGroup, Group, GroupSnapshot, GroupSnapshotStatus, GroupStatus, GroupType};
 
@@ -163,6 +165,9 @@ pub struct Volume {
     pub description: Option<String>,
     #[serde(default)]
     pub created_at: Option<String>,
+    /// When its status last changed (Cinder's time, UTC without a zone).
+    #[serde(default)]
+    pub updated_at: Option<String>,
 }
 
 impl Volume {

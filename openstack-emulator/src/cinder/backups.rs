@@ -153,7 +153,7 @@ pub(super) async fn create_backup(
         None => {
             if let Some(v) = w.volumes.get_mut(&volume_id) {
                 v.status = "backing-up".into();
-                v.generation += 1;
+                v.touch();
             }
         }
     }
@@ -180,7 +180,7 @@ pub(super) async fn create_backup(
                     && v.status == "backing-up"
                 {
                     v.status = restore_status;
-                    v.generation += 1;
+                    v.touch();
                 }
             }
         }
@@ -318,7 +318,7 @@ pub(super) fn restore_into(state: &Arc<AppState>, backup_id: String, volume_id: 
             && v.status == "creating"
         {
             v.status = "restoring-backup".into();
-            v.generation += 1;
+            v.touch();
         }
         let restore = Delays::d(w.delays.backup_restore_ms);
         st.after(restore, move |st, w| {
@@ -336,7 +336,7 @@ pub(super) fn restore_into(state: &Arc<AppState>, backup_id: String, volume_id: 
                 && v.status == "restoring-backup"
             {
                 v.status = "available".into();
-                v.generation += 1;
+                v.touch();
             }
         });
     });

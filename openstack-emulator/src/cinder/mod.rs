@@ -2,6 +2,7 @@
 //! → detaching → available; extending; retyping; deleting; error states),
 //! snapshots, volume types, limits, microversions 3.0–3.70.
 
+mod attachments;
 mod backups;
 mod groups;
 mod snapshots;
@@ -36,6 +37,19 @@ pub fn routes(_state: Arc<AppState>) -> axum::Router<Arc<AppState>> {
             post(volumes::create_volume).get(volumes::list_volumes),
         )
         .route("/volumes/detail", get(volumes::list_volumes))
+        .route(
+            "/attachments",
+            get(attachments::list_attachments).post(attachments::create_attachment),
+        )
+        .route("/attachments/detail", get(attachments::list_attachments))
+        .route(
+            "/attachments/{id}",
+            axum::routing::delete(attachments::delete_attachment),
+        )
+        .route(
+            "/attachments/{id}/action",
+            post(attachments::attachment_action),
+        )
         .route(
             "/volumes/{id}",
             get(volumes::get_volume).delete(volumes::delete_volume),
@@ -157,7 +171,7 @@ pub fn volume_json(v: &VolumeRec) -> Value {
         "volume_type": v.volume_type, "availability_zone": v.availability_zone, "multiattach": v.multiattach,
         "bootable": if v.bootable { "true" } else { "false" }, "encrypted": false,
         "attachments": attachments, "metadata": v.metadata, "snapshot_id": v.snapshot_id,
-        "source_volid": v.source_volid, "group_id": v.group_id, "created_at": v.created_at, "updated_at": null, "links": []
+        "source_volid": v.source_volid, "group_id": v.group_id, "created_at": v.created_at, "updated_at": v.updated_at, "links": []
     })
 }
 

@@ -186,11 +186,13 @@ pub(super) async fn create_volume(
         multiattach: multiattach_type(&vtype),
         bootable: false,
         attachments: Vec::new(),
+        pending_attachments: Vec::new(),
         metadata,
         snapshot_id,
         source_volid,
         group_id: None,
         created_at: now_iso(),
+        updated_at: now_iso(),
         generation: 0,
     };
     let id = vol.id.clone();
@@ -223,7 +225,7 @@ pub(super) async fn create_volume(
             } else {
                 "available".into()
             };
-            v.generation += 1;
+            v.touch();
         }
     });
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
@@ -301,7 +303,7 @@ pub(super) async fn delete_volume(
     let delay = Delays::d(w.delays.volume_delete_ms);
     if let Some(v) = w.volumes.get_mut(&id) {
         v.status = "deleting".into();
-        v.generation += 1;
+        v.touch();
     }
     drop(w);
     state.after(delay, move |st, w| {
@@ -380,7 +382,7 @@ pub(super) async fn volume_action(
                 if let Some(v) = w.volumes.get_mut(&id) {
                     v.size = new_size;
                     v.status = back_to;
-                    v.generation += 1;
+                    v.touch();
                 }
             });
             Ok(StatusCode::ACCEPTED.into_response())
@@ -429,7 +431,7 @@ pub(super) async fn volume_action(
                     v.volume_type = t.name.clone();
                     v.multiattach = multiattach_type(&t);
                     v.status = back_to;
-                    v.generation += 1;
+                    v.touch();
                 }
             });
             Ok(StatusCode::ACCEPTED.into_response())
@@ -449,6 +451,23 @@ pub(super) async fn volume_action(
                 v.bootable = b;
             }
             Ok(StatusCode::OK.into_response())
+        }
+        // what Nova's API asks before its host detaches, and to undo it
+        "os-begin_detaching" => {
+            if v.status != "in-use" {
+                return Err(ApiErr::bad(
+                    S,
+                    "Invalid volume: Unable to detach volume. Volume status must be 'in-use' and attach_status must be 'attached' to detach.",
+                ));
+            }
+            set_status(&mut w, &id, "detaching");
+            Ok(StatusCode::ACCEPTED.into_response())
+        }
+        "os-roll_detaching" => {
+            if v.status == "detaching" {
+                set_status(&mut w, &id, "in-use");
+            }
+            Ok(StatusCode::ACCEPTED.into_response())
         }
         "os-reset_status" => {
             if !ctx.admin {
@@ -471,7 +490,7 @@ pub(super) async fn volume_action(
 fn set_status(w: &mut World, id: &str, status: &str) {
     if let Some(v) = w.volumes.get_mut(id) {
         v.status = status.to_string();
-        v.generation += 1;
+        v.touch();
     }
 }
 

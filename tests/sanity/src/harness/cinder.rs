@@ -275,6 +275,17 @@ impl CinderOnRealCloud {
         global: &str,
         log_file: Option<PathBuf>,
     ) -> Result<Self, HarnessError> {
+        Self::start_with(plugin_binary, cloud_dir, global, &[], log_file).await
+    }
+
+    /// With `global` as its credentials and `extra_args` on its command line.
+    pub async fn start_with(
+        plugin_binary: &Path,
+        cloud_dir: &Path,
+        global: &str,
+        extra_args: &[&str],
+        log_file: Option<PathBuf>,
+    ) -> Result<Self, HarnessError> {
         let node_id = std::fs::read_to_string(cloud_dir.join("test-server-id"))?
             .trim()
             .to_string();
@@ -283,7 +294,10 @@ impl CinderOnRealCloud {
             .tempdir()?;
         let kubelet_dir = dir.path().join("kubelet");
         std::fs::create_dir_all(&kubelet_dir)?;
-        let (metadata, url) = serve_metadata(metadata_document(&node_id, "nova")).await?;
+        let zone = std::fs::read_to_string(cloud_dir.join("test-server-zone"))?
+            .trim()
+            .to_string();
+        let (metadata, url) = serve_metadata(metadata_document(&node_id, &zone)).await?;
         // the server takes as many disks as Nova lets it (its root
         // included): the controller and the node count them alike
         let attach_limit = std::fs::read_to_string(cloud_dir.join("max-disk-devices"))
@@ -308,6 +322,7 @@ impl CinderOnRealCloud {
                 format!("--path-root={}", kubelet_dir.display()),
                 "--cluster=sanity-real".into(),
             ])
+            .args(extra_args)
             .env("RUST_LOG", "info")
             .stderr(stderr_to(log_file.as_deref())?)
             .spawn()?;

@@ -109,6 +109,36 @@ pub async fn serve_metadata(
     Ok((task, url))
 }
 
+/// The real test cloud's state directory (`tests/openstack/cloud.py`):
+/// `OPENSTACK_TEST_CLOUD_DIR`, else `.openstack-cloud` in the repository.
+/// Panics unless `OPENSTACK_TEST_BACKEND=real`: a test of the real cloud
+/// never runs against whatever happens to be there by accident.
+pub fn real_cloud_dir() -> PathBuf {
+    assert_eq!(
+        std::env::var("OPENSTACK_TEST_BACKEND").as_deref(),
+        Ok("real"),
+        "these tests run against the real test cloud: set OPENSTACK_TEST_BACKEND=real"
+    );
+    std::env::var_os("OPENSTACK_TEST_CLOUD_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../.openstack-cloud"
+            ))
+        })
+}
+
+/// A name of the real cloud no other test run uses:
+/// `csi-real-<what>-<pid>-<nanoseconds>`.
+pub fn unique_name(what: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!("csi-real-{what}-{}-{nanos}", std::process::id())
+}
+
 /// Where a test writes a plugin's log `name`: below `TEST_LOG_DIR` when
 /// set (scripts/test.sh points it into its work directory, removed with
 /// it, kept in target/test-logs after a failed run), else the temporary

@@ -1,0 +1,411 @@
+//! `cinder-csi-plugin`'s controller against the real test cloud: real
+//! Keystone, Cinder (two zones, a backend in each) and Nova (a compute
+//! host per zone, no attach across them). Start the cloud with
+//! `python3 tests/openstack/cloud.py up block` (or `all`), then
+//! `OPENSTACK_TEST_BACKEND=real cargo test -p csi-cinder --test real_cloud
+//! -- --ignored`. Ignored otherwise: they need root and the cloud.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use csi_sanity::harness::{CinderOnRealCloud, real_cloud_dir, test_log, unique_name as unique};
+use openstack_client::cinder::{BlockStorage, CreateVolume};
+use openstack_client::config::{CloudConf, ConfigEnv};
+use openstack_client::nova::{Compute, CreateServer};
+use openstack_client::{Session, SessionOptions};
+use proto::csi::v1 as csi;
+use proto::csi::v1::controller_client::ControllerClient;
+use proto::csi::v1::volume_capability::access_mode::Mode;
+use tonic::Code;
+use tonic::transport::Channel;
+
+mod common;
+use common::{BIN, create_req, from_snapshot, from_volume, mount_cap, snapshot_req};
+
+/// The test cloud's zones (tests/openstack/cloud.py).
+const ZONES: [&str; 2] = ["az1", "az2"];
+
+/// One test at a time: they attach to the cloud's one test server.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The plugin's bound for stuck attachments in these tests.
+const STUCK_AFTER: Duration = Duration::from_secs(3);
+
+struct RealEnv {
+    h: CinderOnRealCloud,
+    c: ControllerClient<Channel>,
+    cinder: BlockStorage,
+    nova: Compute,
+}
+
+async fn real_env(test: &str) -> RealEnv {
+    let dir = real_cloud_dir();
+    let global = std::fs::read_to_string(dir.join("cloud-admin.conf")).unwrap();
+    let stuck = format!("--stuck-attachment-secs={}", STUCK_AFTER.as_secs());
+    let h = CinderOnRealCloud::start_with(
+        Path::new(BIN),
+        &dir,
+        &global,
+        &[&stuck],
+        Some(test_log(&format!("cinder-csi-real-{test}.log"))),
+    )
+    .await
+    .unwrap();
+    csi_sanity::harness::wait_until_ready(&h.socket)
+        .await
+        .unwrap();
+    let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
+    let text = std::fs::read_to_string(dir.join("cloud-admin.conf")).unwrap();
+    let conf = CloudConf::from_texts(&[("c".into(), text)], ConfigEnv::default()).unwrap();
+    let session = Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap();
+    RealEnv {
+        h,
+        c: ControllerClient::new(ch),
+        cinder: BlockStorage::new(session.clone()),
+        nova: Compute::new(session),
+    }
+}
+
+impl RealEnv {
+    async fn volume(&mut self, what: &str) -> String {
+        let r = create_req(&unique(what), mount_cap("ext4", Mode::SingleNodeWriter), 1);
+        self.c
+            .create_volume(r)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id
+    }
+
+    async fn publish(&mut self, id: &str, node: &str) -> Result<(), tonic::Status> {
+        self.c
+            .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+                volume_id: id.into(),
+                node_id: node.into(),
+                volume_capability: Some(mount_cap("ext4", Mode::SingleNodeWriter)),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+    }
+
+    async fn unpublish(&mut self, id: &str, node: &str) -> Result<(), tonic::Status> {
+        self.c
+            .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+                volume_id: id.into(),
+                node_id: node.into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+    }
+
+    async fn status(&self, id: &str) -> String {
+        self.cinder.get_volume(id).await.unwrap().status.to_string()
+    }
+
+    async fn nova_lists(&self, server: &str, id: &str) -> bool {
+        self.nova
+            .list_volume_attachments(server)
+            .await
+            .unwrap()
+            .iter()
+            .any(|a| a.volume_id == id)
+    }
+
+    async fn delete(&mut self, id: &str) {
+        self.c
+            .delete_volume(csi::DeleteVolumeRequest {
+                volume_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+
+    /// Waits (bounded) until the server's status is `want`.
+    async fn server_becomes(&self, server: &str, want: &str) {
+        let until = Instant::now() + Duration::from_secs(120);
+        loop {
+            let s = self.nova.get_server(server).await.unwrap();
+            if s.status == want {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "server {server} is {}, not {want}",
+                s.status
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+fn zone(z: &str) -> csi::Topology {
+    csi::Topology {
+        segments: HashMap::from([(csi_cinder::TOPOLOGY_KEY.to_string(), z.to_string())]),
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the real test cloud (tests/openstack/cloud.py up block)"]
+async fn a_restore_lands_in_its_snapshots_zone_on_real_cinder_or_is_refused() {
+    let _serial = SERIAL.lock().await;
+    let mut e = real_env("zones").await;
+    let [az1, az2] = ZONES;
+    let cap = || mount_cap("ext4", Mode::SingleNodeWriter);
+    let mut r = create_req(&unique("zoned-src"), cap(), 1);
+    r.accessibility_requirements = Some(csi::TopologyRequirement {
+        requisite: vec![zone(az1)],
+        preferred: vec![zone(az1)],
+    });
+    let src =
+        e.c.create_volume(r)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    assert_eq!(src.accessible_topology, vec![zone(az1)]);
+    let snap =
+        e.c.create_snapshot(snapshot_req(&src.volume_id, &unique("zoned-snap"), &[]))
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+    let mut made = Vec::new();
+    for (what, source) in [
+        ("snapshot", from_snapshot(&snap.snapshot_id)),
+        ("source volume", from_volume(&src.volume_id)),
+    ] {
+        // a pod scheduled to a node of az2 (preferred), the class allowing
+        // both zones: made in the source's zone, and the answer says so
+        let mut r = create_req(&unique("zoned-ok"), cap(), 1);
+        r.volume_content_source = source.clone();
+        r.accessibility_requirements = Some(csi::TopologyRequirement {
+            requisite: vec![zone(az1), zone(az2)],
+            preferred: vec![zone(az2), zone(az1)],
+        });
+        let v =
+            e.c.create_volume(r)
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap();
+        assert_eq!(v.accessible_topology, vec![zone(az1)], "{what}");
+        assert_eq!(
+            e.cinder
+                .get_volume(&v.volume_id)
+                .await
+                .unwrap()
+                .availability_zone,
+            az1,
+            "{what}"
+        );
+        made.push(v.volume_id);
+        // only az2 allowed: refused before Cinder is asked
+        let name = unique("zoned-no");
+        let mut r = create_req(&name, cap(), 1);
+        r.volume_content_source = source;
+        r.accessibility_requirements = Some(csi::TopologyRequirement {
+            requisite: vec![zone(az2)],
+            preferred: vec![zone(az2)],
+        });
+        let err = e.c.create_volume(r).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            Code::ResourceExhausted,
+            "{what}: {}",
+            err.message()
+        );
+        assert!(e.cinder.volumes_named(&name).await.unwrap().is_empty());
+    }
+    for id in made {
+        e.c.delete_volume(csi::DeleteVolumeRequest {
+            volume_id: id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    e.c.delete_snapshot(csi::DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    e.c.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: src.volume_id,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+// -------------------------------------------- what is stuck, repaired
+
+#[tokio::test]
+#[ignore = "needs the real test cloud (tests/openstack/cloud.py up block)"]
+async fn a_reservation_nova_never_made_is_released_and_the_volume_attached() {
+    let _serial = SERIAL.lock().await;
+    let mut e = real_env("stale-reservation").await;
+    let node = e.h.node_id.clone();
+    let id = e.volume("reserved").await;
+    // reserved for the node in Cinder (as Nova's API does first), by a
+    // Nova that never went on
+    e.cinder.create_attachment(&id, &node, None).await.unwrap();
+    assert_eq!(e.status(&id).await, "reserved");
+    tokio::time::sleep(STUCK_AFTER + Duration::from_secs(1)).await;
+    e.publish(&id, &node).await.unwrap();
+    assert_eq!(e.status(&id).await, "in-use");
+    assert!(e.nova_lists(&node, &id).await, "attached through Nova");
+    e.unpublish(&id, &node).await.unwrap();
+    assert_eq!(e.status(&id).await, "available");
+    e.delete(&id).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the real test cloud (tests/openstack/cloud.py up block)"]
+async fn a_detach_nova_never_finished_is_asked_again() {
+    let _serial = SERIAL.lock().await;
+    let mut e = real_env("stuck-detach").await;
+    let node = e.h.node_id.clone();
+    let id = e.volume("detaching").await;
+    e.publish(&id, &node).await.unwrap();
+    // what Nova's API does before its host detaches, and then nothing
+    e.cinder.begin_detaching(&id).await.unwrap();
+    assert_eq!(e.status(&id).await, "detaching");
+    tokio::time::sleep(STUCK_AFTER + Duration::from_secs(1)).await;
+    e.unpublish(&id, &node).await.unwrap();
+    assert_eq!(e.status(&id).await, "available");
+    assert!(!e.nova_lists(&node, &id).await);
+    e.delete(&id).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the real test cloud (tests/openstack/cloud.py up block)"]
+async fn volumes_held_by_a_server_that_is_gone_are_released() {
+    let _serial = SERIAL.lock().await;
+    let mut e = real_env("gone-server").await;
+    let node = e.h.node_id.clone();
+    // attached, says Cinder, to a server Nova has never had
+    let gone = "3f0b4a52-6b7c-4c47-9e4e-000000000dea";
+    let (a, b) = (e.volume("gone-a").await, e.volume("gone-b").await);
+    for id in [&a, &b] {
+        let att = e
+            .cinder
+            .create_attachment(
+                id,
+                gone,
+                Some(serde_json::json!({"host": "gone", "initiator": "iqn.gone"})),
+            )
+            .await
+            .unwrap();
+        e.cinder.complete_attachment(&att.id).await.unwrap();
+        assert_eq!(e.status(id).await, "in-use");
+    }
+    // ControllerUnpublish from the gone server: released
+    e.unpublish(&a, gone).await.unwrap();
+    assert_eq!(e.status(&a).await, "available");
+    // ControllerPublish elsewhere: released, then attached there
+    e.publish(&b, &node).await.unwrap();
+    let v = e.cinder.get_volume(&b).await.unwrap();
+    assert_eq!(
+        v.attached_servers().collect::<Vec<_>>(),
+        vec![node.as_str()]
+    );
+    assert!(e.nova_lists(&node, &b).await);
+    e.unpublish(&b, &node).await.unwrap();
+    for id in [&a, &b] {
+        e.delete(id).await;
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the real test cloud (tests/openstack/cloud.py up block)"]
+async fn an_attachment_nova_never_made_is_attached_anew() {
+    let _serial = SERIAL.lock().await;
+    let mut e = real_env("without-nova").await;
+    let node = e.h.node_id.clone();
+    let id = e.volume("phantom").await;
+    let att = e
+        .cinder
+        .create_attachment(
+            &id,
+            &node,
+            Some(serde_json::json!({"host": "x", "initiator": "iqn.x"})),
+        )
+        .await
+        .unwrap();
+    e.cinder.complete_attachment(&att.id).await.unwrap();
+    assert_eq!(e.status(&id).await, "in-use");
+    assert!(!e.nova_lists(&node, &id).await);
+    e.publish(&id, &node).await.unwrap();
+    assert!(e.nova_lists(&node, &id).await, "attached through Nova now");
+    e.unpublish(&id, &node).await.unwrap();
+    assert_eq!(e.status(&id).await, "available");
+    e.delete(&id).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the real test cloud (tests/openstack/cloud.py up block)"]
+async fn a_volume_is_detached_from_a_server_that_is_shut_off() {
+    let _serial = SERIAL.lock().await;
+    let mut e = real_env("shutoff").await;
+    // a server of its own, booted from a volume, then shut off
+    let boot = e
+        .cinder
+        .create_volume(&CreateVolume {
+            name: unique("shutoff-boot"),
+            size_gib: 1,
+            availability_zone: Some(ZONES[0].into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while e.status(&boot.id).await != "available" {
+        assert!(Instant::now() < until, "boot volume not available");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    e.cinder.set_bootable(&boot.id, true).await.unwrap();
+    let server = e
+        .nova
+        .create_server(&CreateServer {
+            name: unique("shutoff"),
+            flavor_ref: "test".into(),
+            boot_volume_id: boot.id.clone(),
+            availability_zone: Some(ZONES[0].into()),
+        })
+        .await
+        .unwrap()
+        .id;
+    e.server_becomes(&server, "ACTIVE").await;
+    let id = e.volume("on-shutoff").await;
+    e.publish(&id, &server).await.unwrap();
+    e.nova.stop_server(&server).await.unwrap();
+    e.server_becomes(&server, "SHUTOFF").await;
+    e.unpublish(&id, &server).await.unwrap();
+    assert_eq!(e.status(&id).await, "available");
+    assert!(!e.nova_lists(&server, &id).await);
+    e.delete(&id).await;
+    e.nova.delete_server(&server).await.unwrap();
+    let until = Instant::now() + Duration::from_secs(120);
+    while e.nova.get_server(&server).await.is_ok() {
+        assert!(Instant::now() < until, "server {server} not deleted");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let until = Instant::now() + Duration::from_secs(60);
+    while e.status(&boot.id).await != "available" {
+        assert!(Instant::now() < until, "boot volume still held");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    e.cinder.delete_volume(&boot.id).await.unwrap();
+}
