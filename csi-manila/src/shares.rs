@@ -26,6 +26,12 @@ pub const DESCRIPTION: &str = "provisioned-by=manila.csi.openstack.org";
 pub const CLUSTER_KEY: &str = "manila.csi.openstack.org/cluster";
 /// The source share of a clone (its snapshot is a temporary one).
 pub const CLONE_OF_KEY: &str = "manila.csi.openstack.org/clone-of";
+/// The size (GiB) a share made from a snapshot is grown to once created.
+/// It is created at the snapshot's size and then extended: some backends
+/// (Manila's CephFS driver in Manila 23) clone the snapshot and never
+/// apply a larger size, so the share would say 2 GiB and hold 1; an
+/// extend runs a real resize on every backend.
+pub const GROW_TO_KEY: &str = "manila.csi.openstack.org/grow-to-gib";
 
 /// The name of the temporary snapshot a clone named `name` is made from.
 pub fn clone_snapshot_name(name: &str) -> String {

@@ -231,6 +231,34 @@ async fn snapshots_restores_and_clones() {
     assert_eq!(restored.content_source, req.volume_content_source);
     let share = e.manila.get_share(&restored.volume_id).await.unwrap();
     assert_eq!(share.snapshot_id.as_deref(), Some(s1.snapshot_id.as_str()));
+    assert_eq!(share.size, 3);
+    // made at the snapshot's size, then extended: the resize a backend
+    // runs on extend, and may skip on a larger clone, is always run. A
+    // share's actions are its access grants and its extends: one more
+    // than for a restore at the snapshot's own size
+    let mut same = e.create_req("pvc-same-size", 1, &[]);
+    same.volume_content_source = req.volume_content_source.clone();
+    let same =
+        e.c.create_volume(same)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+    let actions = |id: &str| {
+        let path = format!("/shares/{id}/action");
+        e.h.emulator
+            .control()
+            .calls()
+            .into_iter()
+            .filter(|c| c.method == "POST" && c.path.ends_with(&path))
+            .count()
+    };
+    assert_eq!(
+        actions(&restored.volume_id),
+        actions(&same.volume_id) + 1,
+        "the larger restore is extended once"
+    );
     assert_eq!(
         e.c.create_volume(req)
             .await

@@ -112,10 +112,17 @@ async fn cephfs_share_lives_through_csi_on_real_manila_and_ceph() {
         assert!(tries < 100, "snapshot never ready");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    // larger than their 2 GiB source: the share's quota must be what was
+    // asked (Manila's CephFS driver clones at the source's size and would
+    // leave it there)
     let restored = e
-        .create(&unique("restored"), 2, of_snapshot(&snap.snapshot_id))
+        .create(&unique("restored"), 3, of_snapshot(&snap.snapshot_id))
         .await;
-    let clone = e.create(&unique("clone"), 2, of_volume(&id)).await;
+    let clone = e.create(&unique("clone"), 3, of_volume(&id)).await;
+    for copy in [&restored, &clone] {
+        assert_eq!(copy.capacity_bytes, 3 * GIB);
+        assert_eq!(e.manila.get_share(&copy.volume_id).await.unwrap().size, 3);
+    }
     // restored for readers only (ReadOnlyMany): its cephx key reads and
     // Ceph refuses its writes, even through a read-write publish
     let for_readers = e
@@ -148,6 +155,12 @@ async fn cephfs_share_lives_through_csi_on_real_manila_and_ceph() {
             std::fs::read(t.join("hello")).unwrap(),
             b"written in pod a",
             "{} holds the source's file",
+            copy.volume_id
+        );
+        assert_eq!(
+            bounded_total_bytes(&t),
+            Some(3 * GIB as u64),
+            "{}: df in the pod shows the size asked for, not the source's",
             copy.volume_id
         );
         e.unpublish(&copy.volume_id, "pod-a").await.unwrap();

@@ -23,8 +23,8 @@ use crate::errors::scheduling_may_pass_later;
 use crate::parameters::ShareParameters;
 use crate::share_protocol::ShareProtocol;
 use crate::shares::{
-    CLONE_OF_KEY, CLUSTER_KEY, DESCRIPTION, clone_snapshot_name, is_gone, provisioned_here,
-    wait_share_available,
+    CLONE_OF_KEY, CLUSTER_KEY, DESCRIPTION, GROW_TO_KEY, clone_snapshot_name, is_gone,
+    provisioned_here, wait_share_available,
 };
 
 /// ListVolumes page size when the caller sets no limit.
@@ -214,6 +214,13 @@ impl ControllerService {
                 Err((e, _)) => return Err(e),
             }
         };
+        let share = match grow_to(&share) {
+            Some(want) if (share.size as i64) < want => {
+                tracing::info!(share_id = %share.id, from_gib = share.size, size_gib = want, "made from a snapshot at its size; growing it to the size asked for");
+                self.grow(&manila, share, want, deadline).await?
+            }
+            _ => share,
+        };
         if let Source::Share(_) = &source {
             self.drop_clone_snapshot(&manila, &name).await;
         }
@@ -296,8 +303,9 @@ impl ControllerService {
                 s.id, r.name
             )))
         };
-        if !size_fits(s.size as i64, r.capacity_range.as_ref()) {
-            return clash(format!("size {} GiB, outside the requested range", s.size));
+        let size = grow_to(s).unwrap_or(s.size as i64);
+        if !size_fits(size, r.capacity_range.as_ref()) {
+            return clash(format!("size {size} GiB, outside the requested range"));
         }
         if !s
             .share_proto
@@ -373,6 +381,11 @@ impl ControllerService {
                         "the source holds {min} GiB, more than limit_bytes allows"
                     )));
                 }
+            } else if size > min {
+                // created at the snapshot's size, grown once available
+                // (see GROW_TO_KEY)
+                metadata.insert(GROW_TO_KEY.into(), size.to_string());
+                size = min;
             }
         }
         let spec = CreateShare {
@@ -631,6 +644,21 @@ impl ControllerService {
         if done(&s) && s.status == ShareStatus::Available {
             return Ok(answer(&s));
         }
+        let s = self.grow(&manila, s, want, deadline).await?;
+        Ok(answer(&s))
+    }
+
+    /// Extends the share to `want` GiB (or waits for an extend under
+    /// way), answering it once available at that size.
+    async fn grow(
+        &self,
+        manila: &SharedFileSystems,
+        s: Share,
+        want: i64,
+        deadline: Instant,
+    ) -> DriverResult<Share> {
+        let id = s.id.as_str();
+        let done = |s: &Share| s.size as i64 >= want;
         match s.status {
             ShareStatus::Available => match manila.extend_share(id, want as u64).await {
                 Ok(()) => tracing::info!(share_id = id, size_gib = want, "extend requested"),
@@ -650,7 +678,11 @@ impl ControllerService {
                 )));
             }
         }
-        let s = wait_share_available(&manila, id, deadline, done).await?;
-        Ok(answer(&s))
+        wait_share_available(manila, id, deadline, done).await
     }
+}
+
+/// The size a share made from a snapshot is to be grown to (GROW_TO_KEY).
+fn grow_to(s: &Share) -> Option<i64> {
+    s.metadata.get(GROW_TO_KEY)?.parse().ok()
 }
