@@ -1257,4 +1257,27 @@ async fn an_attachment_cinder_has_and_nova_never_made_is_attached_anew() {
     );
     assert_eq!(repairs(port, "attached_without_nova").await, 1);
     e.unpublish(&v.volume_id).await;
+    // unpublished while only Cinder has it: Cinder's record goes too
+    let w = e
+        .create("phantom-2", mount_cap("ext4", Mode::SingleNodeWriter), 1)
+        .await;
+    let att = e
+        .cinder
+        .create_attachment(&w.volume_id, &node, Some(serde_json::json!({"host": "x"})))
+        .await
+        .unwrap();
+    e.cinder.complete_attachment(&att.id).await.unwrap();
+    e.c.controller_unpublish_volume(unpublish_req(&w.volume_id, &node))
+        .await
+        .unwrap();
+    assert_eq!(
+        e.cinder
+            .get_volume(&w.volume_id)
+            .await
+            .unwrap()
+            .status
+            .as_str(),
+        "available"
+    );
+    assert_eq!(repairs(port, "attached_without_nova").await, 2);
 }

@@ -48,6 +48,7 @@ node's directories are the ones deploy/ names: /var/lib/kubelet,
 Only the standard library is used."""
 
 import base64
+import concurrent.futures
 import gzip
 import hashlib
 import io
@@ -1208,7 +1209,11 @@ def cmd_up():
     for node in all_nodes:
         if not node.host:
             prepare_namespaced_node(node)
-        start_metadata(node, node_server(node))
+    # each node's Nova server, booted side by side
+    with concurrent.futures.ThreadPoolExecutor(len(all_nodes)) as pool:
+        servers = list(pool.map(node_server, all_nodes))
+    for node, server in zip(all_nodes, servers):
+        start_metadata(node, server)
     start_etcd()
     # kubelet before the apiserver, as on a control-plane node: it starts
     # the KMS static pod without the API, so the apiserver finds the

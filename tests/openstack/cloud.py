@@ -27,6 +27,8 @@ constraints.txt beside this script. Only the standard library is used here.
 """
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -870,6 +872,17 @@ NODE_SERVERS = STATE / "node-servers"
 NODE_SERVER_NAMES = STATE / "node-server-names.json"
 
 
+@contextlib.contextmanager
+def node_servers_locked():
+    """The node-server list, changed by one process at a time."""
+    with open(STATE / "node-servers.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def node_servers():
     return json.loads(NODE_SERVER_NAMES.read_text()) if NODE_SERVER_NAMES.exists() else {}
 
@@ -895,8 +908,7 @@ def cmd_node_server(rest):
     api = Api()
     cinder = f"http://{HOST}:{PORTS['cinder']}/v3/{api.project_id}"
     nova = f"http://{HOST}:{PORTS['nova']}/v2.1"
-    servers = node_servers()
-    known = servers.get(name)
+    known = node_servers().get(name)
     if (known and known.get("zone") == zone
             and http("GET", f"{nova}/servers/{known['id']}", None, {"X-Auth-Token": api.token})[0] == 200):
         server_id = known["id"]
@@ -905,8 +917,12 @@ def cmd_node_server(rest):
             cmd_node_server_delete([name])
         server_id = boot_server(api, cinder, nova, name, zone)["id"]
         log(f"node server {name} {server_id} is ACTIVE in {zone}")
-    servers[name] = {"id": server_id, "by_id_dir": by_id_dir, "zone": zone}
-    write_node_servers(servers)
+    # several nodes' servers are booted at once: the list is updated under
+    # a lock, after the (slow) boot
+    with node_servers_locked():
+        servers = node_servers()
+        servers[name] = {"id": server_id, "by_id_dir": by_id_dir, "zone": zone}
+        write_node_servers(servers)
     print(server_id)
 
 
@@ -915,9 +931,10 @@ def cmd_node_server_delete(rest):
     and stops following it."""
     if len(rest) != 1:
         raise CloudError("usage: cloud.py node-server-delete NAME")
-    servers = node_servers()
-    known = servers.pop(rest[0], None)
-    write_node_servers(servers)
+    with node_servers_locked():
+        servers = node_servers()
+        known = servers.pop(rest[0], None)
+        write_node_servers(servers)
     if not known:
         return
     api = Api()

@@ -189,9 +189,11 @@ impl ControllerService {
         if v.status != VolumeStatus::Detaching {
             match compute.detach_volume(node, id).await {
                 Ok(()) => tracing::info!(volume_id = id, node, "detach requested"),
-                // the attachment is gone meanwhile
+                // the attachment is gone meanwhile, or the server
                 Err(e) if e.is_not_found() => {
-                    tracing::info!(volume_id = id, node, "attachment gone");
+                    tracing::info!(volume_id = id, node, "server or attachment gone in Nova");
+                    self.release_what_nova_forgot(&block, &compute, id, node)
+                        .await?;
                     return Ok(csi::ControllerUnpublishVolumeResponse {});
                 }
                 // a detach is already under way

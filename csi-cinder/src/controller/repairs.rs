@@ -295,9 +295,50 @@ impl ControllerService {
         Ok(released)
     }
 
+    /// After Nova answered a detach with "no such server or attachment":
+    /// Cinder's records for the node are all that still hold the volume (a
+    /// server gone, or an attachment Nova never made; Nova deletes Cinder's
+    /// attachment before its own record when it detaches), and they are
+    /// deleted.
+    pub(super) async fn release_what_nova_forgot(
+        &self,
+        block: &BlockStorage,
+        compute: &Compute,
+        id: &str,
+        node: &str,
+    ) -> DriverResult<()> {
+        let ours: Vec<String> = block
+            .volume_attachments(id)
+            .await
+            .context(format!("Cinder attachments of volume {id}"))?
+            .into_iter()
+            .filter(|a| a.instance.as_deref() == Some(node))
+            .map(|a| a.id)
+            .collect();
+        if ours.is_empty() {
+            return Ok(());
+        }
+        let (kind, what) = if server_exists(compute, node).await? {
+            (
+                Repair::AttachedWithoutNova,
+                "Cinder had the volume attached to this server, Nova had no record of it: Cinder's attachment deleted",
+            )
+        } else {
+            (
+                Repair::ServerGone,
+                "the server no longer exists: its Cinder attachments deleted",
+            )
+        };
+        for att in &ours {
+            self.delete_attachment(block, att).await?;
+        }
+        self.repaired(kind, id, node, what);
+        Ok(())
+    }
+
     /// Before detaching `v` from `node`. Answers Some(()) when nothing is
-    /// left to detach through Nova (the server is gone, or only a stale
-    /// reservation was there), None when the detach goes on.
+    /// left to detach through Nova (only a stale reservation was there),
+    /// None when the detach goes on.
     pub(super) async fn repair_before_detach(
         &self,
         block: &BlockStorage,
@@ -307,30 +348,6 @@ impl ControllerService {
         attached_here: bool,
     ) -> DriverResult<Option<()>> {
         let id = &v.id;
-        if !server_exists(compute, node).await? {
-            // Nova cannot detach from a server it no longer has: Cinder's
-            // records of it are all that hold the volume
-            let ours: Vec<String> = block
-                .volume_attachments(id)
-                .await
-                .context(format!("Cinder attachments of volume {id}"))?
-                .into_iter()
-                .filter(|a| a.instance.as_deref() == Some(node))
-                .map(|a| a.id)
-                .collect();
-            for att in &ours {
-                self.delete_attachment(block, att).await?;
-            }
-            if !ours.is_empty() {
-                self.repaired(
-                    Repair::ServerGone,
-                    id,
-                    node,
-                    "the server no longer exists: its Cinder attachments deleted",
-                );
-            }
-            return Ok(Some(()));
-        }
         if !attached_here {
             if matches!(v.status, VolumeStatus::Reserved | VolumeStatus::Attaching) {
                 let pending_here = block

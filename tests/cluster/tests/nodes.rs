@@ -897,9 +897,21 @@ async fn volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about
         )
     };
 
+    // a class of this test: Immediate, allowed in az2 only
+    let az2_only = TestClass::new(
+        &c,
+        &format!("{n}-az2"),
+        &format!(
+            "volumeBindingMode: Immediate\nallowedTopologies:\n- matchLabelExpressions:\n  - key: {ZONE_KEY}\n    values: [{az2}]\n"
+        ),
+    )
+    .await;
+
     // 1. WaitForFirstConsumer: the volume is made in the zone of the node
-    // the pod was scheduled to, whichever the scheduler picked
+    // the pod was scheduled to, whichever the scheduler picked (with the
+    // Immediate claim of step 2 alongside)
     let docs = [
+        claim("immediate", &az2_only.name, "1Gi", "ReadWriteOnce", false),
         claim(
             "on-c",
             "csi-cinder-sc-delete",
@@ -949,20 +961,6 @@ async fn volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about
 
     // 2. Immediate, for the second zone only: the PV names that zone only,
     // and its pod (allowed everywhere) runs on C
-    let az2_only = TestClass::new(
-        &c,
-        &format!("{n}-az2"),
-        &format!(
-            "volumeBindingMode: Immediate\nallowedTopologies:\n- matchLabelExpressions:\n  - key: {ZONE_KEY}\n    values: [{az2}]\n"
-        ),
-    )
-    .await;
-    c.apply_in(
-        &n,
-        &claim("immediate", &az2_only.name, "1Gi", "ReadWriteOnce", false),
-    )
-    .await
-    .unwrap();
     let (pv_zones, volume_zone) = zones_of_claim(&c, &n, "immediate").await;
     assert_eq!(pv_zones, vec![az2.clone()], "an Immediate claim for {az2}");
     assert_eq!(volume_zone, az2);
@@ -972,20 +970,20 @@ async fn volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about
     )
     .await
     .unwrap();
-    let p = c.wait_running(&n, "immediate", 5 * MINUTE).await.unwrap();
-    assert_eq!(
-        p["spec"]["nodeName"], cz,
-        "the {az2} volume's pod runs on C"
-    );
 
-    // 3. a snapshot of the az1 volume: restored for a pod in az1, it holds
-    // the data
+    // 3. a snapshot of the az1 volume (taken while the pod of step 2
+    // starts): restored for a pod in az1, it holds the data
     c.apply_in(
         &n,
         "apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata:\n  name: snap\nspec:\n  volumeSnapshotClassName: csi-cinder-snapclass\n  source:\n    persistentVolumeClaimName: src\n",
     )
     .await
     .unwrap();
+    let p = c.wait_running(&n, "immediate", 5 * MINUTE).await.unwrap();
+    assert_eq!(
+        p["spec"]["nodeName"], cz,
+        "the {az2} volume's pod runs on C"
+    );
     c.wait_for("snapshot ready", 3 * MINUTE, || async {
         let s = c
             .get("volumesnapshot", "snap", Some(&n))
@@ -999,11 +997,13 @@ async fn volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about
     })
     .await
     .unwrap();
+    // restores, all at once: for a pod in az1; for a pod that prefers C
+    // but may run on A (the restore goes to the snapshot's zone, the PV
+    // says so, and the pod follows it to A); and one only az2 may hold
     let docs = [
+        restore_claim("restored-az2", &az2_only.name, "snap"),
         restore_claim("restored-a", "csi-cinder-sc-delete", "snap"),
         placed_on(&sleeper("restored-a", "restored-a", "true"), &[a]),
-        // a pod that prefers C but may run on A: the restore goes to the
-        // snapshot's zone, the PV says so, and the pod follows it to A
         restore_claim("restored-pref-c", "csi-cinder-sc-delete", "snap"),
         preferring(
             &placed_on(
@@ -1014,31 +1014,7 @@ async fn volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about
         ),
     ];
     c.apply_in(&n, &docs.join("---\n")).await.unwrap();
-    for p in ["restored-a", "restored-pref-c"] {
-        let pod = c.wait_running(&n, p, 5 * MINUTE).await.unwrap();
-        assert_eq!(pod["spec"]["nodeName"], a, "{p} runs where its data is");
-        let (pv_zones, volume_zone) = zones_of_claim(&c, &n, p).await;
-        assert_eq!(volume_zone, az1, "{p}: restored in the snapshot's zone");
-        assert_eq!(pv_zones, vec![az1.clone()], "{p}: the PV says so");
-        assert_eq!(
-            c.exec(&n, p, "cat /data/token").await.unwrap(),
-            token,
-            "{p} holds the snapshot's data"
-        );
-    }
-    let selected = c
-        .get("pvc", "restored-pref-c", Some(&n))
-        .await
-        .unwrap()
-        .unwrap()["metadata"]["annotations"]["volume.kubernetes.io/selected-node"]
-        .clone();
-    println!("restored-pref-c: the scheduler first selected {selected}");
-
-    // a restore only the other zone may hold: refused with a clear event,
-    // no PV at all
-    c.apply_in(&n, &restore_claim("restored-az2", &az2_only.name, "snap"))
-        .await
-        .unwrap();
+    // the one only az2 may hold: refused with a clear event, no PV at all
     let refused = c
         .wait_for("the az2 restore refused", 3 * MINUTE, || async {
             let said = events_saying(&c, &n, "only in the source's zone").await;
@@ -1060,8 +1036,27 @@ async fn volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about
     assert_eq!(pvc["status"]["phase"], "Pending");
     assert!(pvc["spec"]["volumeName"].is_null(), "{pvc}");
     // gone now: the provisioner's sweep (1 min in deploy/) then frees the
-    // snapshot it held, while the rest is checked
+    // snapshot it held, while the rest runs
     c.delete("pvc", "restored-az2", Some(&n)).await.unwrap();
+    for p in ["restored-a", "restored-pref-c"] {
+        let pod = c.wait_running(&n, p, 5 * MINUTE).await.unwrap();
+        assert_eq!(pod["spec"]["nodeName"], a, "{p} runs where its data is");
+        let (pv_zones, volume_zone) = zones_of_claim(&c, &n, p).await;
+        assert_eq!(volume_zone, az1, "{p}: restored in the snapshot's zone");
+        assert_eq!(pv_zones, vec![az1.clone()], "{p}: the PV says so");
+        assert_eq!(
+            c.exec(&n, p, "cat /data/token").await.unwrap(),
+            token,
+            "{p} holds the snapshot's data"
+        );
+    }
+    let selected = c
+        .get("pvc", "restored-pref-c", Some(&n))
+        .await
+        .unwrap()
+        .unwrap()["metadata"]["annotations"]["volume.kubernetes.io/selected-node"]
+        .clone();
+    println!("restored-pref-c: the scheduler first selected {selected}");
 
     // 4. never an attachment across zones: every volume of the namespace
     // is attached only to servers of its own zone, and no attach failed
