@@ -479,10 +479,11 @@ def start_etcd():
     SERVICES.wait_until("etcd", lambda: http("GET", f"{client}/health")[0] == 200, 60)
 
 
-def start_apiserver(name="kube-apiserver", until="readyz"):
+def start_apiserver(name="kube-apiserver", until="readyz", wait=True):
     """The apiserver; `kube-apiserver-b` is the second one, on the same
     etcd, encrypting through its own KMS plugin. Waits until it is ready
-    (`until="livez"`: until it serves, ready or not)."""
+    (`until="livez"`: until it serves, ready or not; `wait=False`: see
+    wait_apiserver)."""
     pki = STATE / "pki"
     port = PORTS["apiserver" if name == "kube-apiserver" else "apiserver-b"]
     encryption = (REPO / "deploy" / "kms" / "encryption-configuration.yaml" if name == "kube-apiserver"
@@ -513,6 +514,12 @@ def start_apiserver(name="kube-apiserver", until="readyz"):
         # Service's endpoints (its port), or they would overwrite each other's
         *([] if name == "kube-apiserver" else ["--endpoint-reconciler-type=none"]),
     ])
+    if wait:
+        wait_apiserver(name, until)
+
+
+def wait_apiserver(name, until="readyz"):
+    port = PORTS["apiserver" if name == "kube-apiserver" else "apiserver-b"]
     SERVICES.wait_until(name, lambda: api_ready(port, until), 120)
 
 
@@ -794,12 +801,16 @@ def import_images(all_nodes):
     oci_archive(archive, built)
     ours_archive = out / "ours.tar"
     our_images_archive(ours_archive, ours)
-    for node in all_nodes:
+    def import_into(node):
         for a in (archive, ours_archive):
             ctr("images", "import", a, timeout=600, node=node)
         for name in [*built, *ours.values()]:
             # kubelet's image GC never removes a pinned image
             ctr("images", "label", name, "io.cri-containerd.pinned=pinned", node=node)
+
+    # each node's containerd of its own: imported side by side
+    with concurrent.futures.ThreadPoolExecutor(len(all_nodes)) as pool:
+        list(pool.map(import_into, all_nodes))
     log(f"imported {len(built) + len(ours)} images into {len(all_nodes)} node(s)")
 
 
@@ -1226,8 +1237,10 @@ def cmd_up():
     import_images(all_nodes)
     for node in all_nodes:
         start_kubelet(node)
-    start_apiserver()
-    start_apiserver("kube-apiserver-b")
+    for name in ("kube-apiserver", "kube-apiserver-b"):
+        start_apiserver(name, wait=False)
+    for name in ("kube-apiserver", "kube-apiserver-b"):
+        wait_apiserver(name)
     start_controllers()
     for node in all_nodes:
         wait_node_ready(node)
@@ -1585,10 +1598,14 @@ def cmd_restart_apiservers(rest):
     until = "livez" if "--live" in rest else "readyz"
     binary("kube-apiserver")  # before anything stops: a missing input stops nothing
     t = time.time()
-    for name in ("kube-apiserver", "kube-apiserver-b"):
-        # abrupt, as a reboot is (its graceful drain takes longer than the test)
-        SERVICES.stop(name, grace=3)
-        start_apiserver(name, until)
+    names = ("kube-apiserver", "kube-apiserver-b")
+    # abrupt, as a reboot is (its graceful drain takes longer than the test)
+    SERVICES.stop_all(names, grace=3)
+    # both nodes come back at once, as after a power cut
+    for name in names:
+        start_apiserver(name, until, wait=False)
+    for name in names:
+        wait_apiserver(name, until)
     log(f"apiservers restarted in {time.time() - t:.1f}s")
 
 
