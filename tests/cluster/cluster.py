@@ -127,7 +127,13 @@ PROCESSES = ["kubelet", "containerd", "kube-scheduler", "kube-controller-manager
 CLOUD_PORT_BASE = int(os.environ.get("OS_TEST_CLOUD_PORT_BASE", "25000"))
 # the nodes: A in the host's namespaces (the single-node tier's `localhost`),
 # the further ones each in their own network and mount namespaces
-NODE_COUNT = int(os.environ.get("K8S_TEST_NODES", "3"))
+# (`cluster.py env` prints the nodes' names under the same variable, for
+# the tests: a list of names counts as that many nodes)
+def _node_count(value):
+    return int(value) if value.strip().isdigit() else len(value.split())
+
+
+NODE_COUNT = _node_count(os.environ.get("K8S_TEST_NODES", "3"))
 # the test cloud's zones (tests/openstack/cloud.py): A and B in the first,
 # C and any further node in the second
 ZONES = ("az1", "az2")
