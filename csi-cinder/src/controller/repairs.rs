@@ -95,6 +95,8 @@ impl AttachmentMetrics {
         }
         for operation in ["attach", "detach"] {
             let _ = self.pending.get_or_create(&OperationLabel { operation });
+            // an empty family is not served at all: its series from the start
+            let _ = self.waits.get_or_create(&OperationLabel { operation });
         }
         registry.register(
             "cinder_csi_attachment_repairs",
