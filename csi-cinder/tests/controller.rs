@@ -1004,6 +1004,14 @@ fn unpublish_req(id: &str, node: &str) -> csi::ControllerUnpublishVolumeRequest 
     }
 }
 
+/// An RPC that must run into its deadline (waiting on OpenStack).
+async fn times_out<T>(call: impl std::future::Future<Output = Result<T, tonic::Status>>) {
+    match call.await {
+        Ok(_) => panic!("answered before its deadline"),
+        Err(err) => assert_eq!(err.code(), Code::DeadlineExceeded, "{}", err.message()),
+    }
+}
+
 /// Longer than the plugin's default bound (`--stuck-attachment-secs`).
 const LONG_AGO: Duration = Duration::from_secs(600);
 
@@ -1017,32 +1025,18 @@ async fn a_reservation_nova_forgot_is_released_and_the_attach_tried_again() {
     let v = e.create("reserved", cap, 1).await;
     let node = e.h.node_id.clone();
     e.h.emulator.control().fail_attaches_losing_cleanup(1);
-    let err =
-        e.c.controller_publish_volume(timed(
-            publish_req(&v.volume_id, &node),
-            Duration::from_secs(3),
-        ))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::DeadlineExceeded, "{}", err.message());
-    assert_eq!(
-        e.cinder
-            .get_volume(&v.volume_id)
-            .await
-            .unwrap()
-            .status
-            .as_str(),
-        "reserved"
-    );
+    times_out(e.c.controller_publish_volume(timed(
+        publish_req(&v.volume_id, &node),
+        Duration::from_secs(3),
+    )))
+    .await;
+    assert_eq!(e.status(&v.volume_id).await, "reserved");
     // within the bound: waited on, not repaired
-    let err =
-        e.c.controller_publish_volume(timed(
-            publish_req(&v.volume_id, &node),
-            Duration::from_secs(2),
-        ))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::DeadlineExceeded, "{}", err.message());
+    times_out(e.c.controller_publish_volume(timed(
+        publish_req(&v.volume_id, &node),
+        Duration::from_secs(2),
+    )))
+    .await;
     assert_eq!(repairs(port, "stale_reservation").await, 0);
     // past it: the reservation Nova no longer lists goes, the attach is
     // tried again and succeeds
@@ -1077,14 +1071,11 @@ async fn an_attach_its_host_never_finished_is_refused_naming_the_server() {
     let v = e.create("stalled", cap, 1).await;
     let node = e.h.node_id.clone();
     e.h.emulator.control().stall_attaches(1);
-    let err =
-        e.c.controller_publish_volume(timed(
-            publish_req(&v.volume_id, &node),
-            Duration::from_secs(3),
-        ))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::DeadlineExceeded, "{}", err.message());
+    times_out(e.c.controller_publish_volume(timed(
+        publish_req(&v.volume_id, &node),
+        Duration::from_secs(3),
+    )))
+    .await;
     e.h.emulator
         .control()
         .age_volume_status(&v.volume_id, LONG_AGO);
@@ -1107,15 +1098,7 @@ async fn an_attach_its_host_never_finished_is_refused_naming_the_server() {
         );
     }
     // nothing deleted behind Nova's back
-    assert_eq!(
-        e.cinder
-            .get_volume(&v.volume_id)
-            .await
-            .unwrap()
-            .status
-            .as_str(),
-        "attaching"
-    );
+    assert_eq!(e.status(&v.volume_id).await, "attaching");
     assert_eq!(repairs(port, "stale_reservation").await, 0);
 }
 
@@ -1130,23 +1113,12 @@ async fn a_detach_that_never_completed_is_asked_again() {
     e.publish(&v.volume_id, cap).await;
     let node = e.h.node_id.clone();
     e.h.emulator.control().stall_detaches(1);
-    let err =
-        e.c.controller_unpublish_volume(timed(
-            unpublish_req(&v.volume_id, &node),
-            Duration::from_secs(3),
-        ))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::DeadlineExceeded, "{}", err.message());
-    assert_eq!(
-        e.cinder
-            .get_volume(&v.volume_id)
-            .await
-            .unwrap()
-            .status
-            .as_str(),
-        "detaching"
-    );
+    times_out(e.c.controller_unpublish_volume(timed(
+        unpublish_req(&v.volume_id, &node),
+        Duration::from_secs(3),
+    )))
+    .await;
+    assert_eq!(e.status(&v.volume_id).await, "detaching");
     e.h.emulator
         .control()
         .age_volume_status(&v.volume_id, LONG_AGO);
@@ -1178,15 +1150,7 @@ async fn volumes_of_a_server_that_is_gone_are_released_not_held_forever() {
     }
     // Nova loses the server; Cinder still calls both volumes in-use by it
     ctl.forget_server(&gone);
-    assert_eq!(
-        e.cinder
-            .get_volume(&a.volume_id)
-            .await
-            .unwrap()
-            .status
-            .as_str(),
-        "in-use"
-    );
+    assert_eq!(e.status(&a.volume_id).await, "in-use");
     // unpublished from the gone server: released
     e.c.controller_unpublish_volume(unpublish_req(&a.volume_id, &gone))
         .await
@@ -1237,15 +1201,7 @@ async fn an_attachment_cinder_has_and_nova_never_made_is_attached_anew() {
         .await
         .unwrap();
     e.cinder.complete_attachment(&att.id).await.unwrap();
-    assert_eq!(
-        e.cinder
-            .get_volume(&v.volume_id)
-            .await
-            .unwrap()
-            .status
-            .as_str(),
-        "in-use"
-    );
+    assert_eq!(e.status(&v.volume_id).await, "in-use");
     e.c.controller_publish_volume(publish_req(&v.volume_id, &node))
         .await
         .unwrap();
@@ -1270,14 +1226,6 @@ async fn an_attachment_cinder_has_and_nova_never_made_is_attached_anew() {
     e.c.controller_unpublish_volume(unpublish_req(&w.volume_id, &node))
         .await
         .unwrap();
-    assert_eq!(
-        e.cinder
-            .get_volume(&w.volume_id)
-            .await
-            .unwrap()
-            .status
-            .as_str(),
-        "available"
-    );
+    assert_eq!(e.status(&w.volume_id).await, "available");
     assert_eq!(repairs(port, "attached_without_nova").await, 2);
 }

@@ -130,19 +130,24 @@ impl RealEnv {
 
     /// Waits (bounded) until the server's status is `want`.
     async fn server_becomes(&self, server: &str, want: &str) {
-        let until = Instant::now() + Duration::from_secs(120);
-        loop {
-            let s = self.nova.get_server(server).await.unwrap();
-            if s.status == want {
-                return;
-            }
-            assert!(
-                Instant::now() < until,
-                "server {server} is {}, not {want}",
-                s.status
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        eventually(&format!("server {server} {want}"), 120, || async {
+            self.nova.get_server(server).await.unwrap().status == want
+        })
+        .await;
+    }
+}
+
+/// Waits until `done` answers true, polling twice a second; fails the
+/// test, naming `what`, after `secs`.
+async fn eventually<F, Fut>(what: &str, secs: u64, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = Instant::now() + Duration::from_secs(secs);
+    while !done().await {
+        assert!(Instant::now() < until, "{what}: not within {secs} s");
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
@@ -370,11 +375,10 @@ async fn a_volume_is_detached_from_a_server_that_is_shut_off() {
         })
         .await
         .unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    while e.status(&boot.id).await != "available" {
-        assert!(Instant::now() < until, "boot volume not available");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    eventually("boot volume available", 60, || async {
+        e.status(&boot.id).await == "available"
+    })
+    .await;
     e.cinder.set_bootable(&boot.id, true).await.unwrap();
     let server = e
         .nova
@@ -397,15 +401,13 @@ async fn a_volume_is_detached_from_a_server_that_is_shut_off() {
     assert!(!e.nova_lists(&server, &id).await);
     e.delete(&id).await;
     e.nova.delete_server(&server).await.unwrap();
-    let until = Instant::now() + Duration::from_secs(120);
-    while e.nova.get_server(&server).await.is_ok() {
-        assert!(Instant::now() < until, "server {server} not deleted");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let until = Instant::now() + Duration::from_secs(60);
-    while e.status(&boot.id).await != "available" {
-        assert!(Instant::now() < until, "boot volume still held");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    eventually(&format!("server {server} deleted"), 120, || async {
+        e.nova.get_server(&server).await.is_err()
+    })
+    .await;
+    eventually("boot volume released", 60, || async {
+        e.status(&boot.id).await == "available"
+    })
+    .await;
     e.cinder.delete_volume(&boot.id).await.unwrap();
 }

@@ -200,6 +200,11 @@ impl Env {
             .unwrap()
     }
 
+    /// The volume's status, as Cinder says.
+    pub async fn status(&self, id: &str) -> String {
+        self.cinder.get_volume(id).await.unwrap().status.to_string()
+    }
+
     /// Volumes named `name` that are not being deleted.
     pub async fn named(&self, name: &str) -> Vec<openstack_client::cinder::Volume> {
         self.cinder

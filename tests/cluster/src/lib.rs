@@ -341,6 +341,26 @@ impl Cluster {
         self.kubectl(&args).await.map(|_| ())
     }
 
+    /// Waits until the VolumeSnapshot is ready to use.
+    pub async fn wait_snapshot_ready(&self, ns: &str, name: &str, timeout: Duration) -> Result<()> {
+        self.wait_for(
+            &format!("snapshot {ns}/{name} ready"),
+            timeout,
+            || async move {
+                let s = self
+                    .get("volumesnapshot", name, Some(ns))
+                    .await?
+                    .unwrap_or_default();
+                Ok(if s["status"]["readyToUse"] == true {
+                    Ok(())
+                } else {
+                    Err(s["status"].to_string())
+                })
+            },
+        )
+        .await
+    }
+
     /// The PV bound to a claim.
     pub async fn volume_of(&self, ns: &str, claim: &str, timeout: Duration) -> Result<Value> {
         let pv = self

@@ -984,19 +984,7 @@ async fn volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about
         p["spec"]["nodeName"], cz,
         "the {az2} volume's pod runs on C"
     );
-    c.wait_for("snapshot ready", 3 * MINUTE, || async {
-        let s = c
-            .get("volumesnapshot", "snap", Some(&n))
-            .await?
-            .unwrap_or_default();
-        Ok(if s["status"]["readyToUse"] == true {
-            Ok(())
-        } else {
-            Err(s["status"].to_string())
-        })
-    })
-    .await
-    .unwrap();
+    c.wait_snapshot_ready(&n, "snap", 3 * MINUTE).await.unwrap();
     // restores, all at once: for a pod in az1; for a pod that prefers C
     // but may run on A (the restore goes to the snapshot's zone, the PV
     // says so, and the pod follows it to A); and one only az2 may hold

@@ -279,19 +279,7 @@ async fn cinder_volumes_keep_data_grow_snapshot_restore_serve_raw_block_and_go()
     )
     .await
     .unwrap();
-    c.wait_for("snapshot ready", 3 * MINUTE, || async {
-        let s = c
-            .get("volumesnapshot", "snap", Some(&n))
-            .await?
-            .unwrap_or_default();
-        Ok(if s["status"]["readyToUse"] == true {
-            Ok(())
-        } else {
-            Err(s["status"].to_string())
-        })
-    })
-    .await
-    .unwrap();
+    c.wait_snapshot_ready(&n, "snap", 3 * MINUTE).await.unwrap();
     c.apply_in(
         &n,
         "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: restored\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: csi-cinder-sc-xfs\n  dataSource:\n    apiGroup: snapshot.storage.k8s.io\n    kind: VolumeSnapshot\n    name: snap\n  resources:\n    requests:\n      storage: 2Gi\n",
