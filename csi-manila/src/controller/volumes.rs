@@ -214,10 +214,12 @@ impl ControllerService {
                 Err((e, _)) => return Err(e),
             }
         };
+        // grown to what this request asks, never to what the metadata
+        // says (anyone with the share can write that)
         let share = match grow_to(&share) {
-            Some(want) if (share.size as i64) < want => {
-                tracing::info!(share_id = %share.id, from_gib = share.size, size_gib = want, "made from a snapshot at its size; growing it to the size asked for");
-                self.grow(&manila, share, want, deadline).await?
+            Some(_) if (share.size as i64) < size => {
+                tracing::info!(share_id = %share.id, from_gib = share.size, size_gib = size, "made from a snapshot at its size; growing it to the size asked for");
+                self.grow(&manila, share, size, deadline).await?
             }
             _ => share,
         };
