@@ -101,6 +101,10 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
         if let Some(root) = opts.services.path_roots().first() {
             server = csi_common::pre_stop::serve_on(server, &opts.driver_name, root);
         }
+        // the node's attach limit is part of what the scheduler must know
+        // before the taint goes
+        let limit = attach_limit(conf.block_storage.node_volume_attach_limit);
+        csi_common::startup_taint::spawn(&opts.driver_name, limit > 0);
         let node = NodeService::new(
             identity,
             Arc::new(host_ops::LinuxMounter),
@@ -108,7 +112,7 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
             NodeOptions {
                 with_topology: opts.with_topology,
                 additional_topology: opts.additional_topology.clone(),
-                attach_limit: attach_limit(conf.block_storage.node_volume_attach_limit),
+                attach_limit: limit,
                 path_roots: opts.services.path_roots(),
                 device_wait: Duration::from_secs(opts.device_wait_secs),
                 rescan_on_resize: conf.block_storage.rescan_on_resize,

@@ -12,6 +12,8 @@
 //!   unmounts, topology labels;
 //! - [`readiness`]: when Probe says ready;
 //! - [`plugin`]: flags both binaries check alike, and why a plugin stops;
+//! - [`startup_taint`]: the node's `<driver>/agent-not-ready` taint,
+//!   removed once kubelet registered the driver;
 //! - [`waits`]: deadline-bounded waits for OpenStack resources;
 //! - [`serve_rpc!`], [`csi_service!`]: one span per RPC named after it,
 //!   carrying the id it works on, and the error converted once; the tonic
@@ -28,6 +30,7 @@ pub mod plugin;
 pub mod pre_stop;
 pub mod readiness;
 pub mod request;
+pub mod startup_taint;
 pub mod waits;
 
 pub use errors::{Context, DriverError, DriverResult};

@@ -117,6 +117,8 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
         if let Some(root) = opts.services.path_roots().first() {
             server = csi_common::pre_stop::serve_on(server, &opts.driver_name, root);
         }
+        // shares have no attach limit: registered is enough
+        csi_common::startup_taint::spawn(&opts.driver_name, false);
         let state = StateDir::new(opts.state_dir());
         state.ensure()?;
         let daemons = if opts.mount_pods {

@@ -1,6 +1,7 @@
 //! The few Kubernetes API calls the plugins make, and nothing else: get,
-//! list, create and delete pods in one namespace, with the pod's own
-//! in-cluster credentials (the service account token, re-read on every
+//! list, create and delete pods in one namespace; read a node, its
+//! CSINode and the VolumeAttachments; remove one taint of a node. With
+//! the pod's own in-cluster credentials (the service account token, re-read on every
 //! call because kubelet rotates it, and the cluster CA).
 //!
 //! No redirect is ever followed: the token goes to the apiserver named by
@@ -175,6 +176,7 @@ impl Client {
             "GET" => reqwest::Method::GET,
             "POST" => reqwest::Method::POST,
             "DELETE" => reqwest::Method::DELETE,
+            "PATCH" => reqwest::Method::PATCH,
             other => return Err(KubeError::Config(format!("method {other}"))),
         };
         let mut req = self
@@ -184,7 +186,16 @@ impl Client {
             .bearer_auth(self.token.read()?)
             .header("Accept", "application/json");
         if let Some(b) = body {
-            req = req.json(b);
+            // the only patch sent is a JSON patch, whose `test` operations
+            // make it apply to the object as it was read, or not at all
+            let content_type = if method == "PATCH" {
+                "application/json-patch+json"
+            } else {
+                "application/json"
+            };
+            req = req
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(b.to_string());
         }
         let transport = |e: reqwest::Error| KubeError::Transport {
             method,
@@ -309,15 +320,79 @@ impl Client {
     }
 }
 
+/// A node's name as the API allows it (a DNS subdomain: at most 253
+/// lowercase letters, digits, `-` and `.`), so that it can only ever name
+/// a node in a request's path.
+fn node_path(name: &str, under: &str) -> Result<String> {
+    let valid = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name
+            .split('.')
+            .all(|part| !part.is_empty() && !part.starts_with('-') && !part.ends_with('-'));
+    if !valid {
+        return Err(KubeError::Config(format!(
+            "{name:?} is not a node name (a DNS subdomain)"
+        )));
+    }
+    Ok(format!("{under}/{name}"))
+}
+
 impl Client {
     /// The node, or None when there is none by that name.
     pub async fn get_node(&self, name: &str) -> Result<Option<Node>> {
-        let path = format!("api/v1/nodes/{name}");
+        let path = node_path(name, "api/v1/nodes")?;
         match self.call("GET", &path, &[], None).await {
             Ok(v) => decode("GET", &path, v).map(Some),
             Err(e) if e.status() == Some(404) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// The node's CSINode (the drivers kubelet registered on it), or None
+    /// while kubelet has not made it.
+    pub async fn get_csi_node(&self, name: &str) -> Result<Option<CsiNode>> {
+        let path = node_path(name, "apis/storage.k8s.io/v1/csinodes")?;
+        match self.call("GET", &path, &[], None).await {
+            Ok(v) => decode("GET", &path, v).map(Some),
+            Err(e) if e.status() == Some(404) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes the taints of `node` (as read) whose key is `key`: one JSON
+    /// patch that first tests each one is still where it was read, so a
+    /// node changed since fails with HTTP 422 and nothing is removed.
+    /// Returns how many were removed (0: none had that key).
+    pub async fn remove_node_taints(&self, node: &Node, key: &str) -> Result<usize> {
+        let path = node_path(&node.metadata.name, "api/v1/nodes")?;
+        let at: Vec<usize> = node
+            .spec
+            .taints
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.key == key)
+            .map(|(i, _)| i)
+            .collect();
+        if at.is_empty() {
+            return Ok(0);
+        }
+        // from the last, so that each index still means what was read
+        let ops: Vec<serde_json::Value> = at
+            .iter()
+            .rev()
+            .flat_map(|i| {
+                [
+                    serde_json::json!({"op": "test", "path": format!("/spec/taints/{i}/key"), "value": key}),
+                    serde_json::json!({"op": "remove", "path": format!("/spec/taints/{i}")}),
+                ]
+            })
+            .collect();
+        self.call("PATCH", &path, &[], Some(&serde_json::Value::Array(ops)))
+            .await?;
+        Ok(at.len())
     }
 
     /// Every VolumeAttachment of the cluster (the API selects them by no
@@ -344,8 +419,17 @@ pub struct NodeSpec {
     /// Cordoned (`kubectl cordon`, and so `kubectl drain`).
     #[serde(default)]
     pub unschedulable: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub taints: Vec<Taint>,
+}
+
+/// A list the API may write as `null`.
+fn null_as_empty<'de, D, T>(d: D) -> std::result::Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -354,6 +438,55 @@ pub struct Taint {
     pub key: String,
     #[serde(default)]
     pub effect: String,
+}
+
+/// The parts of a CSINode the plugins read.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CsiNode {
+    #[serde(default)]
+    pub metadata: CsiNodeMeta,
+    #[serde(default)]
+    pub spec: CsiNodeSpec,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CsiNodeMeta {
+    /// kubelet makes its node the CSINode's owner
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub owner_references: Vec<OwnerReference>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct OwnerReference {
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub uid: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CsiNodeSpec {
+    /// The drivers kubelet registered (`null` on a node with none).
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub drivers: Vec<CsiNodeDriver>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CsiNodeDriver {
+    pub name: String,
+    #[serde(default)]
+    pub node_id: String,
+    /// How many volumes the node takes, from NodeGetInfo's limit.
+    #[serde(default)]
+    pub allocatable: Option<VolumeNodeResources>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct VolumeNodeResources {
+    #[serde(default)]
+    pub count: Option<i64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -234,3 +234,34 @@ fn https_needs_the_cluster_ca_and_in_cluster_needs_a_cluster() {
     .unwrap_err();
     assert!(e.to_string().contains("no certificate"), "{e}");
 }
+
+#[tokio::test]
+async fn a_node_name_can_only_name_a_node() {
+    // nothing listens there: a name refused is refused before any request
+    let client = Client::new(
+        "http://127.0.0.1:9/".parse().unwrap(),
+        None,
+        Token::Fixed("t".into()),
+    )
+    .unwrap();
+    for bad in [
+        "../namespaces/kube-system/secrets",
+        "a/b",
+        "",
+        "Node-1",
+        "a..b",
+        "-a",
+        "a?watch=1",
+    ] {
+        let e = client.get_node(bad).await.unwrap_err();
+        assert!(matches!(e, kube_api::KubeError::Config(_)), "{bad:?}: {e}");
+        let e = client.get_csi_node(bad).await.unwrap_err();
+        assert!(matches!(e, kube_api::KubeError::Config(_)), "{bad:?}: {e}");
+    }
+    // a valid name gets as far as the (absent) apiserver
+    let e = client
+        .get_node("k8s-test-node-b.example")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, kube_api::KubeError::Transport { .. }), "{e}");
+}
