@@ -21,6 +21,13 @@ metadata and `topology.kubernetes.io/zone` label).
     cluster.py restart-kubelet   stop kubelet and start it again (its pods run on)
     cluster.py restart-apiservers [--live]  stop both apiservers and start them
                         again (until ready; --live: until they serve)
+    cluster.py kill-node NAME    a node (not A) dies as a machine losing power:
+                        kubelet, containerd and every pod process killed at
+                        once, its Nova server SHUTOFF
+    cluster.py revive-node NAME [--as-new]  the node back: no mount of before,
+                        server ACTIVE, containerd and kubelet started (until
+                        Ready); --as-new: its Node deleted first, so that it
+                        registers anew, as a replacement machine does
     cluster.py kubectl ARGS...   kubectl against the cluster
 
 Needs root, and the real test cloud up (tests/openstack/cloud.py up all):
@@ -140,6 +147,10 @@ ZONES = ("az1", "az2")
 # pods of the single-node scenarios and the controllers stay on A; the
 # multi-node scenarios tolerate this taint
 MULTI_NODE_TAINT = "csi-cluster-tier/multi-node=true:NoSchedule"
+# what an operator registers every node with (README, "A node is usable
+# only once its drivers are"): each node plugin removes its own once
+# kubelet registered it
+STARTUP_TAINTS = [f"{d}/agent-not-ready:NoExecute" for d in DRIVERS]
 NODE_NS_SUBNET = "10.201"
 
 
@@ -541,6 +552,9 @@ def start_controllers():
         f"--root-ca-file={pki / 'ca.crt'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--use-service-account-credentials=true",
+        # a node whose kubelet stopped renewing its lease (every 10 s) is
+        # NotReady after 20 s, not 50: the dead-node scenario waits for it
+        "--node-monitor-grace-period=20s",
         "--leader-elect=false",
         "--profiling=false",
         "--v=1",
@@ -911,8 +925,11 @@ maxPods: 110
 """)
     # the zone label a cloud controller manager would set
     extra = [f"--node-labels=topology.kubernetes.io/zone={node.zone}"]
+    taints = list(STARTUP_TAINTS)
     if not node.host:
-        extra += [f"--node-ip={node.address}", f"--register-with-taints={MULTI_NODE_TAINT}"]
+        extra += [f"--node-ip={node.address}"]
+        taints.append(MULTI_NODE_TAINT)
+    extra.append(f"--register-with-taints={','.join(taints)}")
     SERVICES.start(node.service("kubelet"), [
         *node.enter(),
         binary("kubelet"),
@@ -1150,13 +1167,23 @@ def drivers_registered():
     return True
 
 
+def startup_taints_left():
+    """The nodes still carrying a startup taint (`<driver>/agent-not-ready`)."""
+    r = kubectl("get", "nodes", "-o", "json", check=False)
+    if r.returncode != 0:
+        return ["(the API did not answer)"]
+    return [n["metadata"]["name"] for n in json.loads(r.stdout)["items"]
+            if any(t["key"].endswith("/agent-not-ready") for t in n["spec"].get("taints") or [])]
+
+
 def wait_suite():
     def rolled_out():
         for kind, name in deployments():
             r = kubectl("rollout", "status", f"{kind}/{name}", "-n", NAMESPACE, "--timeout=5s", check=False)
             if r.returncode != 0:
                 return False
-        return drivers_registered()
+        # the node plugins removed their startup taints
+        return drivers_registered() and not startup_taints_left()
     try:
         SERVICES.wait_until("the suite", rolled_out, 300, log_file=STATE / "logs" / "kubelet.log")
     except ClusterError as e:
@@ -1615,6 +1642,128 @@ def cmd_restart_apiservers(rest):
     log(f"apiservers restarted in {time.time() - t:.1f}s")
 
 
+def namespaced_node(name):
+    for node in namespaced_nodes():
+        if node.name == name:
+            return node
+    raise ClusterError(f"{name!r} is not a node of its own namespaces (node A runs the control plane): "
+                       f"{', '.join(n.name for n in namespaced_nodes())}")
+
+
+def node_server_power(node, action):
+    run([sys.executable, REPO / "tests" / "openstack" / "cloud.py", "node-server-power", node.name, action],
+        timeout=300)
+
+
+def node_mounts(node):
+    """(mount point, filesystem type, source) of the mounts below the
+    kubelet directory in the node's mount namespace, deepest first."""
+    r = subprocess.run([*node.enter(), "findmnt", "-rn", "-o", "TARGET,FSTYPE,SOURCE"],
+                       capture_output=True, text=True)
+    found = []
+    for line in r.stdout.splitlines():
+        parts = line.split(" ")
+        if len(parts) == 3 and parts[0].startswith(f"{KUBELET_DIR}/"):
+            found.append(tuple(parts))
+    return sorted(found, key=lambda m: m[0].count("/"), reverse=True)
+
+
+def cmd_kill_node(rest):
+    """`kill-node NAME`: the node dies as a machine that loses power does.
+    Its kubelet, containerd, shims and pod processes are killed at once
+    (SIGKILL: nothing unmounts, unstages or says goodbye to the API), and
+    its Nova server goes SHUTOFF. One thing a dead machine does that
+    killed processes do not: its kernel writes nothing more to its disks.
+    Its block filesystems are made read-only here (which flushes what was
+    written): a filesystem the node mounted must not write to the volume
+    again, later, when another node has it."""
+    if len(rest) != 1:
+        raise ClusterError("usage: cluster.py kill-node NAME")
+    node = namespaced_node(rest[0])
+    t = time.time()
+    for name in (node.service("kubelet"), node.service("containerd")):
+        pgid = SERVICES.group(name)
+        if pgid is not None:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            SERVICES.forget(name)
+    deadline = time.time() + 30
+    while pids := node_processes(node):
+        if time.time() > deadline:
+            raise ClusterError(f"processes of {node.name} outlived SIGKILL: {sorted(pids)}")
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    frozen = 0
+    for target, fstype, source in node_mounts(node):
+        if source.startswith("/dev/") and fstype in ("ext2", "ext3", "ext4", "xfs"):
+            r = subprocess.run([*node.enter(), "mount", "-o", "remount,ro", target], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise ClusterError(f"{node.name}: cannot make {target} read-only: {r.stderr.strip()}")
+            frozen += 1
+    node_server_power(node, "stop")
+    log(f"{node.name} dead in {time.time() - t:.1f}s: its processes killed, {frozen} mounts of its disks "
+        "read-only, its server SHUTOFF")
+
+
+def node_processes(node):
+    """The node's shims (their command names its containerd socket) and
+    whatever runs in its pods' cgroups."""
+    pids = set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "containerd-shim" in cmdline and str(node.containerd_sock) in cmdline:
+            pids.add(int(d.name))
+    for root in node.cgroup_roots():
+        for procs in (root / "kubepods").rglob("cgroup.procs") if (root / "kubepods").is_dir() else []:
+            try:
+                pids.update(int(p) for p in procs.read_text().split())
+            except (OSError, ValueError):
+                pass
+    return pids
+
+
+def cmd_revive_node(rest):
+    """`revive-node NAME [--as-new]`: the node back after kill-node, as a
+    machine powered on again: none of its mounts of before (taken off
+    without a write, kill-node made them read-only; a dead FUSE daemon's
+    lazily), its server ACTIVE, containerd and kubelet started, until
+    Ready. With --as-new its Node (and so its CSINode) is deleted first:
+    kubelet registers it anew, with the registration taints of a new
+    machine, the startup taints among them."""
+    if len(rest) not in (1, 2) or (len(rest) == 2 and rest[1] != "--as-new"):
+        raise ClusterError("usage: cluster.py revive-node NAME [--as-new]")
+    node = namespaced_node(rest[0])
+    t = time.time()
+    if SERVICES.alive(node.service("kubelet")):
+        raise ClusterError(f"{node.name}'s kubelet runs: kill-node it first")
+    for target, _, _ in node_mounts(node):
+        subprocess.run([*node.enter(), "umount", "-l", target], capture_output=True)
+    if len(rest) == 2:
+        kubectl("delete", "node", node.name, "--ignore-not-found", "--wait=true", timeout=120)
+
+        def csinode_gone():
+            r = kubectl("get", "csinode", node.name, "--ignore-not-found", "-o", "name", check=False)
+            return r.returncode == 0 and not r.stdout.strip()
+        # kubelet would otherwise find the old machine's drivers listed
+        SERVICES.wait_until(f"{node.name}'s CSINode collected", csinode_gone, 60)
+    node_server_power(node, "start")
+    start_containerd(node)
+    start_kubelet(node)
+    wait_node_ready(node)
+    log(f"{node.name} back and Ready in {time.time() - t:.1f}s" + (" (registered anew)" if len(rest) == 2 else ""))
+
+
 def cmd_env():
     print(f"K8S_TEST_CLUSTER_DIR={STATE}")
     print(f"K8S_TEST_NODES={' '.join(n.name for n in nodes())}")
@@ -1631,6 +1780,8 @@ def main(argv):
         "env": lambda rest: cmd_env(),
         "restart-kubelet": lambda rest: cmd_restart_kubelet(),
         "restart-apiservers": cmd_restart_apiservers,
+        "kill-node": cmd_kill_node,
+        "revive-node": cmd_revive_node,
         "kubectl": lambda rest: subprocess.run(
             ["kubectl", f"--kubeconfig={STATE / 'admin.kubeconfig'}", *rest]).returncode,
     }, "cluster", {Skipped: ("SKIPPED", 3), ClusterError: ("ERROR", 1)})

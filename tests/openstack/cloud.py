@@ -8,6 +8,8 @@
     cloud.py node-server NAME DIR      boot a further server (a cluster node) whose
                                        attached disks appear in DIR only; prints its id
     cloud.py node-server-delete NAME   delete it
+    cloud.py node-server-power NAME stop|start
+                                       its server SHUTOFF, or ACTIVE again
 
 Profiles: kms = Keystone + Barbican (sqlite, no broker); block = Keystone +
 Cinder (a fake driver keeping volume data in image files) + cinder-backup
@@ -926,6 +928,28 @@ def cmd_node_server(rest):
     print(server_id)
 
 
+def cmd_node_server_power(rest):
+    """`node-server-power NAME stop|start`: the node's server SHUTOFF (as a
+    machine that lost power) or ACTIVE again; waits for the status."""
+    if len(rest) != 2 or rest[1] not in ("stop", "start"):
+        raise CloudError("usage: cloud.py node-server-power NAME stop|start")
+    known = node_servers().get(rest[0])
+    if not known:
+        raise CloudError(f"no node server {rest[0]!r} (cloud.py node-server makes one)")
+    api = Api()
+    nova = f"http://{HOST}:{PORTS['nova']}/v2.1/servers/{known['id']}"
+    want = "SHUTOFF" if rest[1] == "stop" else "ACTIVE"
+
+    def status():
+        code, _, body = http("GET", nova, None, {"X-Auth-Token": api.token})
+        return body["server"]["status"] if code == 200 else None
+    if status() != want:
+        # 409: already on its way there
+        api.call("POST", f"{nova}/action", {f"os-{rest[1]}": None}, ok=(202, 409))
+    wait_until(f"server {rest[0]} {want}", lambda: status() == want, 120, STATE / "logs" / "nova-compute-app.log")
+    log(f"node server {rest[0]} {known['id']} is {want}")
+
+
 def cmd_node_server_delete(rest):
     """`node-server-delete NAME`: deletes the server (its volumes detach)
     and stops following it."""
@@ -1595,6 +1619,7 @@ def main(argv):
         "env": lambda rest: cmd_env(),
         "node-server": cmd_node_server,
         "node-server-delete": cmd_node_server_delete,
+        "node-server-power": cmd_node_server_power,
     }, "cloud", {CloudError: ("ERROR", 1)})
 
 

@@ -44,7 +44,7 @@ pub enum ClusterError {
 
 pub type Result<T> = std::result::Result<T, ClusterError>;
 
-fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .canonicalize()

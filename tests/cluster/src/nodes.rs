@@ -1,6 +1,6 @@
 //! What the many-node scenarios and figures share: cordoned nodes that
-//! come back, workloads placed on given nodes, and waits for a pod on a
-//! given node.
+//! come back, nodes that die and come back, workloads placed on given
+//! nodes, and waits for a pod on a given node.
 
 use std::time::Duration;
 
@@ -24,7 +24,110 @@ impl Drop for Cordoned {
     }
 }
 
+/// The taint an operator puts on a node known to be shut down
+/// (Kubernetes' non-graceful node shutdown): its pods are deleted at once
+/// and their volumes detached without the 6 minutes' wait.
+pub const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute";
+
+/// A node killed by `cluster.py kill-node`. Dropped before
+/// [`Cluster::revive_node`] (a test that failed on the way), it brings the
+/// node back as a new machine, so that the tests after it find the
+/// cluster whole.
+#[derive(Debug)]
+pub struct DeadNode {
+    pub name: String,
+    revived: bool,
+}
+
+impl Drop for DeadNode {
+    fn drop(&mut self) {
+        if !self.revived {
+            let _ = std::process::Command::new("python3")
+                .arg(crate::repo().join("tests/cluster/cluster.py"))
+                .args(["revive-node", &self.name, "--as-new"])
+                .status();
+        }
+    }
+}
+
 impl Cluster {
+    /// The node dies: its processes killed at once, its server SHUTOFF
+    /// (`cluster.py kill-node`).
+    pub async fn kill_node(&self, node: &str) -> Result<DeadNode> {
+        let dead = DeadNode {
+            name: node.to_string(),
+            revived: false,
+        };
+        self.cluster_py(&["kill-node", node]).await?;
+        Ok(dead)
+    }
+
+    /// The dead node back (`cluster.py revive-node`), until Ready; with
+    /// `as_new`, registered anew as a replacement machine. Without, the
+    /// operator's out-of-service taint is taken off once it is back.
+    pub async fn revive_node(&self, mut dead: DeadNode, as_new: bool) -> Result<()> {
+        let name = dead.name.clone();
+        let mut args = vec!["revive-node", name.as_str()];
+        if as_new {
+            args.push("--as-new");
+        }
+        let revived = self.cluster_py(&args).await;
+        dead.revived = revived.is_ok();
+        revived?;
+        if !as_new {
+            let key = OUT_OF_SERVICE.split('=').next().unwrap_or_default();
+            self.kubectl(&["taint", "node", &name, &format!("{key}-")])
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until the node controller calls the node not Ready (its
+    /// kubelet stopped renewing its lease); how long that took.
+    pub async fn wait_node_not_ready(&self, node: &str) -> Result<Duration> {
+        let t = std::time::Instant::now();
+        self.wait_for(
+            &format!("node {node} not Ready"),
+            Duration::from_secs(180),
+            || async move {
+                let n = self.get("node", node, None).await?.unwrap_or_default();
+                let ready = n["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c["type"] == "Ready")
+                    .map(|c| c["status"].as_str().unwrap_or_default().to_string());
+                Ok(if ready.as_deref() == Some("True") {
+                    Err("Ready".to_string())
+                } else {
+                    Ok(())
+                })
+            },
+        )
+        .await?;
+        Ok(t.elapsed())
+    }
+
+    /// The operator's step after making sure the node is down: the
+    /// out-of-service taint; then waits until each pod of `apps` (a
+    /// StatefulSet's `<app>-0`, uid in `uids`) runs again on `to`. Returns
+    /// the time from the taint until the last of them ran.
+    pub async fn fail_over(
+        &self,
+        ns: &str,
+        dead: &str,
+        apps: &[(&str, &str)],
+        to: &str,
+    ) -> Result<Duration> {
+        let t = std::time::Instant::now();
+        self.kubectl(&["taint", "node", dead, OUT_OF_SERVICE])
+            .await?;
+        for (pod, uid) in apps {
+            self.wait_running_on(ns, pod, to, uid).await?;
+        }
+        Ok(t.elapsed())
+    }
+
     /// Cordons the node until the guard drops.
     pub async fn cordon(&self, node: &str) -> Result<Cordoned> {
         self.kubectl(&["cordon", node]).await?;

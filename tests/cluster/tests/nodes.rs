@@ -1086,3 +1086,271 @@ async fn volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about
     ns.close().await.unwrap();
     drop(az2_only);
 }
+
+// ------------------------------------------- a node dies; a new one joins
+
+/// The node's taints, as `key:effect`.
+async fn taints_of(c: &Cluster, node: &str) -> Option<Vec<String>> {
+    let n = c.get("node", node, None).await.ok()??;
+    Some(
+        n["spec"]["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                format!(
+                    "{}:{}",
+                    t["key"].as_str().unwrap_or_default(),
+                    t["effect"].as_str().unwrap_or_default()
+                )
+            })
+            .collect(),
+    )
+}
+
+fn is_startup_taint(t: &str) -> bool {
+    t.split(':')
+        .next()
+        .is_some_and(|k| k.ends_with("/agent-not-ready"))
+}
+
+/// What the sampler saw of a node joining while a pod waits for it.
+#[derive(Debug, Default)]
+struct JoinSamples {
+    samples: usize,
+    /// samples of the node carrying a startup taint
+    tainted: usize,
+    /// samples of the node Ready (kubelet's not-ready taint gone) while a
+    /// startup taint was still on: the window the startup taint closes
+    ready_but_tainted: usize,
+    /// the pod bound to the node while a startup taint was on
+    bound_while_tainted: Option<String>,
+    /// the startup taints all gone, after they were seen
+    untainted_at: Option<Instant>,
+}
+
+/// Samples the node's taints and the pod's binding until stopped.
+fn sample_join(
+    c: &Cluster,
+    node: &str,
+    ns: &str,
+    pod: &str,
+) -> (Arc<AtomicBool>, tokio::task::JoinHandle<JoinSamples>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (c, node, ns, pod, flag) = (
+        c.clone(),
+        node.to_string(),
+        ns.to_string(),
+        pod.to_string(),
+        stop.clone(),
+    );
+    let task = tokio::spawn(async move {
+        let mut out = JoinSamples::default();
+        while !flag.load(Ordering::Relaxed) {
+            if let Some(taints) = taints_of(&c, &node).await {
+                // the pod after the taints: a binding seen here happened
+                // after that look at the node
+                let bound = c
+                    .get("pod", &pod, Some(&ns))
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|p| p["spec"]["nodeName"].as_str().map(str::to_string));
+                out.samples += 1;
+                let startup: Vec<&String> = taints.iter().filter(|t| is_startup_taint(t)).collect();
+                if startup.is_empty() {
+                    // the old node, before it is deleted, has none either
+                    if out.tainted > 0 {
+                        out.untainted_at.get_or_insert_with(Instant::now);
+                    }
+                } else {
+                    out.tainted += 1;
+                    if !taints
+                        .iter()
+                        .any(|t| t.starts_with("node.kubernetes.io/not-ready:"))
+                    {
+                        out.ready_but_tainted += 1;
+                    }
+                    if bound.as_deref() == Some(node.as_str()) && out.bound_while_tainted.is_none()
+                    {
+                        out.bound_while_tainted = Some(format!("{taints:?}"));
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        out
+    });
+    (stop, task)
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier with two nodes or more: tests/cluster/cluster.py up"]
+async fn a_dead_nodes_pods_run_elsewhere_once_it_is_out_of_service_and_a_new_node_waits_for_its_drivers()
+ {
+    let (c, nodes) = cluster().await;
+    let (a, b) = (nodes[0].as_str(), nodes[1].as_str());
+    let ns = c.namespace("dead-node").await.unwrap();
+    let n = ns.name.clone();
+    // two Cinder pods on B (A cordoned meanwhile), their data fsynced
+    let cordon_a = c.cordon(a).await.unwrap();
+    let apps = ["db-1", "db-2"];
+    for app in apps {
+        c.apply_in(
+            &n,
+            &stateful_set(
+                app,
+                "csi-cinder-sc-delete",
+                &[a, b],
+                "[ -f /data/token ] || { cat /proc/sys/kernel/random/uuid > /data/token; sync; }; while true; do date >> /data/log; sleep 1; done",
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    let mut before = Vec::new();
+    for app in apps {
+        let pod = format!("{app}-0");
+        let p = c.wait_running(&n, &pod, 3 * MINUTE).await.unwrap();
+        assert_eq!(p["spec"]["nodeName"], b, "{pod} started on B");
+        let token = c.exec(&n, &pod, "cat /data/token").await.unwrap();
+        let pv = c
+            .volume_of(&n, &format!("data-{pod}"), MINUTE)
+            .await
+            .unwrap();
+        before.push((
+            pod,
+            p["metadata"]["uid"].as_str().unwrap().to_string(),
+            token,
+            pv,
+        ));
+    }
+    drop(cordon_a);
+
+    // B dies; the node controller notices; the operator, sure it is down
+    // (its server SHUTOFF), puts the out-of-service taint on it
+    let (server_a, server_b) = (c.server_of(a).unwrap(), c.server_of(b).unwrap());
+    let dead = c.kill_node(b).await.unwrap();
+    assert_eq!(
+        c.nova()
+            .unwrap()
+            .get_server(&server_b)
+            .await
+            .unwrap()
+            .status,
+        "SHUTOFF"
+    );
+    let noticed = c.wait_node_not_ready(b).await.unwrap();
+    let moving: Vec<(&str, &str)> = before
+        .iter()
+        .map(|(pod, uid, _, _)| (pod.as_str(), uid.as_str()))
+        .collect();
+    let took = c.fail_over(&n, b, &moving, a).await.unwrap();
+    println!(
+        "{b} dead: not Ready after {noticed:?}; its {} Cinder pods running on {a} {took:?} after the out-of-service taint",
+        apps.len()
+    );
+    for (pod, _, token, pv) in &before {
+        assert_eq!(
+            &c.exec(&n, pod, "cat /data/token").await.unwrap(),
+            token,
+            "{pod}: what was fsynced on B is read on A"
+        );
+        let volume = pv["spec"]["csi"]["volumeHandle"].as_str().unwrap();
+        assert_eq!(
+            holders(&c, volume, &[server_a.clone(), server_b.clone()]).await,
+            (vec![server_a.clone()], vec![server_a.clone()]),
+            "{pod}: its volume detached from B's stopped server and attached to A's only"
+        );
+    }
+
+    // the node's plugin service account may change nothing of a node but
+    // its own startup taint (deploy/*/base/node-taint-policy.yaml)
+    let refused = c
+        .kubectl(&[
+            "taint",
+            "node",
+            a,
+            "example.com/by-a-node-plugin=x:NoSchedule",
+            "--as=system:serviceaccount:openstack-system:csi-cinder-node-sa",
+        ])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("only the node the plugin runs on"),
+        "a node plugin's account tainted node A: {refused}"
+    );
+
+    // B replaced: a new machine of that name registers with the startup
+    // taints. A pod with a volume, allowed only on B, waits until B's
+    // drivers are registered
+    c.apply_in(
+        &n,
+        &[
+            claim(
+                "fresh",
+                "csi-cinder-sc-delete",
+                "1Gi",
+                "ReadWriteOnce",
+                false,
+            ),
+            placed_on(
+                &pod(
+                    "fresh",
+                    "fresh",
+                    "echo ok > /data/ok; sleep 100000",
+                    PodOptions::default(),
+                ),
+                &[b],
+            ),
+        ]
+        .join("---\n"),
+    )
+    .await
+    .unwrap();
+    let (stop, sampler) = sample_join(&c, b, &n, "fresh");
+    let joined = Instant::now();
+    c.revive_node(dead, true).await.unwrap();
+    let ready = joined.elapsed();
+    c.wait_running(&n, "fresh", 3 * MINUTE).await.unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let seen = sampler.await.unwrap();
+    let untainted = seen
+        .untainted_at
+        .map(|t| t.duration_since(joined))
+        .expect("the startup taints were removed");
+    println!(
+        "{b} replaced (Node deleted, server started, kubelet Ready) in {ready:?}; its startup taints gone {untainted:?} after the replacement began; {} samples, {} tainted, {} of them Ready and still tainted",
+        seen.samples, seen.tainted, seen.ready_but_tainted
+    );
+    assert!(
+        seen.tainted > 0,
+        "the new node was never seen with its startup taints"
+    );
+    assert_eq!(
+        seen.bound_while_tainted, None,
+        "a pod with a volume was scheduled to B before its drivers were registered"
+    );
+    let taints = taints_of(&c, b).await.unwrap();
+    assert!(
+        !taints
+            .iter()
+            .any(|t| t.starts_with("node.kubernetes.io/out-of-service")),
+        "the new node carries the old one's taint: {taints:?}"
+    );
+    // what the dead node had mounted is gone, and its successor's volume
+    // is B's alone
+    for (_, _, _, pv) in &before {
+        assert!(
+            c.node_mounts_containing(b, &name(pv)).unwrap().is_empty(),
+            "B still mounts {}",
+            name(pv)
+        );
+    }
+    assert_eq!(
+        c.exec(&n, "fresh", "cat /data/ok").await.unwrap().trim(),
+        "ok"
+    );
+    ns.close().await.unwrap();
+}
