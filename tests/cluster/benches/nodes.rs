@@ -10,13 +10,19 @@
 //!   as the plugin saw them, summed);
 //! - claims and pods made at once, spread over the nodes: each pod's time
 //!   from creation to Running, p50 and max over 10;
+//! - failover of a dead node (`cluster.py kill-node`: its processes killed,
+//!   its server SHUTOFF) holding two Cinder pods: from the operator's
+//!   out-of-service taint until both run on A, p50 and max over 5 (and how
+//!   long the node controller took to call the node not Ready);
 //! - the memory of the whole tier (`cluster.py status`: every process of
 //!   the control plane and the nodes, the pods and their shims).
 //!
 //! Needs the cluster tier up with two nodes or more
 //! (`tests/cluster/cluster.py up`): `cargo bench -p cluster-tests --bench
 //! nodes`. `BENCH_QUICK=1` (as the test command runs it): one move, a
-//! drain of one pod, two spread pods; no cluster is a failure, not a skip.
+//! drain of one pod, two spread pods, no failover (the test
+//! `a_dead_nodes_pods_run_elsewhere_…` measures one); no cluster is a
+//! failure, not a skip.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -196,6 +202,79 @@ async fn spread(c: &Cluster, nodes: &[&str]) {
     ns.close().await.unwrap();
 }
 
+async fn failovers(c: &Cluster, a: &str, b: &str) {
+    let count = 5;
+    let ns = c.namespace("fig-failover").await.unwrap();
+    let n = ns.name.clone();
+    let apps = ["db-1", "db-2"];
+    let mut took = Vec::new();
+    let mut noticed = Vec::new();
+    for i in 0..count {
+        // the pods on B (A cordoned): made there the first time, moved
+        // back from A after
+        let cordon_a = c.cordon(a).await.unwrap();
+        let mut uids = Vec::new();
+        for app in apps {
+            let pod = format!("{app}-0");
+            if i == 0 {
+                c.apply_in(
+                    &n,
+                    &stateful_set(
+                        app,
+                        "csi-cinder-sc-delete",
+                        &[a, b],
+                        "while true; do date >> /data/log; sleep 1; done",
+                    ),
+                )
+                .await
+                .unwrap();
+            } else {
+                c.kubectl(&["delete", "pod", &pod, "-n", &n, "--wait=false"])
+                    .await
+                    .unwrap();
+            }
+        }
+        for app in apps {
+            let pod = format!("{app}-0");
+            let p = c
+                .wait_for(&format!("{pod} running on {b}"), 4 * MINUTE, || async {
+                    let p = c.get("pod", &pod, Some(&n)).await?.unwrap_or_default();
+                    Ok(
+                        if p["status"]["phase"] == "Running"
+                            && p["spec"]["nodeName"] == b
+                            && p["metadata"]["deletionTimestamp"].is_null()
+                        {
+                            Ok(p)
+                        } else {
+                            Err(format!(
+                                "{} on {}",
+                                p["status"]["phase"], p["spec"]["nodeName"]
+                            ))
+                        },
+                    )
+                })
+                .await
+                .unwrap();
+            uids.push((pod, p["metadata"]["uid"].as_str().unwrap().to_string()));
+        }
+        drop(cordon_a);
+        let dead = c.kill_node(b).await.unwrap();
+        noticed.push(c.wait_node_not_ready(b).await.unwrap());
+        let moving: Vec<(&str, &str)> =
+            uids.iter().map(|(p, u)| (p.as_str(), u.as_str())).collect();
+        took.push(c.fail_over(&n, b, &moving, a).await.unwrap());
+        c.revive_node(dead, false).await.unwrap();
+    }
+    let (p50, max) = quantiles(took.clone());
+    let (np50, nmax) = quantiles(noticed.clone());
+    println!(
+        "failover of a dead node with {} Cinder pods (out-of-service taint -> all Running on {a}), {count}: p50 {p50:.1} s, max {max:.1} s (all: {}); the node not Ready after p50 {np50:.1} s, max {nmax:.1} s (--node-monitor-grace-period=20s)",
+        apps.len(),
+        all(&took)
+    );
+    ns.close().await.unwrap();
+}
+
 async fn memory(c: &Cluster) {
     // the status verb prints each process group's, the pods' and the
     // shims' resident memory, and their sum
@@ -226,5 +305,8 @@ async fn main() {
     }
     let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
     spread(&c, &names).await;
+    if !bench_quick() {
+        failovers(&c, a, b).await;
+    }
     memory(&c).await;
 }
