@@ -177,7 +177,7 @@ impl StartupTaint {
         match self.client.remove_node_taints(&node, key).await {
             Ok(_) => Ok(Step::Removed),
             // the node changed between the read and the patch (a `test`
-            // failed, or a conflict): read it again at once
+            // failed, or a conflict): read it again
             Err(e) if matches!(e.status(), Some(409 | 422)) => Ok(Step::Changed),
             Err(e) => Err(e),
         }

@@ -1,8 +1,8 @@
 //! The few Kubernetes API calls the plugins make, and nothing else: get,
 //! list, create and delete pods in one namespace; read a node, its
 //! CSINode and the VolumeAttachments; remove one taint of a node. With
-//! the pod's own in-cluster credentials (the service account token, re-read on every
-//! call because kubelet rotates it, and the cluster CA).
+//! the pod's own in-cluster credentials (the service account token,
+//! re-read on every call because kubelet rotates it, and the cluster CA).
 //!
 //! No redirect is ever followed: the token goes to the apiserver named by
 //! `KUBERNETES_SERVICE_HOST` and nowhere else.

@@ -147,8 +147,8 @@ ZONES = ("az1", "az2")
 # pods of the single-node scenarios and the controllers stay on A; the
 # multi-node scenarios tolerate this taint
 MULTI_NODE_TAINT = "csi-cluster-tier/multi-node=true:NoSchedule"
-# what an operator registers every node with (README, "A node is usable
-# only once its drivers are"): each node plugin removes its own once
+# what an operator registers every node with (README, "Run it in
+# Kubernetes", *A node that joins*): each node plugin removes its own once
 # kubelet registered it
 STARTUP_TAINTS = [f"{d}/agent-not-ready:NoExecute" for d in DRIVERS]
 NODE_NS_SUBNET = "10.201"
