@@ -7,6 +7,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,7 +19,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use csi_common::pre_stop::{Outcome, PreStopArgs, http_handler, run};
-use kube_api::{Client, Token};
+use kube_api::Client;
 
 const DRIVER: &str = "cinder.csi.openstack.org";
 
@@ -67,15 +69,7 @@ async fn apiserver(state: Shared) -> Client {
             get(attachments),
         )
         .with_state(state);
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
-    Client::new(
-        format!("http://{a}/").parse().unwrap(),
-        None,
-        Token::Fixed("t".into()),
-    )
-    .unwrap()
+    common::client_of(app).await
 }
 
 fn args(root: &Path) -> PreStopArgs {

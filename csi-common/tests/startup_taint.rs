@@ -7,6 +7,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,7 +18,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use csi_common::startup_taint::{Outcome, StartupTaint, not_registered, taint_key};
-use kube_api::{Client, Token};
+use kube_api::Client;
 use serde_json::{Value, json};
 
 const DRIVER: &str = "cinder.csi.openstack.org";
@@ -115,15 +117,7 @@ async fn apiserver(state: Shared) -> Client {
         .route("/api/v1/nodes/node-1", get(node).patch(patch_node))
         .route("/apis/storage.k8s.io/v1/csinodes/node-1", get(csi_node))
         .with_state(state);
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
-    Client::new(
-        format!("http://{a}/").parse().unwrap(),
-        None,
-        Token::Fixed("t".into()),
-    )
-    .unwrap()
+    common::client_of(app).await
 }
 
 fn taint(key: &str, effect: &str) -> Value {

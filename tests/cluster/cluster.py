@@ -1300,18 +1300,30 @@ def pods_rss_kib(node):
     return 0
 
 
-def shims_rss_kib(node):
-    """What the node's containerd shims hold resident (one per pod; they
-    live outside the pods' cgroups and process groups)."""
-    total = 0
+def shim_pids(of_nodes):
+    """The containerd shims of these nodes (each names its node's
+    containerd socket on its command line; they live outside the pods'
+    cgroups and process groups)."""
+    socks = [str(n.containerd_sock) for n in of_nodes]
+    pids = set()
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if "containerd-shim" not in cmdline or str(node.containerd_sock) not in cmdline:
-                continue
-            for line in (d / "status").read_text().splitlines():
+        except OSError:
+            continue
+        if "containerd-shim" in cmdline and any(sock in cmdline for sock in socks):
+            pids.add(int(d.name))
+    return pids
+
+
+def shims_rss_kib(node):
+    """What the node's containerd shims hold resident (one per pod)."""
+    total = 0
+    for pid in shim_pids([node]):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1])
         except (OSError, ValueError):
@@ -1406,29 +1418,24 @@ def remove_containers(node):
 
 def kill_strays():
     """containerd's shims and anything still running from our state."""
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
+    for pid in shim_pids(nodes()):
         try:
-            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "containerd-shim" in cmdline and any(str(n.containerd_sock) in cmdline for n in nodes()):
-            try:
-                os.kill(int(d.name), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
-def pod_cgroup_roots():
-    """Every node's `kubepods` cgroup, in every hierarchy."""
-    return [r / "kubepods" for n in nodes() for r in n.cgroup_roots()]
+def pod_cgroup_roots(of_nodes=None):
+    """The nodes' (default: every node's) `kubepods` cgroup, in every
+    hierarchy."""
+    return [r / "kubepods" for n in (of_nodes or nodes()) for r in n.cgroup_roots()]
 
 
-def pod_processes():
-    """The processes in the pods' cgroups (every hierarchy kubelet made)."""
+def pod_processes(of_nodes=None):
+    """The processes in the pods' cgroups (every hierarchy kubelet made)
+    of these nodes (default: every node)."""
     pids = set()
-    for root in pod_cgroup_roots():
+    for root in pod_cgroup_roots(of_nodes):
         if not root.is_dir():
             continue
         for procs in root.rglob("cgroup.procs"):
@@ -1712,25 +1719,8 @@ def cmd_kill_node(rest):
 
 
 def node_processes(node):
-    """The node's shims (their command names its containerd socket) and
-    whatever runs in its pods' cgroups."""
-    pids = set()
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "containerd-shim" in cmdline and str(node.containerd_sock) in cmdline:
-            pids.add(int(d.name))
-    for root in node.cgroup_roots():
-        for procs in (root / "kubepods").rglob("cgroup.procs") if (root / "kubepods").is_dir() else []:
-            try:
-                pids.update(int(p) for p in procs.read_text().split())
-            except (OSError, ValueError):
-                pass
-    return pids
+    """The node's shims and whatever runs in its pods' cgroups."""
+    return shim_pids([node]) | pod_processes([node])
 
 
 def cmd_revive_node(rest):

@@ -209,13 +209,13 @@ async fn failovers(c: &Cluster, a: &str, b: &str) {
     let apps = ["db-1", "db-2"];
     let mut took = Vec::new();
     let mut noticed = Vec::new();
+    // the uid of each pod where it last ran (none yet)
+    let mut uids = vec![String::new(); apps.len()];
     for i in 0..count {
         // the pods on B (A cordoned): made there the first time, moved
         // back from A after
         let cordon_a = c.cordon(a).await.unwrap();
-        let mut uids = Vec::new();
         for app in apps {
-            let pod = format!("{app}-0");
             if i == 0 {
                 c.apply_in(
                     &n,
@@ -229,40 +229,36 @@ async fn failovers(c: &Cluster, a: &str, b: &str) {
                 .await
                 .unwrap();
             } else {
-                c.kubectl(&["delete", "pod", &pod, "-n", &n, "--wait=false"])
-                    .await
-                    .unwrap();
-            }
-        }
-        for app in apps {
-            let pod = format!("{app}-0");
-            let p = c
-                .wait_for(&format!("{pod} running on {b}"), 4 * MINUTE, || async {
-                    let p = c.get("pod", &pod, Some(&n)).await?.unwrap_or_default();
-                    Ok(
-                        if p["status"]["phase"] == "Running"
-                            && p["spec"]["nodeName"] == b
-                            && p["metadata"]["deletionTimestamp"].is_null()
-                        {
-                            Ok(p)
-                        } else {
-                            Err(format!(
-                                "{} on {}",
-                                p["status"]["phase"], p["spec"]["nodeName"]
-                            ))
-                        },
-                    )
-                })
+                c.kubectl(&[
+                    "delete",
+                    "pod",
+                    &format!("{app}-0"),
+                    "-n",
+                    &n,
+                    "--wait=false",
+                ])
                 .await
                 .unwrap();
-            uids.push((pod, p["metadata"]["uid"].as_str().unwrap().to_string()));
+            }
+        }
+        let pods: Vec<String> = apps.iter().map(|app| format!("{app}-0")).collect();
+        for (pod, uid) in pods.iter().zip(uids.iter_mut()) {
+            let p = c.wait_running_on(&n, pod, b, uid).await.unwrap();
+            *uid = p["metadata"]["uid"].as_str().unwrap().to_string();
         }
         drop(cordon_a);
         let dead = c.kill_node(b).await.unwrap();
         noticed.push(c.wait_node_not_ready(b).await.unwrap());
-        let moving: Vec<(&str, &str)> =
-            uids.iter().map(|(p, u)| (p.as_str(), u.as_str())).collect();
+        let moving: Vec<(&str, &str)> = pods
+            .iter()
+            .zip(&uids)
+            .map(|(p, u)| (p.as_str(), u.as_str()))
+            .collect();
         took.push(c.fail_over(&n, b, &moving, a).await.unwrap());
+        for (pod, uid) in pods.iter().zip(uids.iter_mut()) {
+            let p = c.get("pod", pod, Some(&n)).await.unwrap().unwrap();
+            *uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+        }
         c.revive_node(dead, false).await.unwrap();
     }
     let (p50, max) = quantiles(took.clone());
