@@ -318,6 +318,8 @@ tests "cluster tier: Kubernetes v1.36 up, deploy/suite applied" cluster_up
 if [[ -e $work/cluster-up ]]; then
   tests "cluster tier: scenarios through kubectl and app pods" \
     run_tests cluster-tests scenarios --ignored --test-threads=1 --show-output
+  tests "cluster tier: what a plugin's own token may do (security)" \
+    run_tests cluster-tests security --ignored --test-threads=1 --show-output
   tests "cluster tier: KMS rotation, restarts and two control-plane nodes" \
     run_tests cluster-tests kms --ignored --test-threads=1 --show-output
   tests "cluster tier: many nodes (volumes follow their pods, shares on every node, limits steer)" \

@@ -114,10 +114,69 @@ impl Cluster {
         args: &[&str],
         input: Option<&str>,
     ) -> Result<String> {
+        self.run_kubectl(server, None, args, input).await
+    }
+
+    /// kubectl as whoever holds `token` (a service account's, bound to a
+    /// pod: the apiserver then knows its node), not as the admin.
+    pub async fn kubectl_with_token(
+        &self,
+        token: &str,
+        args: &[&str],
+        input: Option<&str>,
+    ) -> Result<String> {
+        self.run_kubectl(None, Some(token), args, input).await
+    }
+
+    /// The service account token kubelet gave a pod of node A (its
+    /// projected volume): bound to the pod, so it carries the pod's node.
+    pub fn bound_token(&self, pod: &Value) -> Result<String> {
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+        let dir = Path::new("/var/lib/kubelet/pods")
+            .join(uid)
+            .join("volumes/kubernetes.io~projected");
+        std::fs::read_dir(&dir)
+            .map_err(|e| ClusterError::Other(format!("{}: {e}", dir.display())))?
+            .flatten()
+            .find_map(|e| std::fs::read_to_string(e.path().join("token")).ok())
+            .map(|t| t.trim().to_string())
+            .ok_or_else(|| ClusterError::Other(format!("no token under {}", dir.display())))
+    }
+
+    async fn run_kubectl(
+        &self,
+        server: Option<&str>,
+        token: Option<&str>,
+        args: &[&str],
+        input: Option<&str>,
+    ) -> Result<String> {
         use tokio::io::AsyncWriteExt;
         let mut cmd = tokio::process::Command::new("kubectl");
-        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()));
-        if let Some(s) = server {
+        match token {
+            None => {
+                cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()));
+            }
+            Some(token) => {
+                // the kubeconfig's server and CA, and no credential of it
+                let kubeconfig = std::fs::read_to_string(&self.kubeconfig).map_err(|e| {
+                    ClusterError::Other(format!("{}: {e}", self.kubeconfig.display()))
+                })?;
+                let own = kubeconfig
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix("server: "))
+                    .ok_or_else(|| ClusterError::Other("no server in the kubeconfig".into()))?;
+                cmd.args([
+                    "--kubeconfig=/dev/null".to_string(),
+                    format!("--server={}", server.unwrap_or(own)),
+                    format!(
+                        "--certificate-authority={}",
+                        self.dir.join("pki/ca.crt").display()
+                    ),
+                    format!("--token={token}"),
+                ]);
+            }
+        }
+        if let (Some(s), None) = (server, token) {
             cmd.arg(format!("--server={s}"));
         }
         cmd.args(args)
@@ -130,8 +189,9 @@ impl Cluster {
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
         let command = format!(
-            "kubectl {}{}",
+            "kubectl {}{}{}",
             server.map(|s| format!("--server={s} ")).unwrap_or_default(),
+            token.map(|_| "--token=… ").unwrap_or_default(),
             args.join(" ")
         );
         let fail = |message: String| ClusterError::Command {

@@ -1,0 +1,318 @@
+//! What a stolen plugin token is worth, tried with the token itself: the
+//! one kubelet gave the plugin's pod (bound to it, so the apiserver knows
+//! its node), never the admin's impersonation, which carries no node and
+//! would refuse the plugin's own requests too.
+//!
+//! Needs `tests/cluster/cluster.py up`; run with `--ignored
+//! --test-threads=1`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use cluster_tests::{APP_IMAGE, Cluster, PodOptions, SUITE_NAMESPACE, claim, pod};
+use serde_json::{Value, json};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn name(v: &Value) -> String {
+    v["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A pod of the suite on node A whose name starts with `prefix`.
+async fn suite_pod_on_a(c: &Cluster, prefix: &str) -> Value {
+    c.list("pods", &["-n", SUITE_NAMESPACE])
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|p| name(p).starts_with(prefix) && p["spec"]["nodeName"] == c.node.as_str())
+        .unwrap_or_else(|| panic!("no pod {prefix}* on {}", c.node))
+}
+
+/// `kubectl create --dry-run=server` of `pod` in the suite's namespace as
+/// the holder of `token`: Ok, or the apiserver's refusal.
+async fn create_as(c: &Cluster, token: &str, pod: &Value) -> Result<(), String> {
+    c.kubectl_with_token(
+        token,
+        &[
+            "create",
+            "--dry-run=server",
+            "-n",
+            SUITE_NAMESPACE,
+            "-f",
+            "-",
+        ],
+        Some(&pod.to_string()),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| e.to_string())
+}
+
+/// A mount pod as the plugin made it, under another name: what the API
+/// holds of it, less what the API itself writes (uid, status...), so that
+/// it can be created again.
+fn replay_of(mount_pod: &Value) -> Value {
+    let m = &mount_pod["metadata"];
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "ceph-fuse-replay",
+            "labels": m["labels"],
+            "annotations": m["annotations"],
+            "ownerReferences": m["ownerReferences"],
+        },
+        "spec": mount_pod["spec"],
+    })
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn a_cephfs_node_plugins_token_starts_real_mount_pods_on_its_node_and_nothing_else() {
+    let c = Cluster::from_env().unwrap();
+    let plugin = suite_pod_on_a(&c, "csi-manila-cephfs-nodeplugin").await;
+    let token = c.bound_token(&plugin).unwrap();
+
+    // a real mount pod: a share staged for a pod on A
+    let ns = c.namespace("mountpod").await.unwrap();
+    let n = ns.name.clone();
+    c.apply_in(
+        &n,
+        &[
+            claim("share", "csi-manila-cephfs", "1Gi", "ReadWriteMany", false),
+            pod("app", "share", "exec sleep 3600", PodOptions::default()),
+        ]
+        .join("---\n"),
+    )
+    .await
+    .unwrap();
+    c.wait_running(&n, "app", 3 * MINUTE).await.unwrap();
+    let pv = c.get("pvc", "share", Some(&n)).await.unwrap().unwrap()["spec"]["volumeName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let volume_id = c.get("pv", &pv, None).await.unwrap().unwrap()["spec"]["csi"]["volumeHandle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mount_pod = c
+        .mount_pods()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|p| {
+            p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"] == volume_id.as_str()
+        })
+        .expect("the share's mount pod");
+    let real = replay_of(&mount_pod);
+    create_as(&c, &token, &real)
+        .await
+        .unwrap_or_else(|e| panic!("the plugin's own mount pod, made again, is refused: {e}"));
+
+    // every way out, each refused with what it breaks
+    type Change = fn(&mut Value);
+    let escapes: &[(&str, Change, &str)] = &[
+        (
+            "the Secret of the controllers' credentials as its environment",
+            |p| {
+                p["spec"]["containers"][0]["envFrom"] =
+                    json!([{"secretRef": {"name": "cloud-config"}}])
+            },
+            "container sets no envFrom",
+        ),
+        (
+            "one key of the CephFS Secret as a variable",
+            |p| {
+                p["spec"]["containers"][0]["env"] = json!([{"name": "P", "valueFrom": {
+                    "secretKeyRef": {"name": "csi-manila-secrets", "key": "os-password"}}}])
+            },
+            "container sets no env",
+        ),
+        (
+            "an image of its own",
+            |p| p["spec"]["containers"][0]["image"] = json!(APP_IMAGE),
+            "runs the image of the mount pod template",
+        ),
+        (
+            "a shell instead of ceph-fuse",
+            |p| p["spec"]["containers"][0]["command"] = json!(["sh", "-c", "cat /etc/x"]),
+            "runs ceph-fuse alone",
+        ),
+        (
+            "arguments beside the command",
+            |p| p["spec"]["containers"][0]["args"] = json!(["--help"]),
+            "container sets no args",
+        ),
+        (
+            "a hook that runs a shell",
+            |p| {
+                p["spec"]["containers"][0]["lifecycle"] =
+                    json!({"postStart": {"exec": {"command": ["sh"]}}})
+            },
+            "container sets no lifecycle",
+        ),
+        (
+            "a second container",
+            |p| {
+                let again = p["spec"]["containers"][0].clone();
+                let mut again = again;
+                again["name"] = json!("second");
+                p["spec"]["containers"].as_array_mut().unwrap().push(again);
+            },
+            "has one container",
+        ),
+        (
+            "an init container",
+            |p| {
+                p["spec"]["initContainers"] =
+                    json!([{"name": "i", "image": APP_IMAGE, "command": ["true"]}])
+            },
+            "sets no spec.initContainers",
+        ),
+        (
+            "the host's process namespace",
+            |p| p["spec"]["hostPID"] = json!(true),
+            "sets no spec.hostPID",
+        ),
+        (
+            "a pull secret of the namespace",
+            |p| p["spec"]["imagePullSecrets"] = json!([{"name": "cloud-config"}]),
+            "sets no spec.imagePullSecrets",
+        ),
+        (
+            "another service account",
+            |p| {
+                p["spec"]["serviceAccountName"] = json!("csi-manila-controller-sa");
+                p["spec"]["serviceAccount"] = json!("csi-manila-controller-sa");
+            },
+            "no service account but the namespace's default",
+        ),
+        (
+            "an API token",
+            |p| p["spec"]["automountServiceAccountToken"] = json!(true),
+            "no API token",
+        ),
+        (
+            "a Secret volume",
+            |p| {
+                p["spec"]["volumes"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "s", "secret": {"secretName": "cloud-config"}}))
+            },
+            "mounts only the host paths of the mount pod template",
+        ),
+        (
+            "a projected token of its own",
+            |p| {
+                p["spec"]["volumes"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "t",
+                    "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}))
+            },
+            "mounts only the host paths of the mount pod template",
+        ),
+        (
+            "the host's root",
+            |p| p["spec"]["volumes"][0]["hostPath"]["path"] = json!("/"),
+            "mounts only the host paths of the mount pod template",
+        ),
+        (
+            "a part of the kubelet directory mounted elsewhere",
+            |p| {
+                p["spec"]["containers"][0]["volumeMounts"][0]["subPath"] = json!("pods");
+            },
+            "mounts each host path at the same path, and whole",
+        ),
+        (
+            "a user beside privileged",
+            |p| {
+                p["spec"]["containers"][0]["securityContext"]["runAsUser"] = json!(1000);
+            },
+            "sets nothing else of its security context",
+        ),
+        (
+            "a pod security context",
+            |p| p["spec"]["securityContext"] = json!({"runAsUser": 1000}),
+            "sets no pod security context",
+        ),
+        (
+            "another node",
+            |p| p["spec"]["nodeName"] = json!("another-node"),
+            "only on the node the plugin runs on",
+        ),
+        (
+            "another node as its owner",
+            |p| p["metadata"]["ownerReferences"][0]["name"] = json!("another-node"),
+            "owned by its own node only",
+        ),
+        (
+            "no mount pod label",
+            |p| {
+                p["metadata"]["labels"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("app.kubernetes.io/component");
+            },
+            "only mount pods",
+        ),
+    ];
+    let mut admitted = Vec::new();
+    for (what, change, refusal) in escapes {
+        let mut p = real.clone();
+        change(&mut p);
+        match create_as(&c, &token, &p).await {
+            Ok(()) => admitted.push(format!("{what}: admitted")),
+            Err(e) if e.contains(refusal) => println!("refused, {what}: {refusal}"),
+            Err(e) => admitted.push(format!("{what}: refused for another reason: {e}")),
+        }
+    }
+    assert!(admitted.is_empty(), "{admitted:#?}");
+
+    // without the template, nothing is admitted: the policy fails closed
+    let template = "podtemplate/csi-manila-mount-pod";
+    let label = "app.kubernetes.io/component";
+    c.kubectl(&[
+        "label",
+        "-n",
+        SUITE_NAMESPACE,
+        template,
+        &format!("{label}=moved-away"),
+        "--overwrite",
+    ])
+    .await
+    .unwrap();
+    let without = create_as(&c, &token, &real).await;
+    // and only the plugin's namespace is looked at: the apiserver looks
+    // for the parameter before anything else, and a binding for every
+    // namespace would refuse every pod of the cluster meanwhile
+    let elsewhere = c
+        .kubectl_with_input(
+            &["create", "--dry-run=server", "-n", &n, "-f", "-"],
+            Some(&pod("elsewhere", "share", "true", PodOptions::default())),
+        )
+        .await;
+    c.kubectl(&[
+        "label",
+        "-n",
+        SUITE_NAMESPACE,
+        template,
+        &format!("{label}=ceph-fuse-mount-template"),
+        "--overwrite",
+    ])
+    .await
+    .unwrap();
+    let refused = without.expect_err("a mount pod admitted without the template");
+    assert!(refused.contains("csi-manila-mount-pods"), "{refused}");
+    elsewhere.expect("a pod of another namespace refused while the template was missing");
+    create_as(&c, &token, &real)
+        .await
+        .expect("admitted again with the template back");
+
+    ns.close().await.unwrap();
+}
