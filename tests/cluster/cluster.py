@@ -238,22 +238,25 @@ run = SERVICES.run
 
 def bin_dir():
     """Where the Kubernetes and sidecar binaries are: $KUBE_BIN_DIR (they
-    are supplied, never kept in the repository or ../shared)."""
+    are supplied, never kept in the repository or ../shared). Unset, the
+    tier is skipped; set to a folder that is not there, or that lacks a
+    binary, it is an error (a run that was meant to test the cluster must
+    not pass without it)."""
     explicit = os.environ.get("KUBE_BIN_DIR")
     if not explicit:
         raise Skipped("no Kubernetes binaries: KUBE_BIN_DIR is not set (the README says how to supply them)")
     d = Path(explicit).resolve()
     if not d.is_dir():
-        raise Skipped(f"KUBE_BIN_DIR={d} does not exist")
+        raise ClusterError(f"KUBE_BIN_DIR={d} does not exist")
     return d
 
 
 def binary(name):
     base = bin_dir()
     for d in (base, base / "kubernetes" / "bin", base / "csi-sidecars" / "bin"):
-        if (d / name).is_file():
+        if (d / name).is_file() and os.access(d / name, os.X_OK):
             return d / name
-    raise Skipped(f"{name} not found under {base}")
+    raise ClusterError(f"{name} is not an executable under KUBE_BIN_DIR={base} (nor its kubernetes/bin, csi-sidecars/bin)")
 
 
 def sidecar_version(name):
