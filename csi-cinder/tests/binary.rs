@@ -41,6 +41,7 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
                 status: 503,
                 message: None,
                 retry_after: None,
+                hint: Default::default(),
             },
         )
         .times(2),

@@ -838,6 +838,7 @@ async fn faults_give_retryable_codes_and_no_orphans_or_duplicates() {
                 status: 500,
                 message: None,
                 retry_after: None,
+                hint: Default::default(),
             },
         )
         .times(2),

@@ -77,7 +77,9 @@ pub fn cloud_code(e: &CloudError) -> Code {
         CloudError::Unauthorized(_) => Code::Unauthenticated,
         CloudError::Forbidden(_) => Code::PermissionDenied,
         CloudError::OverQuota(_) => Code::ResourceExhausted,
-        CloudError::RateLimited { .. } | CloudError::Unavailable(_) => Code::Unavailable,
+        CloudError::RateLimited { .. } | CloudError::Unavailable(_) | CloudError::Busy(_) => {
+            Code::Unavailable
+        }
         CloudError::Timeout { .. } | CloudError::StillPending { .. } => Code::DeadlineExceeded,
         CloudError::Config(_)
         | CloudError::Tls(_)

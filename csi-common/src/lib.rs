@@ -47,12 +47,20 @@ pub use tonic as __tonic;
 pub fn __caller_field(v: &impl std::fmt::Display) -> String {
     plugin_runtime::logging::caller_field(&v.to_string())
 }
+pub use tokio as __tokio;
 pub use tracing as __tracing;
 
 /// Runs a handler `async fn method(&self, request, deadline) ->
 /// DriverResult<Response>` in a span named after the RPC that carries
 /// the id or name the call works on (never the request itself: it may
 /// hold secrets), and converts its error to a `Status` once.
+///
+/// The handler runs as a task of its own, to its end or its deadline,
+/// whether or not the caller still waits: a caller that gives up (a
+/// sidecar's timeout) does not stop it between two cloud calls, and the
+/// volume's lock it holds is released only once it is done, so that the
+/// next call on that volume sees everything it did (a detach whose answer
+/// was still on its way can never land after a newer attach).
 ///
 /// Field names must not be `name` (the span's own name in JSON logs).
 #[macro_export]
@@ -64,9 +72,19 @@ macro_rules! serve_rpc {
             $rpc,
             $field = %$crate::__caller_field(&$id(&r))
         );
-        let result =
-            $crate::__tracing::Instrument::instrument($self.$method(r, deadline), span.clone())
-                .await;
+        let service = ::std::clone::Clone::clone($self);
+        let handler = async move { service.$method(r, deadline).await };
+        let result = $crate::__tokio::spawn($crate::__tracing::Instrument::instrument(
+            handler,
+            span.clone(),
+        ))
+        .await
+        .unwrap_or_else(|e| {
+            Err($crate::DriverError::Internal(format!(
+                "the handler of {} failed: {e}",
+                $rpc
+            )))
+        });
         // the refusal or failure is logged in the call's span, with its id
         span.in_scope(|| {
             result

@@ -616,6 +616,7 @@ async fn manila_failures_are_explained_and_leave_nothing() {
                 status: 500,
                 message: None,
                 retry_after: None,
+                hint: Default::default(),
             },
         )
         .times(1),

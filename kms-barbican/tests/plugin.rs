@@ -781,6 +781,7 @@ async fn a_rotation_asked_for_during_a_barbican_outage_applies_when_it_ends_on_t
             status: 503,
             message: None,
             retry_after: None,
+            hint: Default::default(),
         },
     ));
     cloud.write_conf(&conf, &second);

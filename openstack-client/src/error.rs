@@ -53,6 +53,10 @@ pub enum Error {
     },
     #[error("service unavailable: {0}")]
     Unavailable(ApiError),
+    /// Nova's 409 for a server in the middle of another operation
+    /// (`task_state`): refused before any work, worth asking again.
+    #[error("busy: {0}")]
+    Busy(ApiError),
     #[error("{operation}: timed out after {elapsed:?}{}", last.as_ref().map(|e| format!(" (last error: {e})")).unwrap_or_default())]
     Timeout {
         operation: &'static str,
@@ -106,7 +110,28 @@ impl Error {
 
     /// Whether repeating the same idempotent request may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Unavailable(_) | Error::RateLimited { .. })
+        matches!(
+            self,
+            Error::Unavailable(_) | Error::RateLimited { .. } | Error::Busy(_)
+        )
+    }
+
+    /// Whether the service refused the request before doing anything, so
+    /// that even a POST may be sent again: a rate limiter's 429, Nova's
+    /// busy 409. (A 5xx or a lost answer may follow work done.)
+    pub fn refused_before_work(&self) -> bool {
+        matches!(self, Error::RateLimited { .. } | Error::Busy(_))
+    }
+
+    /// Whether no answer came back (a dropped connection, a timeout): the
+    /// request may have been done, or may still be, for all the caller
+    /// knows.
+    pub fn unanswered(&self) -> bool {
+        match self {
+            Error::Unavailable(e) => e.status.is_none(),
+            Error::Timeout { last, .. } => last.as_ref().is_none_or(|e| e.unanswered()),
+            _ => false,
+        }
     }
 
     pub fn api_error(&self) -> Option<&ApiError> {
@@ -118,6 +143,7 @@ impl Error {
             | Error::Forbidden(e)
             | Error::OverQuota(e)
             | Error::Unavailable(e)
+            | Error::Busy(e)
             | Error::RateLimited { error: e, .. } => Some(e),
             _ => None,
         }
@@ -134,6 +160,10 @@ impl Error {
             401 => Error::Unauthorized(error),
             403 => Error::Forbidden(error),
             404 => Error::NotFound(error),
+            // "Cannot 'attach_volume' instance X while it is in task_state
+            // ...": another operation of the server is under way (a
+            // vm_state refusal, shelved or in error, stays a conflict)
+            409 if error.message.contains("while it is in task_state") => Error::Busy(error),
             409 => Error::Conflict(error),
             413 => {
                 // Cinder and Nova answer 413 for quota; a 413 with
@@ -262,5 +292,24 @@ mod tests {
             Error::from_status(409, e(), None),
             Error::Conflict(_)
         ));
+        let nova = |message: &str| ApiError {
+            message: message.into(),
+            ..e()
+        };
+        let busy = Error::from_status(
+            409,
+            nova("Cannot 'attach_volume' instance 5f0c while it is in task_state rebooting"),
+            None,
+        );
+        assert!(
+            matches!(busy, Error::Busy(_)) && busy.is_transient() && busy.refused_before_work()
+        );
+        let shelved = Error::from_status(
+            409,
+            nova("Cannot 'attach_volume' instance 5f0c while it is in vm_state shelved_offloaded"),
+            None,
+        );
+        assert!(matches!(shelved, Error::Conflict(_)) && !shelved.is_transient());
+        assert!(!Error::from_status(503, e(), None).refused_before_work());
     }
 }

@@ -31,6 +31,7 @@ pub struct ApiMetrics {
     requests: Family<CallLabels, Counter>,
     errors: Family<OperationLabels, Counter>,
     duration: HistogramFamily,
+    throttle_wait: Family<OperationLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl Default for ApiMetrics {
@@ -43,6 +44,7 @@ impl Default for ApiMetrics {
             requests: Family::default(),
             errors: Family::default(),
             duration: Family::new_with_constructor(histogram),
+            throttle_wait: Family::default(),
         }
     }
 }
@@ -64,6 +66,18 @@ impl ApiMetrics {
             "Latency of OpenStack API requests, per attempt",
             self.duration.clone(),
         );
+        registry.register(
+            "openstack_api_throttle_wait_seconds",
+            "Time requests waited because the service asked (429 or a busy 409 with its retry hint: Retry-After, X-Retry-After, X-RateLimit-Retry-After) before they were sent again",
+            self.throttle_wait.clone(),
+        );
+    }
+
+    /// Time a request waited because its service asked it to.
+    pub(crate) fn throttled(&self, service: &'static str, request: &'static str, waited: Duration) {
+        self.throttle_wait
+            .get_or_create(&OperationLabels { service, request })
+            .inc_by(waited.as_secs_f64());
     }
 
     /// `status` is the HTTP status, or `error` for a transport failure.

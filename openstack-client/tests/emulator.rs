@@ -388,6 +388,7 @@ async fn token_expiry_refreshes_and_401_reauthenticates_once() {
             status: 401,
             message: None,
             retry_after: None,
+            hint: Default::default(),
         },
     ));
     let err = cinder.list_volume_types().await.unwrap_err();
@@ -473,6 +474,7 @@ async fn idempotent_requests_retry_and_posts_never_do() {
                 status: 503,
                 message: None,
                 retry_after: None,
+                hint: Default::default(),
             },
         )
         .times(2),
@@ -500,6 +502,7 @@ async fn idempotent_requests_retry_and_posts_never_do() {
                 status: 429,
                 message: Some("slow down".into()),
                 retry_after: Some(0),
+                hint: Default::default(),
             },
         )
         .times(1),
@@ -515,6 +518,7 @@ async fn idempotent_requests_retry_and_posts_never_do() {
                 status: 502,
                 message: None,
                 retry_after: None,
+                hint: Default::default(),
             },
         )
         .times(1),
@@ -535,6 +539,7 @@ async fn idempotent_requests_retry_and_posts_never_do() {
                 status: 503,
                 message: None,
                 retry_after: None,
+                hint: Default::default(),
             },
         )
         .times(1),
@@ -574,6 +579,7 @@ async fn idempotent_requests_retry_and_posts_never_do() {
             status: 500,
             message: Some("db down".into()),
             retry_after: None,
+            hint: Default::default(),
         },
     ));
     let err = cinder.absolute_limits().await.unwrap_err();
@@ -612,6 +618,7 @@ async fn the_caller_deadline_bounds_retries_and_slow_answers() {
             status: 503,
             message: None,
             retry_after: None,
+            hint: Default::default(),
         },
     ));
     let slow_retries = Session::new(

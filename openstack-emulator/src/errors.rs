@@ -24,6 +24,8 @@ pub struct ApiErr {
     pub style: Style,
     pub message: String,
     pub retry_after: Option<Duration>,
+    /// How `retry_after` is sent.
+    pub hint: crate::faults::RetryHint,
 }
 
 pub type ApiResult<T> = Result<T, ApiErr>;
@@ -35,6 +37,7 @@ impl ApiErr {
             style,
             message: message.into(),
             retry_after: None,
+            hint: crate::faults::RetryHint::default(),
         }
     }
     pub fn bad(style: Style, m: impl Into<String>) -> Self {
@@ -96,10 +99,10 @@ impl IntoResponse for ApiErr {
             Style::Barbican => json!({ "code": code, "title": title, "description": self.message }),
         };
         let mut resp = (self.status, Json(body)).into_response();
-        if let Some(d) = self.retry_after
-            && let Ok(v) = d.as_secs().to_string().parse()
+        if let Some((name, value)) = self.retry_after.and_then(|d| self.hint.header(d))
+            && let Ok(v) = value.parse()
         {
-            resp.headers_mut().insert("retry-after", v);
+            resp.headers_mut().insert(name, v);
         }
         if self.status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
@@ -126,14 +129,16 @@ pub fn injected(
     status: u16,
     path: &str,
     message: Option<&str>,
-    retry_after: Option<u64>,
+    retry_after: Option<Duration>,
+    hint: crate::faults::RetryHint,
 ) -> Response<Body> {
     let mut e = ApiErr::new(
         status,
         style_for_path(path),
         message.unwrap_or("injected fault"),
     );
-    e.retry_after = retry_after.map(Duration::from_secs);
+    e.retry_after = retry_after;
+    e.hint = hint;
     e.into_response()
 }
 

@@ -7,7 +7,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 /// What a matching request gets instead of (or before) its answer.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum FaultAction {
     /// Answer with this status and a service-shaped error body.
@@ -15,13 +15,42 @@ pub enum FaultAction {
         status: u16,
         #[serde(default)]
         message: Option<String>,
+        /// The retry hint, in seconds.
         #[serde(default)]
         retry_after: Option<u64>,
+        /// How the hint is sent (default: `Retry-After` in seconds).
+        #[serde(default)]
+        hint: RetryHint,
     },
-    /// Serve normally after a delay (per-operation latency).
+    /// Serve normally after a delay (per-operation latency): the request
+    /// waits before the service sees it.
     Delay { millis: u64 },
-    /// Close the connection without answering.
+    /// Close the connection without answering: the service never sees the
+    /// request.
     Drop,
+    /// Serve the request, then close the connection without answering:
+    /// the work is done and the caller does not know.
+    LoseAnswer,
+    /// Serve the request, then hold its answer this long: the work is
+    /// done while the caller still waits (and may give up, or be killed).
+    /// The call is recorded once served, before the hold.
+    HoldAnswer { millis: u64 },
+    /// A rate limiter: `per_second` requests, bursts of `burst`; the
+    /// excess gets 429 with the time until the next slot as its hint
+    /// (sent as `hint` says; `RetryHint::None` sends none).
+    Throttle {
+        per_second: f64,
+        burst: u32,
+        #[serde(default)]
+        hint: RetryHint,
+    },
+    /// What a throttle answers a request over its rate (made by the
+    /// emulator, not set by a test).
+    #[serde(skip)]
+    Throttled {
+        wait: std::time::Duration,
+        hint: RetryHint,
+    },
     /// Answer with this JSON body instead of the real one: a cloud that
     /// lies, or one someone else controls (hostile export locations,
     /// access rules, ...).
@@ -29,6 +58,44 @@ pub enum FaultAction {
         status: u16,
         body: serde_json::Value,
     },
+}
+
+/// How a refusal tells the caller when to come back.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryHint {
+    /// `Retry-After: <seconds>` (RFC 9110).
+    #[default]
+    RetryAfter,
+    /// `Retry-After: <HTTP date>` (RFC 9110).
+    RetryAfterDate,
+    /// `X-Retry-After: <seconds>` (SAP's rate limiter, Swift's name).
+    XRetryAfter,
+    /// `X-RateLimit-Retry-After: <seconds>` (SAP's rate limiter).
+    XRateLimitRetryAfter,
+    /// No hint at all.
+    None,
+}
+
+impl RetryHint {
+    /// The header that carries `wait`, if any.
+    pub fn header(self, wait: std::time::Duration) -> Option<(&'static str, String)> {
+        let secs = wait.as_secs_f64().ceil() as u64;
+        match self {
+            Self::RetryAfter => Some(("retry-after", secs.to_string())),
+            Self::RetryAfterDate => Some((
+                "retry-after",
+                // an HTTP date has whole seconds: one more, so that it is
+                // never earlier than asked
+                httpdate::fmt_http_date(
+                    std::time::SystemTime::now() + std::time::Duration::from_secs(secs + 1),
+                ),
+            )),
+            Self::XRetryAfter => Some(("x-retry-after", secs.to_string())),
+            Self::XRateLimitRetryAfter => Some(("x-ratelimit-retry-after", secs.to_string())),
+            Self::None => None,
+        }
+    }
 }
 
 /// A fault: requests whose method and path match get `action`, on every
@@ -41,6 +108,10 @@ pub struct FaultRule {
     /// Substring of the request path, e.g. `/volumes` or `/auth/tokens`.
     #[serde(default)]
     pub path_contains: Option<String>,
+    /// A substring the path must not have (e.g. `/identity`: every call
+    /// of the services but the logins).
+    #[serde(default)]
+    pub path_excludes: Option<String>,
     pub action: FaultAction,
     #[serde(default)]
     pub every_nth: Option<u32>,
@@ -50,6 +121,9 @@ pub struct FaultRule {
     pub remaining: Option<u32>,
     #[serde(default, skip_deserializing)]
     pub matched: u64,
+    /// A throttle's slots: how many are free, and when they were counted.
+    #[serde(skip)]
+    bucket: Option<(f64, std::time::Instant)>,
 }
 
 impl FaultRule {
@@ -57,12 +131,20 @@ impl FaultRule {
         Self {
             method: method.map(str::to_string),
             path_contains: Some(path_contains.to_string()),
+            path_excludes: None,
             action,
             every_nth: None,
             probability: None,
             remaining: None,
             matched: 0,
+            bucket: None,
         }
+    }
+
+    /// Requests whose path has `path` are not matched.
+    pub fn except(mut self, path: &str) -> Self {
+        self.path_excludes = Some(path.to_string());
+        self
     }
 
     pub fn times(mut self, n: u32) -> Self {
@@ -95,6 +177,10 @@ impl FaultRule {
             .path_contains
             .as_deref()
             .is_some_and(|p| !path.contains(p))
+            || self
+                .path_excludes
+                .as_deref()
+                .is_some_and(|p| path.contains(p))
         {
             return None;
         }
@@ -109,9 +195,34 @@ impl FaultRule {
         {
             return None;
         }
+        if let FaultAction::Throttle {
+            per_second,
+            burst,
+            hint,
+        } = self.action
+        {
+            return self.take_slot(per_second, burst, hint);
+        }
         if let Some(r) = &mut self.remaining {
             *r -= 1;
         }
         Some(self.action.clone())
+    }
+
+    /// A throttle's verdict: None (served) while a slot is free, else a 429
+    /// whose hint is the time until the next one.
+    fn take_slot(&mut self, per_second: f64, burst: u32, hint: RetryHint) -> Option<FaultAction> {
+        let now = std::time::Instant::now();
+        let per_second = per_second.max(0.001);
+        let burst = f64::from(burst.max(1));
+        let (free, since) = self.bucket.unwrap_or((burst, now));
+        let free = (free + now.duration_since(since).as_secs_f64() * per_second).min(burst);
+        if free >= 1.0 {
+            self.bucket = Some((free - 1.0, now));
+            return None;
+        }
+        self.bucket = Some((free, now));
+        let wait = std::time::Duration::from_secs_f64((1.0 - free) / per_second);
+        Some(FaultAction::Throttled { wait, hint })
     }
 }

@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use tower::ServiceExt;
 use url::Url;
 
-pub use faults::{FaultAction, FaultRule};
+pub use faults::{FaultAction, FaultRule, RetryHint};
 use state::World;
 pub use state::{Delays, Quotas};
 
@@ -314,34 +314,106 @@ async fn handle(
     } else {
         state.world().match_fault(&method, &path)
     };
+    // The service does the work whether or not the caller waits for it,
+    // as a real API does: a caller that gives up (or whose connection is
+    // dropped) does not stop it.
+    let serve = |router: Router, req: Request<Body>| async move {
+        match tokio::spawn(router.oneshot(req)).await {
+            Ok(r) => r.unwrap_or_else(|e| match e {}),
+            Err(_) => errors::injected(
+                500,
+                "/",
+                Some("the request's handler failed"),
+                None,
+                Default::default(),
+            ),
+        }
+    };
     let mut response = match fault {
         Some(FaultAction::Drop) => {
             state.world().record_call(&method, &path, None);
             return Err(DroppedByFault);
         }
         Some(FaultAction::Delay { millis }) => {
+            let (router, state, method, at) =
+                (router.clone(), state.clone(), method.clone(), path.clone());
+            // the request waits in the network or a queue, and is served
+            // even if its caller has left meanwhile
+            let served = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(millis)).await;
+                let r = serve(router, req).await;
+                state
+                    .world()
+                    .record_call(&method, &at, Some(r.status().as_u16()));
+                r
+            });
+            let mut r = served.await.unwrap_or_else(|_| {
+                errors::injected(
+                    500,
+                    "/",
+                    Some("the request's handler failed"),
+                    None,
+                    Default::default(),
+                )
+            });
+            add_request_id(&mut r, &path, &request_id);
+            return Ok(r);
+        }
+        Some(FaultAction::LoseAnswer) => {
+            let r = serve(router, req).await;
+            state
+                .world()
+                .record_call(&method, &path, Some(r.status().as_u16()));
+            return Err(DroppedByFault);
+        }
+        Some(FaultAction::HoldAnswer { millis }) => {
+            let mut r = serve(router, req).await;
+            state
+                .world()
+                .record_call(&method, &path, Some(r.status().as_u16()));
             tokio::time::sleep(Duration::from_millis(millis)).await;
-            router.oneshot(req).await.unwrap_or_else(|e| match e {})
+            add_request_id(&mut r, &path, &request_id);
+            return Ok(r);
         }
         Some(FaultAction::Status {
             status,
             message,
             retry_after,
-        }) => errors::injected(status, &path, message.as_deref(), retry_after),
+            hint,
+        }) => errors::injected(
+            status,
+            &path,
+            message.as_deref(),
+            retry_after.map(Duration::from_secs),
+            hint,
+        ),
+        Some(FaultAction::Throttled { wait, hint }) => errors::injected(
+            429,
+            &path,
+            Some("Rate limit exceeded: too many requests"),
+            Some(wait),
+            hint,
+        ),
         Some(FaultAction::Json { status, body }) => {
             let mut r = axum::response::IntoResponse::into_response(axum::Json(body));
             *r.status_mut() =
                 axum::http::StatusCode::from_u16(status).unwrap_or(axum::http::StatusCode::OK);
             r
         }
-        None => router.oneshot(req).await.unwrap_or_else(|e| match e {}),
+        // matched and let through (a throttle with a free slot)
+        Some(FaultAction::Throttle { .. }) | None => serve(router, req).await,
     };
     if !path.starts_with("/_admin") {
         state
             .world()
             .record_call(&method, &path, Some(response.status().as_u16()));
     }
-    if let Ok(v) = HeaderValue::from_str(&request_id) {
+    add_request_id(&mut response, &path, &request_id);
+    Ok(response)
+}
+
+fn add_request_id(response: &mut Response<Body>, path: &str, request_id: &str) {
+    if let Ok(v) = HeaderValue::from_str(request_id) {
         response
             .headers_mut()
             .insert("x-openstack-request-id", v.clone());
@@ -349,5 +421,4 @@ async fn handle(
             response.headers_mut().insert("x-compute-request-id", v);
         }
     }
-    Ok(response)
 }

@@ -382,6 +382,9 @@ pub struct CallRecord {
     pub path: String,
     /// None when the connection was dropped by a fault.
     pub status: Option<u16>,
+    /// When it was answered (or dropped), in milliseconds since the Unix
+    /// epoch.
+    pub at_ms: u64,
 }
 
 pub struct World {
@@ -630,6 +633,9 @@ impl World {
             method: method.to_string(),
             path: path.to_string(),
             status,
+            at_ms: SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
         });
     }
 

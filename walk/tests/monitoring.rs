@@ -212,6 +212,7 @@ async fn kms_serves_what_its_dashboard_queries() {
                 status: 503,
                 message: None,
                 retry_after: None,
+                hint: Default::default(),
             },
         )
         .times(1),

@@ -228,6 +228,7 @@ async fn a_failed_step_names_the_request_and_what_to_check_and_deletes_what_was_
                 "Policy doesn't allow os_compute_api:os-volumes-attachments:create".into(),
             ),
             retry_after: None,
+            hint: Default::default(),
         },
     ));
     let (ok, text) = run(cloud.preflight(&[])).await;

@@ -7,7 +7,7 @@ use std::time::Instant;
 use csi_common::request::{is_uuid, require};
 use csi_common::waits::wait_until;
 use csi_common::{Context, DriverError, DriverResult};
-use openstack_client::cinder::{BlockStorage, VolumeStatus};
+use openstack_client::cinder::{BlockStorage, Volume, VolumeStatus};
 use openstack_client::common::Poll;
 use proto::csi::v1 as csi;
 
@@ -49,6 +49,12 @@ impl ControllerService {
             .attachments
             .iter()
             .any(|a| a.server_id.as_deref() == Some(node));
+        if attached_here {
+            self.not_being_detached(&v, node)?;
+        } else {
+            // a detach that got no answer has landed (or never will)
+            self.unanswered.settled(id, node);
+        }
         if !attached_here {
             let others: Vec<&str> = v.attached_servers().filter(|s| *s != node).collect();
             if !others.is_empty() && !v.multiattach {
@@ -108,6 +114,31 @@ impl ControllerService {
         Ok(csi::ControllerPublishVolumeResponse {
             publish_context: context,
         })
+    }
+
+    /// An attachment to `node` is what a publish may answer OK on only if
+    /// no detach is taking it away: one under way (Cinder's `detaching`),
+    /// or one sent without an answer that may still land (see
+    /// [`super::unanswered`]). Aborted (the CSI code for an operation
+    /// pending on the volume): the caller asks again, and the volume is
+    /// attached afresh once the detach is done.
+    fn not_being_detached(&self, v: &Volume, node: &str) -> DriverResult<()> {
+        let id = v.id.as_str();
+        if v.status == VolumeStatus::Detaching {
+            self.unanswered.settled(id, node);
+            return Err(DriverError::Aborted(format!(
+                "volume {id} is being detached from {node}: it is attached again once that is done"
+            )));
+        }
+        let bound = self.opts.stuck_after;
+        if let Some(age) = self.unanswered.pending(id, node, bound) {
+            return Err(DriverError::Aborted(format!(
+                "a detach of volume {id} from {node} got no answer {}s ago and may still land: the volume is not reported attached until it has shown, or until {}s (--stuck-attachment-secs) have passed",
+                age.as_secs(),
+                bound.as_secs()
+            )));
+        }
+        Ok(())
     }
 
     /// Waits until Cinder shows the volume in use by `node`; returns the
@@ -200,7 +231,13 @@ impl ControllerService {
                 Err(openstack_client::Error::Conflict(e)) => {
                     tracing::info!(volume_id = id, node, error = %e, "detach in progress")
                 }
-                Err(e) => return Err(e).context(format!("detaching volume {id} from {node}")),
+                Err(e) => {
+                    if e.unanswered() {
+                        tracing::warn!(volume_id = id, node, error = %e, "the detach got no answer: it may still land, and the volume is not reported attached to this node until it has");
+                        self.unanswered.record(id, node);
+                    }
+                    return Err(e).context(format!("detaching volume {id} from {node}"));
+                }
             }
         }
         wait_until(
@@ -224,6 +261,7 @@ impl ControllerService {
             },
         )
         .await?;
+        self.unanswered.settled(id, node);
         Ok(csi::ControllerUnpublishVolumeResponse {})
     }
 }

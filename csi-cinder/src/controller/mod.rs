@@ -4,7 +4,8 @@
 //!
 //! By RPC family: [`volumes`] (create, delete, expand, modify),
 //! [`inventory`] (validate, list, get), [`attachments`] (publish,
-//! unpublish, with [`repairs`] of what is stuck), [`snapshots`] (snapshots and backups), [`groups`] (the
+//! unpublish, with [`repairs`] of what is stuck and the [`unanswered`]
+//! detaches that may still land), [`snapshots`] (snapshots and backups), [`groups`] (the
 //! GroupController: volume group snapshots), [`zones`] (where a new
 //! volume goes).
 
@@ -14,6 +15,7 @@ mod groups;
 mod inventory;
 mod repairs;
 mod snapshots;
+mod unanswered;
 mod volumes;
 mod zones;
 
@@ -68,6 +70,7 @@ pub struct ControllerService {
     opts: ControllerOptions,
     locks: KeyedLocks,
     metrics: AttachmentMetrics,
+    unanswered: unanswered::UnansweredDetaches,
 }
 
 fn volume_gone(s: &VolumeStatus) -> bool {
@@ -88,6 +91,7 @@ impl ControllerService {
             opts,
             locks: KeyedLocks::default(),
             metrics: AttachmentMetrics::default(),
+            unanswered: unanswered::UnansweredDetaches::default(),
         }
     }
 

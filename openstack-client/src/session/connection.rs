@@ -19,6 +19,7 @@ use crate::service::ServiceType;
 
 use super::endpoints::{join_url, versioned_endpoint};
 use super::options::{CatalogEntry, SessionOptions};
+use super::pacing::{Pacer, Turn};
 use super::requests::{
     ApiRequest, ApiResponse, RequestBody, redirect_refused, request_id, retry_after,
     transport_error,
@@ -33,6 +34,8 @@ pub(super) struct Inner {
     pub(super) options: SessionOptions,
     pub(super) token: Mutex<Option<Arc<Token>>>,
     pub(super) auths: std::sync::atomic::AtomicU64,
+    /// The pace of the operations a service throttles.
+    pub(super) pacer: Pacer,
 }
 
 /// One set of credentials and its HTTP client and token.
@@ -62,6 +65,7 @@ impl Connection {
                 options,
                 token: Mutex::new(None),
                 auths: std::sync::atomic::AtomicU64::new(0),
+                pacer: Pacer::default(),
             }),
         })
     }
@@ -273,10 +277,50 @@ impl Connection {
         }
     }
 
+    /// Waits for the request's turn while its service throttles the
+    /// operation (see [`Pacer`]), or answers at once when that turn is
+    /// past the deadline: nothing is sent then.
+    async fn wait_for_pace(&self, req: &ApiRequest, deadline: Instant) -> Result<()> {
+        let key = (req.service, req.operation);
+        let started = Instant::now();
+        loop {
+            let now = Instant::now();
+            let at = match self.inner.pacer.turn(key, now) {
+                Turn::Now => break,
+                Turn::At(at) => at,
+            };
+            if at >= deadline {
+                return Err(Error::RateLimited {
+                    error: ApiError {
+                        operation: req.operation,
+                        status: None,
+                        request_id: None,
+                        message: format!(
+                            "not sent: {} throttles it and its next turn is in {} s, past this call's deadline",
+                            req.service,
+                            (at - now).as_secs_f64().ceil()
+                        ),
+                    },
+                    retry_after: Some(at - now),
+                });
+            }
+            tokio::time::sleep_until(at.into()).await;
+        }
+        let waited = started.elapsed();
+        if waited > Duration::from_millis(1)
+            && let Some(m) = &self.inner.options.metrics
+        {
+            m.throttled(req.service.as_str(), req.operation, waited);
+        }
+        Ok(())
+    }
+
     /// Sends `req`: token attached, a 401 re-authenticates once, idempotent
     /// requests retry transient failures with jittered exponential backoff
     /// until the deadline; a POST is never retried after it may have
-    /// reached the service.
+    /// reached the service, unless the service refused it before doing
+    /// anything (a 429, Nova's busy 409). A refusal's retry hint is
+    /// honoured by every caller of the session alike.
     pub(super) async fn send(&self, req: ApiRequest) -> Result<ApiResponse> {
         let started = Instant::now();
         let deadline = req
@@ -311,6 +355,7 @@ impl Connection {
             .build();
         let mut reauthenticated = false;
         loop {
+            self.wait_for_pace(&req, deadline).await?;
             let token = self.token(Some(deadline)).await?;
             let base = match &req.absolute_base {
                 Some(b) => b.clone(),
@@ -362,6 +407,7 @@ impl Connection {
                         return Err(e);
                     }
                     if status < 400 {
+                        self.inner.pacer.served((req.service, req.operation));
                         // recorded once, for the answer that counts (a
                         // field recorded again would repeat in JSON logs)
                         let span = tracing::Span::current();
@@ -396,10 +442,10 @@ impl Connection {
                     transport_error(req.operation, &e, started.elapsed())
                 }
             };
-            // A POST that failed at the transport level may have been
-            // applied: never repeat it. A 429 was refused before any work,
-            // and a 5xx answer to a POST is left to the caller too.
-            if !req.idempotent() || !err.is_transient() {
+            // A POST that failed at the transport level, or got a 5xx, may
+            // have been applied: never repeat it. A 429 or a busy 409 was
+            // refused before any work.
+            if !err.is_transient() || !(req.idempotent() || err.refused_before_work()) {
                 return Err(err);
             }
             let hinted = match &err {
@@ -412,7 +458,18 @@ impl Connection {
             let Some(delay) = backoff.next().map(|d| hinted.map_or(d, |h| h.max(d))) else {
                 return Err(err);
             };
+            if matches!(err, Error::RateLimited { .. }) {
+                // every caller of this operation is paced from now on
+                self.inner
+                    .pacer
+                    .refused((req.service, req.operation), delay, attempt_start);
+            }
             if Instant::now() + delay >= deadline {
+                // the service's own answer, when it asked to wait: the
+                // caller retries later (Unavailable), not "timed out"
+                if err.refused_before_work() {
+                    return Err(err);
+                }
                 return Err(Error::Timeout {
                     operation: req.operation,
                     elapsed: started.elapsed(),
@@ -420,6 +477,10 @@ impl Connection {
                 });
             }
             tracing::debug!(operation = req.operation, delay_ms = delay.as_millis() as u64, error = %err, "retrying");
+            if matches!(err, Error::RateLimited { .. }) {
+                // its turn comes from the pacer, with everyone else's
+                continue;
+            }
             tokio::time::sleep(delay).await;
         }
     }

@@ -7,11 +7,14 @@
 //! The parts: [`options`] (what a caller sets), [`connection`] (one set of
 //! credentials: its HTTP client, token and requests), [`tokens`] (what a
 //! login sends and keeps), [`endpoints`] (catalog URLs and joining),
-//! [`requests`] (what a service client sends and gets), [`tls`].
+//! [`requests`] (what a service client sends and gets, and the retry
+//! hints of a refusal), [`pacing`] (what is sent while a service
+//! throttles), [`tls`].
 
 mod connection;
 mod endpoints;
 mod options;
+mod pacing;
 mod requests;
 mod tls;
 mod tokens;
@@ -29,6 +32,7 @@ use self::connection::Connection;
 pub(crate) use self::endpoints::unversioned_root;
 pub use self::options::{CatalogEndpoint, CatalogEntry, RetryPolicy, SessionOptions};
 pub(crate) use self::requests::{ApiRequest, ApiResponse};
+pub use self::requests::{MAX_RETRY_HINT, parse_retry_hint};
 pub(crate) use self::tls::default_tls;
 
 /// Cheap to clone; clones share the connection (HTTP client, token) and

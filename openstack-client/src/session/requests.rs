@@ -144,9 +144,45 @@ pub(super) fn request_id(headers: &HeaderMap) -> Option<String> {
     })
 }
 
+/// The longest wait a server's hint can ask for: beyond it the answer is
+/// handed back at once (a hint is the server's to write, and a day-long
+/// one would hold the call's slot for nothing).
+pub const MAX_RETRY_HINT: Duration = Duration::from_secs(300);
+
+/// How long a refusal asks the caller to wait: the standard `Retry-After`
+/// (seconds, or an HTTP date), else the rate limiters' `X-Retry-After` or
+/// `X-RateLimit-Retry-After` (SAP's OpenStack rate limit middleware sends
+/// these, in seconds, and not the standard one). Capped at
+/// [`MAX_RETRY_HINT`].
 pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let v = headers.get("retry-after")?.to_str().ok()?;
-    v.trim().parse::<u64>().ok().map(Duration::from_secs)
+    ["retry-after", "x-retry-after", "x-ratelimit-retry-after"]
+        .iter()
+        .find_map(|h| {
+            let v = headers.get(*h)?.to_str().ok()?;
+            parse_retry_hint(v, std::time::SystemTime::now())
+        })
+}
+
+/// A retry hint's value: seconds (a fraction too), a Unix time (seconds
+/// since 1970, as some limiters write their reset), or an HTTP date. None
+/// for anything else, negative or not a number.
+pub fn parse_retry_hint(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    let until = |when: std::time::SystemTime| when.duration_since(now).unwrap_or(Duration::ZERO);
+    let wait = if let Ok(secs) = value.parse::<f64>() {
+        if !secs.is_finite() || secs < 0.0 {
+            return None;
+        }
+        // no wait is a billion seconds long: that is a point in time
+        if secs >= 1e9 {
+            until(std::time::UNIX_EPOCH + Duration::from_secs_f64(secs.min(1e11)))
+        } else {
+            Duration::from_secs_f64(secs.min(MAX_RETRY_HINT.as_secs_f64()))
+        }
+    } else {
+        until(httpdate::parse_http_date(value).ok()?)
+    };
+    Some(wait.min(MAX_RETRY_HINT))
 }
 
 pub(super) fn transport_error(
@@ -175,4 +211,47 @@ pub(super) fn transport_error(
         request_id: None,
         message,
     })
+}
+
+#[cfg(test)]
+mod retry_hint_tests {
+    use super::*;
+    use std::time::UNIX_EPOCH;
+
+    #[test]
+    fn seconds_dates_and_unix_times_are_read_and_capped() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let secs = |v: &str| parse_retry_hint(v, now);
+        assert_eq!(secs("60"), Some(Duration::from_secs(60)));
+        assert_eq!(secs(" 1.5 "), Some(Duration::from_millis(1500)));
+        assert_eq!(secs("0"), Some(Duration::ZERO));
+        assert_eq!(secs("86400"), Some(MAX_RETRY_HINT), "capped");
+        assert_eq!(
+            secs("1800000030"),
+            Some(Duration::from_secs(30)),
+            "a Unix time"
+        );
+        assert_eq!(secs("1799999990"), Some(Duration::ZERO), "a Unix time past");
+        let date = httpdate::fmt_http_date(now + Duration::from_secs(20));
+        assert_eq!(secs(&date), Some(Duration::from_secs(20)), "{date}");
+        assert_eq!(secs("Sun, 06 Nov 1994 08:49:37 GMT"), Some(Duration::ZERO));
+        for bad in ["-1", "NaN", "inf", "soon", "", "1e400"] {
+            assert_eq!(secs(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_standard_header_first_then_the_rate_limiters() {
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_after(&h), None);
+        h.insert("x-ratelimit-retry-after", "7".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(7)));
+        h.insert("x-retry-after", "5".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(5)));
+        h.insert("retry-after", "3".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(3)));
+        // an unreadable standard one does not hide the others
+        h.insert("retry-after", "whenever".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(5)));
+    }
 }

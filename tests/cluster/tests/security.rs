@@ -6,7 +6,7 @@
 //! Needs `tests/cluster/cluster.py up`; run with `--ignored
 //! --test-threads=1`.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::time::Duration;
 

@@ -1,0 +1,337 @@
+//! `cinder-csi-plugin`'s controller killed (SIGKILL) between two cloud
+//! calls of each mutating RPC: after its k-th call of CreateVolume,
+//! DeleteVolume, ControllerPublishVolume, ControllerUnpublishVolume,
+//! ControllerExpandVolume and CreateSnapshot, for every k the RPC makes.
+//! The cloud holds the k-th answer while the plugin is killed (the work
+//! is done; the plugin never learns it), a new plugin starts, and the
+//! RPC is sent again as the sidecar would until it answers OK. Then what
+//! the cloud holds must be what one fault-free call leaves: one volume
+//! per name, one attachment, the size asked, one snapshot per name,
+//! nothing left of a deletion. Tests needing root return early without it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use openstack_client::config::{CloudConf, ConfigEnv};
+use openstack_client::nova::Compute;
+use openstack_client::{Session, SessionOptions};
+use openstack_emulator::{FaultAction, FaultRule};
+use proto::csi::v1 as csi;
+use proto::csi::v1::controller_client::ControllerClient;
+use proto::csi::v1::volume_capability::access_mode::Mode;
+
+mod common;
+use common::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rpc {
+    CreateVolume,
+    DeleteVolume,
+    Publish,
+    Unpublish,
+    Expand,
+    CreateSnapshot,
+}
+
+/// What one run of an RPC works on.
+struct Target {
+    /// The volume or snapshot name the RPC creates.
+    name: String,
+    /// The volume it works on (None for CreateVolume).
+    volume: Option<String>,
+}
+
+fn cap() -> csi::VolumeCapability {
+    mount_cap("ext4", Mode::SingleNodeWriter)
+}
+
+/// The cloud calls the plugin makes, logins aside, so far.
+fn service_calls(e: &Env) -> usize {
+    e.h.emulator
+        .control()
+        .calls()
+        .iter()
+        .filter(|c| !c.path.starts_with("/identity"))
+        .count()
+}
+
+fn nova(e: &Env) -> Compute {
+    let conf = CloudConf::from_texts(
+        &[("c".into(), e.h.emulator.cloud_conf())],
+        ConfigEnv::default(),
+    )
+    .unwrap();
+    Compute::new(Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap())
+}
+
+/// A fresh volume in the state `rpc` starts from.
+async fn prepare(e: &mut Env, rpc: Rpc, run: &str) -> Target {
+    let name = format!("{rpc:?}-{run}").to_lowercase();
+    if rpc == Rpc::CreateVolume {
+        return Target { name, volume: None };
+    }
+    let v = e.create(&format!("{name}-volume"), cap(), 1).await;
+    if rpc == Rpc::Unpublish {
+        e.publish(&v.volume_id, cap()).await;
+    }
+    Target {
+        name,
+        volume: Some(v.volume_id),
+    }
+}
+
+async fn call(
+    c: &mut ControllerClient<tonic::transport::Channel>,
+    e: &Env,
+    rpc: Rpc,
+    t: &Target,
+) -> Result<(), tonic::Status> {
+    let volume_id = t.volume.clone().unwrap_or_default();
+    let node_id = e.h.node_id.clone();
+    let timeout = Duration::from_secs(30);
+    match rpc {
+        Rpc::CreateVolume => c
+            .create_volume(timed(create_req(&t.name, cap(), 1), timeout))
+            .await
+            .map(drop),
+        Rpc::DeleteVolume => c
+            .delete_volume(timed(
+                csi::DeleteVolumeRequest {
+                    volume_id,
+                    ..Default::default()
+                },
+                timeout,
+            ))
+            .await
+            .map(drop),
+        Rpc::Publish => c
+            .controller_publish_volume(timed(
+                csi::ControllerPublishVolumeRequest {
+                    volume_id,
+                    node_id,
+                    volume_capability: Some(cap()),
+                    ..Default::default()
+                },
+                timeout,
+            ))
+            .await
+            .map(drop),
+        Rpc::Unpublish => c
+            .controller_unpublish_volume(timed(
+                csi::ControllerUnpublishVolumeRequest {
+                    volume_id,
+                    node_id,
+                    secrets: HashMap::new(),
+                },
+                timeout,
+            ))
+            .await
+            .map(drop),
+        Rpc::Expand => c
+            .controller_expand_volume(timed(
+                csi::ControllerExpandVolumeRequest {
+                    volume_id,
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: 2 * GIB,
+                        limit_bytes: 0,
+                    }),
+                    volume_capability: Some(cap()),
+                    ..Default::default()
+                },
+                timeout,
+            ))
+            .await
+            .map(drop),
+        Rpc::CreateSnapshot => c
+            .create_snapshot(timed(snapshot_req(&volume_id, &t.name, &[]), timeout))
+            .await
+            .map(drop),
+    }
+}
+
+/// Sends the RPC again, as a sidecar does after an error, until it
+/// answers OK.
+async fn until_ok(e: &mut Env, rpc: Rpc, t: &Target) {
+    let started = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let mut c = e.c.clone();
+        match call(&mut c, e, rpc, t).await {
+            Ok(()) => return,
+            Err(s) => seen.push(format!("{:?}: {}", s.code(), s.message())),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "{rpc:?} {}: never OK: {seen:#?}",
+            t.name
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// What one fault-free call leaves, or what differs from it.
+async fn left_as_one_call_leaves(e: &Env, rpc: Rpc, t: &Target) -> Result<(), String> {
+    let node = e.h.node_id.clone();
+    let volume = t.volume.as_deref().unwrap_or_default();
+    let attached_to_node = |id: &str| {
+        let nova = nova(e);
+        let (id, node) = (id.to_string(), node.clone());
+        async move {
+            nova.list_volume_attachments(&node)
+                .await
+                .unwrap()
+                .iter()
+                .filter(|a| a.volume_id == id)
+                .count()
+        }
+    };
+    match rpc {
+        Rpc::CreateVolume => {
+            let named = e.named(&t.name).await;
+            let statuses: Vec<String> = named.iter().map(|v| v.status.to_string()).collect();
+            if statuses != ["available"] {
+                return Err(format!("volumes named {}: {statuses:?}", t.name));
+            }
+        }
+        Rpc::DeleteVolume => {
+            if let Ok(v) = e.cinder.get_volume(volume).await
+                && v.status.as_str() != "deleting"
+            {
+                return Err(format!("volume {volume} is {}", v.status));
+            }
+        }
+        Rpc::Publish | Rpc::Unpublish => {
+            let v = e.cinder.get_volume(volume).await.unwrap();
+            let servers: Vec<String> = v
+                .attachments
+                .iter()
+                .filter_map(|a| a.server_id.clone())
+                .collect();
+            let in_nova = attached_to_node(volume).await;
+            let want = if rpc == Rpc::Publish {
+                (vec![node.clone()], "in-use", 1)
+            } else {
+                (vec![], "available", 0)
+            };
+            if (servers.clone(), v.status.as_str(), in_nova) != want {
+                return Err(format!(
+                    "Cinder: {servers:?} {}; Nova lists it {in_nova} times on the node",
+                    v.status
+                ));
+            }
+        }
+        Rpc::Expand => {
+            let v = e.cinder.get_volume(volume).await.unwrap();
+            if (v.size, v.status.as_str()) != (2, "available") {
+                return Err(format!("{} GiB, {}", v.size, v.status));
+            }
+        }
+        Rpc::CreateSnapshot => {
+            let named: Vec<String> = e
+                .cinder
+                .list_snapshots(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|s| s.name == t.name)
+                .map(|s| s.status.to_string())
+                .collect();
+            if named != ["available"] {
+                return Err(format!("snapshots named {}: {named:?}", t.name));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `rpc` once fault-free, then once killed after each of its calls.
+async fn killed_after_each_call(e: &mut Env, rpc: Rpc) -> Vec<String> {
+    let t = prepare(e, rpc, "fault-free").await;
+    let before = service_calls(e);
+    until_ok(e, rpc, &t).await;
+    let calls = service_calls(e) - before;
+    left_as_one_call_leaves(e, rpc, &t).await.unwrap();
+    let mut broken = Vec::new();
+    let mut kills = 0;
+    for k in 1..=calls {
+        let t = prepare(e, rpc, &format!("killed-after-{k}")).await;
+        let before = service_calls(e);
+        // the k-th call from now is served, and its answer held until
+        // the plugin is gone
+        e.h.emulator.control().add_fault(
+            FaultRule::new(None, "/", FaultAction::HoldAnswer { millis: 3000 })
+                .except("/identity")
+                .every_nth(k as u32)
+                .times(1),
+        );
+        let mut c = e.c.clone();
+        let (rpc_copy, target) = (
+            rpc,
+            Target {
+                name: t.name.clone(),
+                volume: t.volume.clone(),
+            },
+        );
+        let first = {
+            let e_ref: &Env = e;
+            let fut = call(&mut c, e_ref, rpc_copy, &target);
+            tokio::pin!(fut);
+            let started = Instant::now();
+            loop {
+                tokio::select! {
+                    r = &mut fut => break Some(r),
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {
+                        if service_calls(e_ref) >= before + k {
+                            break None;
+                        }
+                        assert!(started.elapsed() < Duration::from_secs(60), "{rpc:?}: call {k} never came");
+                    }
+                }
+            }
+        };
+        e.h.emulator.control().clear_faults();
+        if first.is_none() {
+            kills += 1;
+            // killed with the k-th answer on its way
+            e.h.restart_plugin().await.unwrap();
+            csi_sanity::harness::wait_until_ready(&e.h.socket)
+                .await
+                .unwrap();
+            let ch = plugin_runtime::connect_unix(&e.h.socket).await.unwrap();
+            e.c = ControllerClient::new(ch.clone());
+            e.n = proto::csi::v1::node_client::NodeClient::new(ch);
+        }
+        until_ok(e, rpc, &t).await;
+        if let Err(why) = left_as_one_call_leaves(e, rpc, &t).await {
+            broken.push(format!("{rpc:?} killed after call {k} of {calls}: {why}"));
+        }
+    }
+    println!(
+        "{rpc:?}: {calls} cloud calls; killed {kills} times, after each, then sent again: {} left other than one call leaves",
+        broken.len()
+    );
+    broken
+}
+
+#[tokio::test]
+async fn a_controller_killed_between_two_cloud_calls_leaves_what_one_call_leaves() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let mut broken = Vec::new();
+    for rpc in [
+        Rpc::CreateVolume,
+        Rpc::CreateSnapshot,
+        Rpc::Expand,
+        Rpc::Publish,
+        Rpc::Unpublish,
+        Rpc::DeleteVolume,
+    ] {
+        broken.extend(killed_after_each_call(&mut e, rpc).await);
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+}

@@ -1,0 +1,377 @@
+//! `cinder-csi-plugin`'s controller through its socket against a cloud
+//! that behaves as production clouds do: it throttles (429 with each kind
+//! of retry hint), is busy (Nova's 409 while a server does something
+//! else), does the work and loses the answer, and keeps working on a
+//! request whose caller gave up. After each, what the cloud holds is
+//! checked: one volume per name, one attachment, never a detach that
+//! lands after a newer attach. Tests needing root return early (and say
+//! so) without it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use openstack_emulator::{FaultAction, FaultRule, RetryHint};
+use proto::csi::v1 as csi;
+use proto::csi::v1::volume_capability::access_mode::Mode;
+use tonic::Code;
+
+mod common;
+use common::*;
+
+fn cap() -> csi::VolumeCapability {
+    mount_cap("ext4", Mode::SingleNodeWriter)
+}
+
+fn publish_req(e: &Env, id: &str) -> csi::ControllerPublishVolumeRequest {
+    csi::ControllerPublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: e.h.node_id.clone(),
+        volume_capability: Some(cap()),
+        ..Default::default()
+    }
+}
+
+fn unpublish_req(e: &Env, id: &str) -> csi::ControllerUnpublishVolumeRequest {
+    csi::ControllerUnpublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: e.h.node_id.clone(),
+        secrets: HashMap::new(),
+    }
+}
+
+/// The servers Cinder says the volume is attached to, and its status.
+async fn holders(e: &Env, id: &str) -> (Vec<String>, String) {
+    let v = e.cinder.get_volume(id).await.unwrap();
+    (
+        v.attachments
+            .iter()
+            .filter_map(|a| a.server_id.clone())
+            .collect(),
+        v.status.to_string(),
+    )
+}
+
+fn calls(e: &Env, method: &str, path: &str) -> usize {
+    e.h.emulator
+        .control()
+        .calls()
+        .iter()
+        .filter(|c| c.method == method && c.path.contains(path))
+        .count()
+}
+
+/// gcp-pd-csi-driver #965: a detach whose RPC timed out while the cloud
+/// still had it landed after a newer attach to the same server and took
+/// the fresh disk away. Here the detach waits 3 s before Nova sees it,
+/// its caller gives up after 1 s and publishes again at once: the publish
+/// may answer only once the detach is done, and the volume stays attached.
+#[tokio::test]
+async fn a_detach_still_on_its_way_never_undoes_a_newer_attach() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let v = e.create("late-detach", cap(), 1).await;
+    let id = v.volume_id.clone();
+    e.publish(&id, cap()).await;
+    e.h.emulator.control().add_fault(
+        FaultRule::new(
+            Some("DELETE"),
+            &format!("/os-volume_attachments/{id}"),
+            FaultAction::Delay { millis: 3000 },
+        )
+        .times(1),
+    );
+    let gave_up =
+        e.c.controller_unpublish_volume(timed(unpublish_req(&e, &id), Duration::from_secs(1)))
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(gave_up.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{gave_up:?}"
+    );
+    // as the attacher does: the same request again after a retryable
+    // answer
+    let started = Instant::now();
+    let mut answers = Vec::new();
+    loop {
+        match e
+            .c
+            .controller_publish_volume(timed(publish_req(&e, &id), Duration::from_secs(60)))
+            .await
+        {
+            Ok(_) => break,
+            Err(s) if matches!(s.code(), Code::Aborted | Code::Unavailable) => {
+                answers.push(format!("{:?}: {}", s.code(), s.message()));
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(s) => panic!("{s:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "{answers:#?}");
+    }
+    println!(
+        "the publish answered OK {:?} after the unpublish gave up, after {} retryable answers (the first: {:?})",
+        started.elapsed(),
+        answers.len(),
+        answers.first()
+    );
+    // past the moment the late detach reached Nova, and its work
+    tokio::time::sleep(Duration::from_secs(4).saturating_sub(started.elapsed())).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (servers, status) = holders(&e, &id).await;
+    assert_eq!(
+        (servers, status.as_str()),
+        (vec![e.h.node_id.clone()], "in-use"),
+        "the publish answered OK, so the volume must stay attached to the node"
+    );
+}
+
+/// The cloud did the work and the answer was lost on the way: the RPC
+/// fails with a retryable code, and the sidecar's retry finds the work
+/// done instead of doing it twice.
+#[tokio::test]
+async fn work_whose_answer_was_lost_is_found_again_not_done_twice() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let control = e.h.emulator.control();
+
+    // a create
+    control.add_fault(FaultRule::new(Some("POST"), "/volumes", FaultAction::LoseAnswer).times(1));
+    let err =
+        e.c.create_volume(create_req("lost-create", cap(), 1))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{}", err.message());
+    let v = e.create("lost-create", cap(), 1).await;
+    assert_eq!(e.named("lost-create").await.len(), 1, "one volume");
+
+    // a snapshot
+    control.add_fault(FaultRule::new(Some("POST"), "/snapshots", FaultAction::LoseAnswer).times(1));
+    let err =
+        e.c.create_snapshot(snapshot_req(&v.volume_id, "lost-snapshot", &[]))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{}", err.message());
+    let snap =
+        e.c.create_snapshot(snapshot_req(&v.volume_id, "lost-snapshot", &[]))
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+    let snapshots = e
+        .cinder
+        .list_snapshots(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(
+        snapshots
+            .iter()
+            .filter(|s| s.name == "lost-snapshot")
+            .count(),
+        1,
+        "one snapshot"
+    );
+
+    // an attach
+    control.add_fault(
+        FaultRule::new(
+            Some("POST"),
+            "/os-volume_attachments",
+            FaultAction::LoseAnswer,
+        )
+        .times(1),
+    );
+    let err =
+        e.c.controller_publish_volume(publish_req(&e, &v.volume_id))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{}", err.message());
+    e.publish(&v.volume_id, cap()).await;
+    assert_eq!(
+        holders(&e, &v.volume_id).await,
+        (vec![e.h.node_id.clone()], "in-use".to_string())
+    );
+
+    // a detach, then a delete: done once, and nothing is left
+    control.add_fault(
+        FaultRule::new(
+            Some("DELETE"),
+            "/os-volume_attachments/",
+            FaultAction::LoseAnswer,
+        )
+        .times(1),
+    );
+    e.c.controller_unpublish_volume(unpublish_req(&e, &v.volume_id))
+        .await
+        .unwrap();
+    assert_eq!(
+        holders(&e, &v.volume_id).await,
+        (vec![], "available".to_string())
+    );
+    e.c.delete_snapshot(csi::DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    control
+        .add_fault(FaultRule::new(Some("DELETE"), "/volumes/", FaultAction::LoseAnswer).times(1));
+    // as the provisioner does: again while Cinder still deletes the
+    // snapshot (FailedPrecondition)
+    let started = Instant::now();
+    while let Err(s) =
+        e.c.delete_volume(csi::DeleteVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+    {
+        assert!(
+            s.code() == Code::FailedPrecondition && started.elapsed() < Duration::from_secs(30),
+            "{s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let gone = async {
+        while !e.named("lost-create").await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), gone)
+        .await
+        .expect("the volume is deleted");
+}
+
+/// A throttled and busy cloud: every RPC is answered, with a retryable
+/// code when the cloud asks to wait longer than the caller can, and a
+/// wave of creates costs the cloud about one create each.
+#[tokio::test]
+async fn a_throttled_and_busy_cloud_gets_about_one_call_per_operation_and_retryable_answers() {
+    if !root() {
+        return;
+    }
+    const CREATES: usize = 20;
+    let mut e = env().await;
+    let control = e.h.emulator.control();
+    control.clear_calls();
+    control.add_fault(FaultRule::new(
+        Some("POST"),
+        "/volumes",
+        FaultAction::Throttle {
+            per_second: 4.0,
+            burst: 2,
+            hint: RetryHint::XRetryAfter,
+        },
+    ));
+    let started = Instant::now();
+    let creates: Vec<_> = (0..CREATES)
+        .map(|i| {
+            let mut c = e.c.clone();
+            tokio::spawn(async move {
+                // as the provisioner does: the same request again after a
+                // retryable answer
+                loop {
+                    let r = timed(
+                        create_req(&format!("wave-{i}"), cap(), 1),
+                        Duration::from_secs(30),
+                    );
+                    match c.create_volume(r).await {
+                        Ok(v) => return v.into_inner().volume.unwrap().volume_id,
+                        Err(s) if s.code() == Code::Unavailable => {
+                            tokio::time::sleep(Duration::from_secs(1)).await
+                        }
+                        Err(s) => panic!("wave-{i}: {s:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for c in creates {
+        ids.push(c.await.unwrap());
+    }
+    let posts = calls(&e, "POST", "/volumes");
+    println!(
+        "{CREATES} creates against 4 per second: {posts} POSTs ({:.2} per volume) in {:?}",
+        posts as f64 / CREATES as f64,
+        started.elapsed()
+    );
+    for i in 0..CREATES {
+        assert_eq!(e.named(&format!("wave-{i}")).await.len(), 1, "wave-{i}");
+    }
+    // one per volume, the refusals of the first burst (sent before
+    // anything was known: all but the limiter's burst of 2), and few more
+    assert!(
+        posts <= CREATES + (CREATES - 2) + CREATES / 4,
+        "{posts} POSTs for {CREATES} volumes"
+    );
+    control.clear_faults();
+
+    // Nova busy with the server for longer than the caller waits: a
+    // retryable answer, and the attach once the server is free
+    let server = e.h.node_id.clone();
+    control.add_fault(FaultRule::new(
+        Some("POST"),
+        "/os-volume_attachments",
+        FaultAction::Status {
+            status: 409,
+            message: Some(format!(
+                "Cannot 'attach_volume' instance {server} while it is in task_state rebuilding"
+            )),
+            retry_after: None,
+            hint: RetryHint::None,
+        },
+    ));
+    let err =
+        e.c.controller_publish_volume(timed(publish_req(&e, &ids[0]), Duration::from_secs(3)))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{}", err.message());
+    assert!(err.message().contains("task_state"), "{}", err.message());
+    control.clear_faults();
+    e.publish(&ids[0], cap()).await;
+
+    // a rate limiter asking for a minute: answered at once, retryable,
+    // and nothing more is sent to it meanwhile
+    control.add_fault(
+        FaultRule::new(
+            Some("GET"),
+            &format!("/volumes/{}", ids[1]),
+            FaultAction::Status {
+                status: 429,
+                message: Some("Rate limit exceeded".into()),
+                retry_after: Some(60),
+                hint: RetryHint::XRateLimitRetryAfter,
+            },
+        )
+        .times(1),
+    );
+    let started = Instant::now();
+    let err =
+        e.c.controller_publish_volume(timed(publish_req(&e, &ids[1]), Duration::from_secs(10)))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{}", err.message());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let before = calls(&e, "GET", &format!("/volumes/{}", ids[1]));
+    let err =
+        e.c.controller_publish_volume(timed(publish_req(&e, &ids[1]), Duration::from_secs(5)))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{}", err.message());
+    assert_eq!(
+        calls(&e, "GET", &format!("/volumes/{}", ids[1])),
+        before,
+        "not sent while the cloud asked to wait"
+    );
+}
