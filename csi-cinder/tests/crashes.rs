@@ -14,10 +14,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use csi_sanity::harness::crash::{service_calls, until_kth_call_served};
 use openstack_client::config::{CloudConf, ConfigEnv};
 use openstack_client::nova::Compute;
 use openstack_client::{Session, SessionOptions};
-use openstack_emulator::{FaultAction, FaultRule};
 use proto::csi::v1 as csi;
 use proto::csi::v1::controller_client::ControllerClient;
 use proto::csi::v1::volume_capability::access_mode::Mode;
@@ -45,16 +45,6 @@ struct Target {
 
 fn cap() -> csi::VolumeCapability {
     mount_cap("ext4", Mode::SingleNodeWriter)
-}
-
-/// The cloud calls the plugin makes, logins aside, so far.
-fn service_calls(e: &Env) -> usize {
-    e.h.emulator
-        .control()
-        .calls()
-        .iter()
-        .filter(|c| !c.path.starts_with("/identity"))
-        .count()
 }
 
 fn nova(e: &Env) -> Compute {
@@ -250,49 +240,16 @@ async fn left_as_one_call_leaves(e: &Env, rpc: Rpc, t: &Target) -> Result<(), St
 /// Runs `rpc` once fault-free, then once killed after each of its calls.
 async fn killed_after_each_call(e: &mut Env, rpc: Rpc) -> Vec<String> {
     let t = prepare(e, rpc, "fault-free").await;
-    let before = service_calls(e);
+    let before = service_calls(&e.h.emulator);
     until_ok(e, rpc, &t).await;
-    let calls = service_calls(e) - before;
+    let calls = service_calls(&e.h.emulator) - before;
     left_as_one_call_leaves(e, rpc, &t).await.unwrap();
     let mut broken = Vec::new();
     let mut kills = 0;
     for k in 1..=calls {
         let t = prepare(e, rpc, &format!("killed-after-{k}")).await;
-        let before = service_calls(e);
-        // the k-th call from now is served, and its answer held until
-        // the plugin is gone
-        e.h.emulator.control().add_fault(
-            FaultRule::new(None, "/", FaultAction::HoldAnswer { millis: 3000 })
-                .except("/identity")
-                .every_nth(k as u32)
-                .times(1),
-        );
         let mut c = e.c.clone();
-        let (rpc_copy, target) = (
-            rpc,
-            Target {
-                name: t.name.clone(),
-                volume: t.volume.clone(),
-            },
-        );
-        let first = {
-            let e_ref: &Env = e;
-            let fut = call(&mut c, e_ref, rpc_copy, &target);
-            tokio::pin!(fut);
-            let started = Instant::now();
-            loop {
-                tokio::select! {
-                    r = &mut fut => break Some(r),
-                    _ = tokio::time::sleep(Duration::from_millis(20)) => {
-                        if service_calls(e_ref) >= before + k {
-                            break None;
-                        }
-                        assert!(started.elapsed() < Duration::from_secs(60), "{rpc:?}: call {k} never came");
-                    }
-                }
-            }
-        };
-        e.h.emulator.control().clear_faults();
+        let first = until_kth_call_served(&e.h.emulator, k, call(&mut c, e, rpc, &t)).await;
         if first.is_none() {
             kills += 1;
             // killed with the k-th answer on its way

@@ -2,7 +2,7 @@
 //! conformance suite and the drivers' own tests: [`cinder`] (the emulator
 //! playing the hypervisor with loop devices, or the real test cloud) and
 //! [`manila`] (the emulator with stand-in mount helpers, or the real test
-//! cloud with its Ceph).
+//! cloud with its Ceph); [`crash`]: a plugin killed between two cloud calls.
 //!
 //! Dropping a harness stops its plugin and takes down everything mounted
 //! below its directory, also when a test panics.
@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub mod cinder;
+pub mod crash;
 pub mod manila;
 pub mod stand_ins;
 
