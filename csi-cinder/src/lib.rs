@@ -6,6 +6,8 @@
 //! - [`capabilities`]: what a Cinder volume can serve;
 //! - [`errors`]: what Cinder's and Nova's refusals mean as gRPC codes;
 //! - [`options`]: the binary's flags;
+//! - [`orphans`]: the volumes and snapshots of this cluster that nothing
+//!   in it names any more (`cinder-csi-plugin orphans`);
 //! - [`parameters`]: StorageClass, VolumeAttributesClass and
 //!   VolumeSnapshotClass parameters;
 //! - [`plugin`]: the lifecycle the binary runs.
@@ -18,6 +20,7 @@ pub mod controller;
 pub mod errors;
 pub mod node;
 pub mod options;
+pub mod orphans;
 pub mod parameters;
 pub mod plugin;
 

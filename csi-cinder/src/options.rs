@@ -68,6 +68,10 @@ pub struct Options {
     pub driver_name: String,
     #[command(flatten)]
     pub services: csi_common::plugin::ServiceFlags,
+    /// Controller: the orphan report (volumes and snapshots tagged with
+    /// --cluster that no PV or VolumeSnapshotContent names).
+    #[command(flatten)]
+    pub orphans: csi_common::orphans::ServeArgs,
     #[command(flatten)]
     pub log: LogArgs,
 }

@@ -21,6 +21,7 @@ pub use csi_common::plugin::PluginError;
 use crate::Options;
 use crate::controller::{Cloud, ControllerOptions, ControllerService};
 use crate::node::{NodeOptions, NodeService, attach_limit};
+use crate::orphans::{CinderInventory, KINDS};
 
 /// Serves until SIGTERM or SIGINT.
 pub async fn run(opts: Options) -> Result<(), PluginError> {
@@ -70,6 +71,8 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
         let r = Readiness::default();
         r.watch_clouds(sessions);
         parts.push(r);
+        let clouds_for_orphans: Vec<BlockStorage> =
+            clouds.iter().map(|c| c.block.clone()).collect();
         let controller = ControllerService::new(
             clouds,
             ControllerOptions {
@@ -83,6 +86,20 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
         controller
             .attachment_metrics()
             .register(&mut server.registry().lock().unwrap_or_else(|p| p.into_inner()));
+        // the first cloud's: where the volumes of a one-cloud cluster are
+        let inventory = clouds_for_orphans.first().map(|block| CinderInventory {
+            block: block.clone(),
+            cluster: opts.cluster.clone(),
+        });
+        csi_common::orphans::start(
+            inventory,
+            &opts.cluster,
+            &opts.driver_name,
+            &opts.orphans,
+            &server.registry(),
+            "cinder_csi",
+            KINDS,
+        );
         routes = routes
             .add_service(GroupControllerServer::new(controller.clone()))
             .add_service(ControllerServer::new(controller));

@@ -10,6 +10,8 @@
 //! - [`credentials`]: CSI secrets → a cached Keystone session;
 //! - [`node_ops`]: request paths confined to `--path-root`, binds and
 //!   unmounts, topology labels;
+//! - [`orphans`]: what the cluster made in the cloud and no PV or
+//!   snapshot content names any more, reported and deleted on demand;
 //! - [`readiness`]: when Probe says ready;
 //! - [`plugin`]: flags both binaries check alike, and why a plugin stops;
 //! - [`startup_taint`]: the node's `<driver>/agent-not-ready` taint,
@@ -24,6 +26,7 @@ pub mod credentials;
 pub mod errors;
 pub mod locks;
 pub mod node_ops;
+pub mod orphans;
 pub mod paging;
 pub mod parameters;
 pub mod plugin;

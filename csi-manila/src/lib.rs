@@ -14,6 +14,8 @@
 //!   restart of the plugin never breaks a mount;
 //! - [`shares`]: what controller and node both know about shares;
 //! - [`parameters`]: StorageClass parameters and volume attributes;
+//! - [`orphans`]: the shares and snapshots of this cluster that nothing
+//!   in it names any more (`manila-csi-plugin orphans`);
 //! - [`capabilities`], [`errors`], [`options`], [`runtime_config`],
 //!   [`share_protocol`];
 //! - [`plugin`]: the lifecycle the binary runs.
@@ -30,6 +32,7 @@ pub mod mount_target;
 pub mod mounts;
 pub mod node;
 pub mod options;
+pub mod orphans;
 pub mod parameters;
 pub mod plugin;
 pub mod processes;

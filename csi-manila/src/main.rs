@@ -2,9 +2,14 @@ use clap::Parser;
 use csi_manila::Options;
 
 #[tokio::main]
+#[allow(clippy::print_stdout)]
 async fn main() -> anyhow::Result<()> {
     if csi_common::pre_stop::invoked() {
         csi_common::pre_stop::main(csi_manila::DEFAULT_DRIVER_NAME).await?;
+        return Ok(());
+    }
+    if csi_common::orphans::invoked() {
+        print!("{}", csi_manila::orphans::main().await?);
         return Ok(());
     }
     let opts = Options::parse();

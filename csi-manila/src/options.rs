@@ -95,6 +95,12 @@ pub struct Options {
     pub node_name: Option<String>,
     #[command(flatten)]
     pub services: csi_common::plugin::ServiceFlags,
+    /// Controller: the orphan report (shares of this protocol tagged with
+    /// --cluster-id, and their snapshots, that no PV or
+    /// VolumeSnapshotContent names; with the [Global] credentials of
+    /// --cloud-config).
+    #[command(flatten)]
+    pub orphans: csi_common::orphans::ServeArgs,
     #[command(flatten)]
     pub log: LogArgs,
 }

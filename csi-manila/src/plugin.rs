@@ -23,6 +23,7 @@ use crate::controller::{ControllerOptions, ControllerService};
 use crate::daemons::FuseDaemons;
 use crate::mount_pods::{MountPodOptions, MountPods};
 use crate::node::{NodeOptions, NodeService};
+use crate::orphans::{KINDS, ManilaInventory};
 use crate::parameters::parse_share_clients;
 use crate::runtime_config::RuntimeConfigFile;
 use crate::stage_record::StateDir;
@@ -59,6 +60,8 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     }
     let sessions: Vec<(String, Session)> =
         own.iter().map(|(n, s)| (n.clone(), s.clone())).collect();
+    // the controller's own credentials ([Global]), for the orphan report
+    let orphans_session = own.get("").or_else(|| own.values().next()).cloned();
     if !sessions.is_empty() {
         csi_common::plugin::reload_credentials_on_change(
             &conf,
@@ -107,6 +110,20 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
             },
         );
         routes = routes.add_service(ControllerServer::new(controller));
+        let inventory = orphans_session.map(|session| ManilaInventory {
+            manila: SharedFileSystems::new(session),
+            cluster: opts.cluster_id.clone(),
+            protocol: opts.share_protocol,
+        });
+        csi_common::orphans::start(
+            inventory,
+            &opts.cluster_id,
+            &opts.driver_name,
+            &opts.orphans,
+            &server.registry(),
+            "manila_csi",
+            KINDS,
+        );
         capabilities.push(service_capability(ServiceType::ControllerService));
         capabilities.push(expansion_capability(ExpansionType::Online));
     }

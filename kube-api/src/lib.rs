@@ -1,6 +1,8 @@
 //! The few Kubernetes API calls the plugins make, and nothing else: get,
 //! list, create and delete pods in one namespace; read a node, its
-//! CSINode and the VolumeAttachments; remove one taint of a node. With
+//! CSINode and the VolumeAttachments; remove one taint of a node; list
+//! the handles of the driver's PersistentVolumes and
+//! VolumeSnapshotContents ([`storage`]). With
 //! the pod's own in-cluster credentials (the service account token,
 //! re-read on every call because kubelet rotates it, and the cluster CA).
 //!
@@ -14,6 +16,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use url::Url;
+
+pub mod storage;
 
 /// Where kubelet puts a pod's service account credentials.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";

@@ -94,3 +94,17 @@ where
         delay = (delay + delay / 2).min(max);
     }
 }
+
+/// A `metadata` list filter as Cinder and Manila read it: a dict
+/// literal, which JSON's object syntax is.
+pub(crate) fn metadata_filter(pairs: &std::collections::BTreeMap<String, String>) -> String {
+    serde_json::to_string(pairs).unwrap_or_default()
+}
+
+/// Whether `metadata` has every pair of `wanted`.
+pub(crate) fn has_all(
+    metadata: &std::collections::BTreeMap<String, String>,
+    wanted: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    wanted.iter().all(|(k, v)| metadata.get(k) == Some(v))
+}

@@ -426,6 +426,61 @@ impl SharedFileSystems {
         Ok(self.session.send(req).await?.json::<L>()?.shares)
     }
 
+    /// All shares whose metadata has every pair of `metadata` (Manila
+    /// filters, and this client checks), following pagination.
+    pub async fn shares_with_metadata(
+        &self,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Vec<Share>> {
+        const PAGE: u32 = 500;
+        #[derive(Deserialize)]
+        struct L {
+            shares: Vec<Share>,
+        }
+        let mut out = Vec::new();
+        let mut offset = 0u64;
+        loop {
+            let req = self
+                .req(Method::GET, "shares/detail", "share_list")
+                .await?
+                .query("sort_key", "created_at")
+                .query("sort_dir", "asc")
+                .query("offset", offset)
+                .query("limit", PAGE)
+                .query("metadata", crate::common::metadata_filter(metadata));
+            let page = self.session.send(req).await?.json::<L>()?.shares;
+            let last = page.len() < PAGE as usize;
+            offset += page.len() as u64;
+            out.extend(
+                page.into_iter()
+                    .filter(|s| crate::common::has_all(&s.metadata, metadata)),
+            );
+            if last {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Every snapshot of the project, following pagination.
+    pub async fn all_snapshots(&self) -> Result<Vec<ShareSnapshot>> {
+        const PAGE: u32 = 500;
+        let mut out = Vec::new();
+        loop {
+            let page = self
+                .list_snapshots(&ListPage {
+                    limit: Some(PAGE),
+                    offset: out.len() as u64,
+                    ..Default::default()
+                })
+                .await?;
+            let last = page.len() < PAGE as usize;
+            out.extend(page);
+            if last {
+                return Ok(out);
+            }
+        }
+    }
+
     pub async fn delete_share(&self, id: &str) -> Result<()> {
         let req = self
             .req(

@@ -454,6 +454,29 @@ pub fn metadata_of(spec: &serde_json::Value) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
+/// The `metadata` filter of a list (Cinder's and Manila's): a dict
+/// literal, `{"k": "v"}` or Python's `{'k': 'v'}`. Entries whose metadata
+/// lacks any pair are left out.
+pub fn metadata_filter(
+    q: &BTreeMap<String, String>,
+    style: crate::errors::Style,
+) -> Result<Option<BTreeMap<String, String>>, crate::errors::ApiErr> {
+    let Some(text) = q.get("metadata") else {
+        return Ok(None);
+    };
+    serde_json::from_str::<BTreeMap<String, String>>(&text.replace('\'', "\""))
+        .map(Some)
+        .map_err(|_| crate::errors::ApiErr::bad(style, format!("Invalid metadata filter: {text}")))
+}
+
+/// Whether `metadata` has every pair `filter` asks for.
+pub fn metadata_matches(
+    metadata: &BTreeMap<String, String>,
+    filter: Option<&BTreeMap<String, String>>,
+) -> bool {
+    filter.is_none_or(|f| f.iter().all(|(k, v)| metadata.get(k) == Some(v)))
+}
+
 pub fn now_iso() -> String {
     iso_at(std::time::SystemTime::now())
 }

@@ -115,6 +115,7 @@ impl ControllerService {
                     name: None,
                     limit: Some(limit as u32),
                     marker: marker.clone(),
+                    ..Default::default()
                 })
                 .await
             {

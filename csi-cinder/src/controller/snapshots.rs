@@ -270,6 +270,7 @@ impl ControllerService {
                 volume_id: Some(r.source_volume_id.clone()).filter(|s| !s.is_empty()),
                 limit: Some(limit),
                 marker: marker.clone(),
+                ..Default::default()
             })
             .await
         {

@@ -16,10 +16,12 @@ use crate::session::{ApiRequest, Session};
 mod attachments;
 mod backups;
 mod groups;
+mod snapshots;
 
 pub use attachments::{AttachStatus, Attachment, MV_ATTACHMENT_COMPLETE, MV_ATTACHMENTS};
 pub use backups::{Backup, BackupStatus, CreateBackup};
 pub use groups::{CreateGroup, Group, GroupSnapshot, GroupSnapshotStatus, GroupStatus, GroupType};
+pub use snapshots::{CreateSnapshot, ListSnapshots, Snapshot, SnapshotStatus};
 
 /// Listing by name filter (`?name=`) is reliable from this microversion on.
 pub const MV_LIST_BY_NAME: &str = "3.34";
@@ -104,27 +106,6 @@ impl VolumeStatus {
     }
 }
 
-status_enum!(
-    /// Cinder's snapshot statuses.
-    SnapshotStatus {
-        Creating => "creating",
-        Available => "available",
-        BackingUp => "backing-up",
-        Deleting => "deleting",
-        Error => "error",
-        Deleted => "deleted",
-        Unmanaging => "unmanaging",
-        Restoring => "restoring",
-        ErrorDeleting => "error_deleting",
-    }
-);
-
-impl SnapshotStatus {
-    pub fn is_error(&self) -> bool {
-        self.as_str().starts_with("error")
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct VolumeAttachment {
     #[serde(default)]
@@ -177,25 +158,6 @@ impl Volume {
             .iter()
             .filter_map(|a| a.server_id.as_deref())
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Snapshot {
-    pub id: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub name: String,
-    pub status: SnapshotStatus,
-    pub size: u64,
-    pub volume_id: String,
-    #[serde(default)]
-    pub created_at: Option<String>,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub metadata: BTreeMap<String, String>,
-    #[serde(default)]
-    pub description: Option<String>,
-    /// The group snapshot this snapshot is a member of (3.14).
-    #[serde(default)]
-    pub group_snapshot_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -259,24 +221,9 @@ pub struct ListVolumes {
     pub name: Option<String>,
     pub limit: Option<u32>,
     pub marker: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CreateSnapshot {
-    pub volume_id: String,
-    pub name: String,
-    pub description: Option<String>,
-    /// Snapshot an attached volume.
-    pub force: bool,
+    /// Only volumes whose metadata has every one of these pairs (Cinder's
+    /// `metadata` filter; checked here too, for servers that ignore it).
     pub metadata: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ListSnapshots {
-    pub name: Option<String>,
-    pub volume_id: Option<String>,
-    pub limit: Option<u32>,
-    pub marker: Option<String>,
 }
 
 /// The Cinder v3 API. Cheap to clone.
@@ -376,6 +323,9 @@ impl BlockStorage {
         if let Some(m) = &q.marker {
             req = req.query("marker", m);
         }
+        if !q.metadata.is_empty() {
+            req = req.query("metadata", crate::common::metadata_filter(&q.metadata));
+        }
         #[derive(Deserialize)]
         struct L {
             volumes: Vec<Volume>,
@@ -386,10 +336,14 @@ impl BlockStorage {
         let next = next_marker(&l.volumes_links);
         // Cinder's name filter matches exactly from 3.34 on; older
         // servers (or ignore-volume-microversion) may return more
-        let items = match &q.name {
-            Some(n) => l.volumes.into_iter().filter(|v| &v.name == n).collect(),
-            None => l.volumes,
-        };
+        let items = l
+            .volumes
+            .into_iter()
+            .filter(|v| {
+                q.name.as_ref().is_none_or(|n| &v.name == n)
+                    && crate::common::has_all(&v.metadata, &q.metadata)
+            })
+            .collect();
         Ok(Page {
             items,
             next_marker: next,
@@ -406,6 +360,31 @@ impl BlockStorage {
                     name: Some(name.to_string()),
                     limit: None,
                     marker,
+                    ..Default::default()
+                })
+                .await?;
+            out.extend(page.items);
+            match page.next_marker {
+                Some(m) => marker = Some(m),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// All volumes whose metadata has every pair of `metadata` (following
+    /// pagination; Cinder filters, and this client checks).
+    pub async fn volumes_with_metadata(
+        &self,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Vec<Volume>> {
+        let mut out = Vec::new();
+        let mut marker = None;
+        loop {
+            let page = self
+                .list_volumes(&ListVolumes {
+                    marker,
+                    metadata: metadata.clone(),
+                    ..Default::default()
                 })
                 .await?;
             out.extend(page.items);
@@ -523,90 +502,6 @@ impl BlockStorage {
         Ok(())
     }
 
-    pub async fn create_snapshot(&self, spec: &CreateSnapshot) -> Result<Snapshot> {
-        let mut s = Map::new();
-        s.insert("volume_id".into(), json!(spec.volume_id));
-        s.insert("name".into(), json!(spec.name));
-        s.insert("force".into(), json!(spec.force));
-        opt(&mut s, "description", &spec.description);
-        if !spec.metadata.is_empty() {
-            s.insert("metadata".into(), json!(spec.metadata));
-        }
-        let resp = self
-            .session
-            .send(
-                self.req(Method::POST, "snapshots", "snapshot_create")
-                    .json(json!({ "snapshot": Value::Object(s) })),
-            )
-            .await?;
-        Ok(resp.json::<SnapshotEnvelope>()?.snapshot)
-    }
-
-    pub async fn get_snapshot(&self, id: &str) -> Result<Snapshot> {
-        let resp = self
-            .session
-            .send(self.mv(
-                self.req(
-                    Method::GET,
-                    format!("snapshots/{}", seg(id)),
-                    "snapshot_get",
-                ),
-                MV_GROUP_SNAPSHOTS,
-            ))
-            .await?;
-        Ok(resp.json::<SnapshotEnvelope>()?.snapshot)
-    }
-
-    pub async fn list_snapshots(&self, q: &ListSnapshots) -> Result<Page<Snapshot>> {
-        let mut req = self.mv(
-            self.req(Method::GET, "snapshots/detail", "snapshot_list"),
-            MV_LIST_BY_NAME,
-        );
-        if let Some(n) = &q.name {
-            req = req.query("name", n);
-        }
-        if let Some(v) = &q.volume_id {
-            req = req.query("volume_id", v);
-        }
-        if let Some(l) = q.limit {
-            req = req.query("limit", l);
-        }
-        if let Some(m) = &q.marker {
-            req = req.query("marker", m);
-        }
-        #[derive(Deserialize)]
-        struct L {
-            snapshots: Vec<Snapshot>,
-            #[serde(default)]
-            snapshots_links: Vec<Link>,
-        }
-        let l: L = self.session.send(req).await?.json()?;
-        let next = next_marker(&l.snapshots_links);
-        let items = l
-            .snapshots
-            .into_iter()
-            .filter(|s| {
-                q.name.as_ref().is_none_or(|n| &s.name == n)
-                    && q.volume_id.as_ref().is_none_or(|v| &s.volume_id == v)
-            })
-            .collect();
-        Ok(Page {
-            items,
-            next_marker: next,
-        })
-    }
-
-    pub async fn delete_snapshot(&self, id: &str) -> Result<()> {
-        self.session
-            .send(self.req(
-                Method::DELETE,
-                format!("snapshots/{}", seg(id)),
-                "snapshot_delete",
-            ))
-            .await?;
-        Ok(())
-    }
-
     pub async fn list_volume_types(&self) -> Result<Vec<VolumeType>> {
         #[derive(Deserialize)]
         struct L {
@@ -688,11 +583,6 @@ impl BlockStorage {
 #[derive(Deserialize)]
 struct VolumeEnvelope {
     volume: Volume,
-}
-
-#[derive(Deserialize)]
-struct SnapshotEnvelope {
-    snapshot: Snapshot,
 }
 
 #[derive(Deserialize)]

@@ -548,3 +548,76 @@ async fn cinder_groups_and_group_snapshots() {
         c.delete_volume(id).await.unwrap();
     }
 }
+
+/// The orphan report lists a cluster's volumes and snapshots by their
+/// metadata tag: the service filters (a page of one holds the tagged
+/// volume, not a newer untagged one), and so the client's check only
+/// confirms.
+#[tokio::test]
+async fn cinder_lists_volumes_and_snapshots_by_metadata() {
+    let b = Backend::new().await;
+    if !b.has("cinder", "cinder_lists_volumes_and_snapshots_by_metadata") {
+        return;
+    }
+    let c = BlockStorage::new(b.session(User::Member));
+    let cluster = unique("contract-cluster");
+    let tag: std::collections::BTreeMap<String, String> =
+        [("cinder.csi.openstack.org/cluster".to_string(), cluster)].into();
+    let tagged = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-tagged"),
+            size_gib: 1,
+            metadata: tag.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_volume(&c, &tagged.id, VolumeStatus::Available).await;
+    // newer, so first in Cinder's default order
+    let untagged = new_volume(&c, &unique("contract-untagged"), 1).await;
+    let page = c
+        .list_volumes(&ListVolumes {
+            limit: Some(1),
+            metadata: tag.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        page.items.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(),
+        [tagged.id.as_str()],
+        "{}: the service filters by metadata",
+        b.name()
+    );
+    let all: Vec<String> = c
+        .volumes_with_metadata(&tag)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.id)
+        .collect();
+    assert_eq!(all, [tagged.id.clone()], "{}", b.name());
+    let snap = c
+        .create_snapshot(&CreateSnapshot {
+            volume_id: tagged.id.clone(),
+            name: unique("contract-tagged-snap"),
+            metadata: tag.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_snapshot(&c, &snap.id).await;
+    let snaps: Vec<String> = c
+        .snapshots_with_metadata(&tag)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(snaps, [snap.id.clone()], "{}", b.name());
+    c.delete_snapshot(&snap.id).await.unwrap();
+    wait_gone("snapshot", || c.get_snapshot(&snap.id)).await;
+    for id in [tagged.id, untagged.id] {
+        c.delete_volume(&id).await.unwrap();
+    }
+}

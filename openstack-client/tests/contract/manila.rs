@@ -423,3 +423,45 @@ async fn wait_snapshot_available(m: &SharedFileSystems, id: &str) {
     .await
     .unwrap();
 }
+
+/// The orphan report lists a cluster's shares by their metadata tag.
+#[tokio::test]
+async fn manila_lists_shares_by_metadata() {
+    let b = Backend::new().await;
+    if !b.has("manila", "manila_lists_shares_by_metadata") {
+        return;
+    }
+    let m = SharedFileSystems::new(b.session(User::Member));
+    let tag: std::collections::BTreeMap<String, String> = [(
+        "manila.csi.openstack.org/cluster".to_string(),
+        unique("contract-cluster"),
+    )]
+    .into();
+    let tagged = m
+        .create_share(&CreateShare {
+            metadata: tag.clone(),
+            ..nfs(&unique("contract-tagged"), 1)
+        })
+        .await
+        .unwrap();
+    let untagged = m
+        .create_share(&nfs(&unique("contract-untagged"), 1))
+        .await
+        .unwrap();
+    wait_share(&m, &tagged.id, ShareStatus::Available).await;
+    wait_share(&m, &untagged.id, ShareStatus::Available).await;
+    let found: Vec<String> = m
+        .shares_with_metadata(&tag)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(found, [tagged.id.clone()], "{}", b.name());
+    for id in [&tagged.id, &untagged.id] {
+        m.delete_share(id).await.unwrap();
+    }
+    for id in [tagged.id, untagged.id] {
+        wait_gone("share", || m.get_share(&id)).await;
+    }
+}

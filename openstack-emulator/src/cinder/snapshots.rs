@@ -106,12 +106,14 @@ pub(super) async fn list_snapshots(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
     check_project(&ctx, &project)?;
+    let filter = crate::state::metadata_filter(&q, S)?;
     let w = state.world();
     let items = w
         .snapshots
         .values()
         .filter(|s| s.project_id == ctx.project_id)
         .filter(|s| q.get("name").is_none_or(|n| &s.name == n))
+        .filter(|s| crate::state::metadata_matches(&s.metadata, filter.as_ref()))
         .filter(|s| q.get("volume_id").is_none_or(|v| &s.volume_id == v))
         .filter(|s| q.get("status").is_none_or(|st| &s.status == st))
         .map(|s| (s.seq, s.id.clone(), snapshot_json(s)))

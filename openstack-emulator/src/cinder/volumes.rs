@@ -239,12 +239,14 @@ pub(super) async fn list_volumes(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
     check_project(&ctx, &project)?;
+    let filter = crate::state::metadata_filter(&q, S)?;
     let w = state.world();
     let items = w
         .volumes
         .values()
         .filter(|v| v.project_id == ctx.project_id)
         .filter(|v| q.get("name").is_none_or(|n| &v.name == n))
+        .filter(|v| crate::state::metadata_matches(&v.metadata, filter.as_ref()))
         .filter(|v| q.get("status").is_none_or(|s| &v.status == s))
         .map(|v| (v.seq, v.id.clone(), v))
         .collect();

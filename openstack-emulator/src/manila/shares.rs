@@ -216,12 +216,14 @@ pub(super) async fn list_shares(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> ApiResult<Json<Value>> {
     check_project(&ctx, &project)?;
+    let filter = crate::state::metadata_filter(&q, S)?;
     let w = state.world();
     let mut list: Vec<&ShareRec> = w
         .shares
         .values()
         .filter(|x| x.project_id == ctx.project_id)
         .filter(|x| q.get("name").is_none_or(|n| &x.name == n))
+        .filter(|x| crate::state::metadata_matches(&x.metadata, filter.as_ref()))
         .collect();
     list.sort_by_key(|x| std::cmp::Reverse(x.seq));
     if q.get("sort_dir").map(String::as_str) == Some("asc") {

@@ -744,6 +744,7 @@ async fn a_controller_killed_while_provisioning_leaves_exactly_one_volume_per_cl
                 name: None,
                 limit: Some(500),
                 marker: marker.clone(),
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -779,6 +780,7 @@ async fn a_controller_killed_while_provisioning_leaves_exactly_one_volume_per_cl
             name: None,
             limit: Some(500),
             marker: None,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -2,7 +2,8 @@
 //! conformance suite and the drivers' own tests: [`cinder`] (the emulator
 //! playing the hypervisor with loop devices, or the real test cloud) and
 //! [`manila`] (the emulator with stand-in mount helpers, or the real test
-//! cloud with its Ceph); [`crash`]: a plugin killed between two cloud calls.
+//! cloud with its Ceph); [`crash`]: a plugin killed between two cloud calls;
+//! [`kube`]: a stand-in apiserver listing PVs and snapshot contents.
 //!
 //! Dropping a harness stops its plugin and takes down everything mounted
 //! below its directory, also when a test panics.
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 
 pub mod cinder;
 pub mod crash;
+pub mod kube;
 pub mod manila;
 pub mod stand_ins;
 

@@ -1,0 +1,143 @@
+//! What a controller reads to know which of its cloud resources the
+//! cluster still uses: the volume handles of its driver's
+//! PersistentVolumes and the snapshot handles of its
+//! VolumeSnapshotContents. Listed a page at a time (500), so that a
+//! cluster of thousands costs a few calls and bounded memory per page.
+
+use std::collections::HashSet;
+
+use serde::Deserialize;
+
+use crate::{Client, KubeError, Result, decode};
+
+const PAGE: &str = "500";
+
+#[derive(Debug, Default, Deserialize)]
+struct ListMeta {
+    #[serde(default, rename = "continue")]
+    next: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct List<T> {
+    #[serde(default)]
+    metadata: ListMeta,
+    #[serde(default = "Vec::new")]
+    items: Vec<T>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PersistentVolume {
+    #[serde(default)]
+    spec: PvSpec,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct PvSpec {
+    #[serde(default)]
+    csi: Option<CsiSource>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CsiSource {
+    #[serde(default)]
+    driver: String,
+    #[serde(default)]
+    volume_handle: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct SnapshotContent {
+    #[serde(default)]
+    spec: ContentSpec,
+    #[serde(default)]
+    status: Option<ContentStatus>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ContentSpec {
+    #[serde(default)]
+    driver: String,
+    #[serde(default)]
+    source: ContentSource,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ContentSource {
+    /// A pre-provisioned snapshot.
+    #[serde(default)]
+    snapshot_handle: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ContentStatus {
+    /// A dynamically made snapshot, once the sidecar has it.
+    #[serde(default)]
+    snapshot_handle: Option<String>,
+}
+
+impl Client {
+    /// Every page of a cluster-wide list.
+    async fn list_all<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<Vec<T>> {
+        let mut out = Vec::new();
+        let mut next: Option<String> = None;
+        loop {
+            let mut query = vec![("limit", PAGE)];
+            if let Some(c) = next.as_deref() {
+                query.push(("continue", c));
+            }
+            let v = self.call("GET", path, &query, None).await?;
+            let page: List<T> = decode("GET", path, v)?;
+            out.extend(page.items);
+            match page.metadata.next.filter(|c| !c.is_empty()) {
+                Some(c) => next = Some(c),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// The volume handles of every PersistentVolume of `driver`.
+    pub async fn csi_volume_handles(&self, driver: &str) -> Result<HashSet<String>> {
+        let pvs: Vec<PersistentVolume> = self.list_all("api/v1/persistentvolumes").await?;
+        Ok(pvs
+            .into_iter()
+            .filter_map(|pv| pv.spec.csi)
+            .filter(|csi| csi.driver == driver && !csi.volume_handle.is_empty())
+            .map(|csi| csi.volume_handle)
+            .collect())
+    }
+
+    /// The snapshot handles of every VolumeSnapshotContent of `driver`;
+    /// None when the cluster has no snapshot API (the CRDs are not
+    /// installed: nothing can name a snapshot).
+    pub async fn csi_snapshot_handles(&self, driver: &str) -> Result<Option<HashSet<String>>> {
+        let path = "apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents";
+        let contents: Vec<SnapshotContent> = match self.list_all(path).await {
+            Ok(c) => c,
+            Err(e @ KubeError::Status { status: 404, .. }) => {
+                tracing::debug!(error = %e, "no snapshot API");
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Some(
+            contents
+                .into_iter()
+                .filter(|c| c.spec.driver == driver)
+                .flat_map(|c| {
+                    [
+                        c.spec.source.snapshot_handle,
+                        c.status.and_then(|s| s.snapshot_handle),
+                    ]
+                })
+                .flatten()
+                .filter(|h| !h.is_empty())
+                .collect(),
+        ))
+    }
+}

@@ -1,0 +1,151 @@
+//! A stand-in apiserver for what a controller reads of the cluster: its
+//! PersistentVolumes and VolumeSnapshotContents, a page (of two) at a
+//! time as an apiserver pages with `limit` and `continue`, to the bearer
+//! of one token only. A test sets what it lists, and can make a PV
+//! appear from a given listing on (one made between a report and its
+//! deletions).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+
+use super::HarnessError;
+
+const TOKEN: &str = "stand-in-t0ken";
+
+/// What the stand-in lists.
+#[derive(Debug, Default)]
+pub struct Objects {
+    /// (driver, volume handle) of each PV.
+    pub pvs: Vec<(String, String)>,
+    /// (driver, snapshot handle) of each VolumeSnapshotContent.
+    pub contents: Vec<(String, String)>,
+    /// A PV listed from the `late_from`-th listing of PVs on.
+    pub late_pv: Option<(String, String)>,
+    pub late_from: usize,
+    /// Listings of PVs so far (their first pages).
+    pub pv_lists: usize,
+}
+
+type Shared = Arc<Mutex<Objects>>;
+
+pub struct StandInApiserver {
+    pub url: String,
+    pub token_file: PathBuf,
+    objects: Shared,
+    _dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for StandInApiserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StandInApiserver")
+            .field("url", &self.url)
+            .finish()
+    }
+}
+
+fn authorized(h: &HeaderMap) -> bool {
+    h.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {TOKEN}"))
+}
+
+fn paged(items: Vec<Value>, q: &HashMap<String, String>) -> Value {
+    let from: usize = q.get("continue").and_then(|c| c.parse().ok()).unwrap_or(0);
+    let page: Vec<Value> = items.iter().skip(from).take(2).cloned().collect();
+    let next = (from + 2 < items.len()).then(|| (from + 2).to_string());
+    json!({"metadata": {"continue": next}, "items": page})
+}
+
+async fn pvs(
+    State(s): State<Shared>,
+    h: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if !authorized(&h) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let mut o = s.lock().unwrap_or_else(|p| p.into_inner());
+    if !q.contains_key("continue") {
+        o.pv_lists += 1;
+    }
+    let mut pvs = o.pvs.clone();
+    if o.pv_lists >= o.late_from
+        && let Some(late) = &o.late_pv
+    {
+        pvs.push(late.clone());
+    }
+    let items = pvs
+        .iter()
+        .map(
+            |(driver, handle)| json!({"spec": {"csi": {"driver": driver, "volumeHandle": handle}}}),
+        )
+        // a PV of another kind of volume
+        .chain([json!({"spec": {"hostPath": {"path": "/x"}}})])
+        .collect();
+    axum::Json(paged(items, &q)).into_response()
+}
+
+async fn contents(
+    State(s): State<Shared>,
+    h: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if !authorized(&h) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let o = s.lock().unwrap_or_else(|p| p.into_inner());
+    let items = o
+        .contents
+        .iter()
+        .map(|(driver, handle)| {
+            json!({"spec": {"driver": driver, "source": {"volumeHandle": "v"}}, "status": {"snapshotHandle": handle}})
+        })
+        .collect();
+    axum::Json(paged(items, &q)).into_response()
+}
+
+impl StandInApiserver {
+    pub async fn start() -> Result<Self, HarnessError> {
+        let objects: Shared = Arc::default();
+        let app = Router::new()
+            .route("/api/v1/persistentvolumes", get(pvs))
+            .route(
+                "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents",
+                get(contents),
+            )
+            .with_state(objects.clone());
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let a = l.local_addr()?;
+        tokio::spawn(async move {
+            let _ = axum::serve(l, app).await;
+        });
+        let dir = tempfile::tempdir()?;
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, format!("{TOKEN}\n"))?;
+        Ok(Self {
+            url: format!("http://{a}/"),
+            token_file,
+            objects,
+            _dir: dir,
+        })
+    }
+
+    /// What it lists, to change.
+    pub fn objects(&self) -> MutexGuard<'_, Objects> {
+        self.objects.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The plugin flags that point at it.
+    pub fn flags(&self) -> Vec<String> {
+        vec![
+            format!("--kube-apiserver={}", self.url),
+            format!("--kube-token-file={}", self.token_file.display()),
+        ]
+    }
+}
