@@ -596,7 +596,7 @@ async fn cinder_lists_volumes_and_snapshots_by_metadata() {
         .into_iter()
         .map(|v| v.id)
         .collect();
-    assert_eq!(all, [tagged.id.clone()], "{}", b.name());
+    assert_eq!(all, std::slice::from_ref(&tagged.id), "{}", b.name());
     let snap = c
         .create_snapshot(&CreateSnapshot {
             volume_id: tagged.id.clone(),
@@ -614,7 +614,7 @@ async fn cinder_lists_volumes_and_snapshots_by_metadata() {
         .into_iter()
         .map(|s| s.id)
         .collect();
-    assert_eq!(snaps, [snap.id.clone()], "{}", b.name());
+    assert_eq!(snaps, std::slice::from_ref(&snap.id), "{}", b.name());
     c.delete_snapshot(&snap.id).await.unwrap();
     wait_gone("snapshot", || c.get_snapshot(&snap.id)).await;
     for id in [tagged.id, untagged.id] {

@@ -457,7 +457,7 @@ async fn manila_lists_shares_by_metadata() {
         .into_iter()
         .map(|s| s.id)
         .collect();
-    assert_eq!(found, [tagged.id.clone()], "{}", b.name());
+    assert_eq!(found, std::slice::from_ref(&tagged.id), "{}", b.name());
     for id in [&tagged.id, &untagged.id] {
         m.delete_share(id).await.unwrap();
     }
