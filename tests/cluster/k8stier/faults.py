@@ -1,0 +1,163 @@
+"""What the tests do to the cluster: restart kubelet or the apiservers, kill a
+node as a machine losing power and bring it back."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from .config import ClusterError, KUBELET_DIR, NODE, REPO, SERVICES, binary, log, namespaced_nodes, nodes, run
+from .control_plane import start_apiserver, wait_apiserver
+from .nodes import start_containerd, start_kubelet, wait_node_ready
+from .pki import kubectl
+from .processes import shim_pids
+from .teardown import pod_processes
+
+
+def cmd_restart_kubelet():
+    """kubelet stopped (SIGTERM) and started again, as a node's service
+    manager restarts it: its pods keep running meanwhile."""
+    binary("kubelet")  # before anything stops: a missing input stops nothing
+    SERVICES.stop("kubelet")
+    t = time.time()
+    start_kubelet(nodes()[0])
+
+    def reported_since():
+        # a Ready heartbeat of the new kubelet: it has synced its pods
+        r = kubectl("get", "node", NODE, "-o", "json", check=False)
+        if r.returncode != 0:
+            return False
+        for c in json.loads(r.stdout)["status"].get("conditions", []):
+            if c["type"] == "Ready" and c["status"] == "True":
+                beat = time.mktime(time.strptime(c["lastHeartbeatTime"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+                return beat >= int(t)
+        return False
+    SERVICES.wait_until("kubelet", reported_since, 120)
+    log(f"kubelet restarted; node Ready again after {time.time() - t:.1f}s")
+
+
+def cmd_restart_apiservers(rest):
+    """Both apiservers stopped and started again, as after a reboot of
+    their nodes: their caches of data keys are gone, so every stored
+    Secret's key is asked of the KMS plugins again (Decrypt). With
+    `--live`, each is waited for until it serves, not until it is ready
+    (an apiserver whose plugin cannot open every Secret never is)."""
+    until = "livez" if "--live" in rest else "readyz"
+    binary("kube-apiserver")  # before anything stops: a missing input stops nothing
+    t = time.time()
+    names = ("kube-apiserver", "kube-apiserver-b")
+    # abrupt, as a reboot is (its graceful drain takes longer than the test)
+    SERVICES.stop_all(names, grace=3)
+    # both nodes come back at once, as after a power cut
+    for name in names:
+        start_apiserver(name, until, wait=False)
+    for name in names:
+        wait_apiserver(name, until)
+    log(f"apiservers restarted in {time.time() - t:.1f}s")
+
+
+def namespaced_node(name):
+    for node in namespaced_nodes():
+        if node.name == name:
+            return node
+    raise ClusterError(f"{name!r} is not a node of its own namespaces (node A runs the control plane): "
+                       f"{', '.join(n.name for n in namespaced_nodes())}")
+
+
+def node_server_power(node, action):
+    run([sys.executable, REPO / "tests" / "openstack" / "cloud.py", "node-server-power", node.name, action],
+        timeout=300)
+
+
+def node_mounts(node):
+    """(mount point, filesystem type, source) of the mounts below the
+    kubelet directory in the node's mount namespace, deepest first."""
+    r = subprocess.run([*node.enter(), "findmnt", "-rn", "-o", "TARGET,FSTYPE,SOURCE"],
+                       capture_output=True, text=True)
+    found = []
+    for line in r.stdout.splitlines():
+        parts = line.split(" ")
+        if len(parts) == 3 and parts[0].startswith(f"{KUBELET_DIR}/"):
+            found.append(tuple(parts))
+    return sorted(found, key=lambda m: m[0].count("/"), reverse=True)
+
+
+def cmd_kill_node(rest):
+    """`kill-node NAME`: the node dies as a machine that loses power does.
+    Its kubelet, containerd, shims and pod processes are killed at once
+    (SIGKILL: nothing unmounts, unstages or says goodbye to the API), and
+    its Nova server goes SHUTOFF. One thing a dead machine does that
+    killed processes do not: its kernel writes nothing more to its disks.
+    Its block filesystems are made read-only here (which flushes what was
+    written): a filesystem the node mounted must not write to the volume
+    again, later, when another node has it."""
+    if len(rest) != 1:
+        raise ClusterError("usage: cluster.py kill-node NAME")
+    node = namespaced_node(rest[0])
+    t = time.time()
+    for name in (node.service("kubelet"), node.service("containerd")):
+        pgid = SERVICES.group(name)
+        if pgid is not None:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            SERVICES.forget(name)
+    deadline = time.time() + 30
+    while pids := node_processes(node):
+        if time.time() > deadline:
+            raise ClusterError(f"processes of {node.name} outlived SIGKILL: {sorted(pids)}")
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    frozen = 0
+    for target, fstype, source in node_mounts(node):
+        if source.startswith("/dev/") and fstype in ("ext2", "ext3", "ext4", "xfs"):
+            r = subprocess.run([*node.enter(), "mount", "-o", "remount,ro", target], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise ClusterError(f"{node.name}: cannot make {target} read-only: {r.stderr.strip()}")
+            frozen += 1
+    node_server_power(node, "stop")
+    log(f"{node.name} dead in {time.time() - t:.1f}s: its processes killed, {frozen} mounts of its disks "
+        "read-only, its server SHUTOFF")
+
+
+def node_processes(node):
+    """The node's shims and whatever runs in its pods' cgroups."""
+    return shim_pids([node]) | pod_processes([node])
+
+
+def cmd_revive_node(rest):
+    """`revive-node NAME [--as-new]`: the node back after kill-node, as a
+    machine powered on again: none of its mounts of before (taken off
+    without a write, kill-node made them read-only; a dead FUSE daemon's
+    lazily), its server ACTIVE, containerd and kubelet started, until
+    Ready. With --as-new its Node (and so its CSINode) is deleted first:
+    kubelet registers it anew, with the registration taints of a new
+    machine, the startup taints among them."""
+    if len(rest) not in (1, 2) or (len(rest) == 2 and rest[1] != "--as-new"):
+        raise ClusterError("usage: cluster.py revive-node NAME [--as-new]")
+    node = namespaced_node(rest[0])
+    t = time.time()
+    if SERVICES.alive(node.service("kubelet")):
+        raise ClusterError(f"{node.name}'s kubelet runs: kill-node it first")
+    for target, _, _ in node_mounts(node):
+        subprocess.run([*node.enter(), "umount", "-l", target], capture_output=True)
+    if len(rest) == 2:
+        kubectl("delete", "node", node.name, "--ignore-not-found", "--wait=true", timeout=120)
+
+        def csinode_gone():
+            r = kubectl("get", "csinode", node.name, "--ignore-not-found", "-o", "name", check=False)
+            return r.returncode == 0 and not r.stdout.strip()
+        # kubelet would otherwise find the old machine's drivers listed
+        SERVICES.wait_until(f"{node.name}'s CSINode collected", csinode_gone, 60)
+    node_server_power(node, "start")
+    start_containerd(node)
+    start_kubelet(node)
+    wait_node_ready(node)
+    log(f"{node.name} back and Ready in {time.time() - t:.1f}s" + (" (registered anew)" if len(rest) == 2 else ""))
