@@ -282,9 +282,10 @@ cinder_on_the_real_cloud() {
   run_tests csi-sanity drivers --ignored cinder_conforms_on_the_real_cloud --nocapture || rc=1
   run_tests csi-sanity drivers --ignored cinder_credentials_rotate_on_the_real_cloud --nocapture || rc=1
   run_tests csi-cinder real_cloud --ignored || rc=1
+  run_tests csi-cinder real_cloud_faults --ignored --test-threads=1 || rc=1
   return $rc
 }
-background_tests "Cinder CSI on real Cinder + Nova (conformance, credentials rotated, zones, stuck attachments)" \
+background_tests "Cinder CSI on real Cinder + Nova (conformance, credentials rotated, zones, stuck attachments, throttled, lost answers, a late detach, an outage)" \
   cinder_on_the_real_cloud
 tests "Manila CSI on real Manila + Ceph (ceph-fuse)" run_tests csi-manila real_cloud --ignored
 tests "Manila CSI conformance (real Manila + Ceph)" \

@@ -5,6 +5,8 @@
 //! injects faults on demand. Optionally it plays the hypervisor: attached
 //! volumes appear as loop devices under a by-id directory.
 //!
+//! [`proxy`] puts the same faults in front of real OpenStack services.
+//!
 //! It is a development and test backend, never a production default.
 
 mod admin;
@@ -17,6 +19,7 @@ mod keystone;
 mod manila;
 mod nova;
 pub mod preconditions;
+pub mod proxy;
 mod state;
 
 use std::net::SocketAddr;
@@ -34,7 +37,7 @@ use url::Url;
 
 pub use faults::{FaultAction, FaultRule, RetryHint};
 use state::World;
-pub use state::{Delays, Quotas};
+pub use state::{CallRecord, Delays, Quotas};
 
 /// Users the emulator knows. `admin` has the admin role in project
 /// `admin`; `demo` is a member of project `demo`.

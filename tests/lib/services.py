@@ -105,7 +105,19 @@ class Services:
         )
         self.pid_file(name).write_text(str(proc.pid))
         (self.state / "pids" / f"{name}.started").write_text(str(time.time()))
+        # how it was started, so that an outage can end as it began
+        (self.state / "pids" / f"{name}.cmd").write_text(
+            json.dumps({"cmd": [str(c) for c in cmd], "env": env or {}, "cwd": cwd}))
         self.log(f"started {name} (pid {proc.pid})")
+
+    def start_again(self, name):
+        """Starts a stopped service with the command it was last started
+        with (its end of an outage)."""
+        recorded = self.state / "pids" / f"{name}.cmd"
+        if not recorded.exists():
+            raise self.error(f"{name} was never started here")
+        how = json.loads(recorded.read_text())
+        self.start(name, how["cmd"], env=how["env"], cwd=how["cwd"])
 
     def group(self, name):
         p = self.pid_file(name)

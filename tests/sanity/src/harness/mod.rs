@@ -132,6 +132,41 @@ pub fn real_cloud_dir() -> PathBuf {
         })
 }
 
+/// The real test cloud's fault proxy (`cloud.py up` starts it in front
+/// of every service; `cloud-<user>-via-proxy.conf` reaches the services
+/// through it).
+pub fn real_cloud_fault_proxy() -> Result<openstack_emulator::proxy::ProxyControl, HarnessError> {
+    let file = real_cloud_dir().join("fault-proxy");
+    let text = std::fs::read_to_string(&file)?;
+    let admin = text
+        .trim()
+        .parse()
+        .map_err(|e| HarnessError::Cloud(format!("{}: {e}", file.display())))?;
+    Ok(openstack_emulator::proxy::ProxyControl { admin })
+}
+
+/// An outage of a service of the real test cloud: `cloud.py outage stop
+/// SERVICE` (its API stopped) or `start` (started again as it was).
+pub async fn real_cloud_outage(action: &str, service: &str) -> Result<(), HarnessError> {
+    let script = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../openstack/cloud.py"
+    ));
+    let out = tokio::process::Command::new("python3")
+        .arg(script)
+        .args(["outage", action, service])
+        .env("OS_TEST_CLOUD_DIR", real_cloud_dir())
+        .output()
+        .await?;
+    if !out.status.success() {
+        return Err(HarnessError::Cloud(format!(
+            "cloud.py outage {action} {service}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
 /// A name of the real cloud no other test run uses:
 /// `csi-real-<what>-<pid>-<nanoseconds>`.
 pub fn unique_name(what: &str) -> String {

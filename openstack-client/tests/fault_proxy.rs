@@ -1,0 +1,141 @@
+//! The fault proxy (`openstack_emulator::proxy`, which puts the emulator's
+//! faults in front of the real test cloud) in front of the emulator: a
+//! client given the proxied Keystone reaches every service through the
+//! proxy (the token's catalog is rewritten), the proxy's rules apply as
+//! the emulator's do, and it counts the calls.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use openstack_client::cinder::{BlockStorage, CreateVolume};
+use openstack_client::config::{CloudConf, ConfigEnv};
+use openstack_client::{Error, RetryPolicy, Session, SessionOptions};
+use openstack_emulator::proxy::{FaultProxy, ProxyControl, Upstream};
+use openstack_emulator::{Emulator, EmulatorConfig, FaultAction, FaultRule, RetryHint};
+
+#[tokio::test]
+async fn a_client_of_the_proxied_keystone_goes_through_the_proxy_and_meets_its_faults() {
+    let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    let target: std::net::SocketAddr = format!(
+        "{}:{}",
+        emu.url().host_str().unwrap(),
+        emu.url().port().unwrap()
+    )
+    .parse()
+    .unwrap();
+    let listen = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    // the emulator serves every service on one port: one upstream
+    let proxy = FaultProxy::start(
+        vec![Upstream {
+            service: "emulator".into(),
+            listen,
+            target,
+        }],
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let control = ProxyControl { admin: proxy.admin };
+    let conf = emu
+        .cloud_conf()
+        .replace(&target.to_string(), &listen.to_string());
+    let conf =
+        CloudConf::from_texts(&[(PathBuf::from("p.conf"), conf)], ConfigEnv::default()).unwrap();
+    let session = Session::new(
+        conf.cloud("").unwrap(),
+        SessionOptions {
+            retry: RetryPolicy {
+                min_delay: Duration::from_millis(5),
+                max_delay: Duration::from_millis(40),
+                max_attempts: 5,
+            },
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let cinder = BlockStorage::new(session);
+
+    control
+        .add_fault(
+            &FaultRule::new(
+                Some("POST"),
+                "/volumes",
+                FaultAction::Status {
+                    status: 429,
+                    message: Some("Rate limit exceeded".into()),
+                    retry_after: Some(1),
+                    hint: RetryHint::XRetryAfter,
+                },
+            )
+            .times(1),
+        )
+        .await
+        .unwrap();
+    let v = cinder
+        .create_volume(&CreateVolume {
+            name: "through-the-proxy".into(),
+            size_gib: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let calls = control.calls().await.unwrap();
+    let posts: Vec<Option<u16>> = calls
+        .iter()
+        .filter(|c| c.method == "POST" && c.path.ends_with("/volumes"))
+        .map(|c| c.status)
+        .collect();
+    assert_eq!(posts, [Some(429), Some(202)], "{calls:#?}");
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.path.contains("/identity/v3/auth/tokens")),
+        "the login went through the proxy: {calls:#?}"
+    );
+    assert!(
+        calls.iter().all(|c| c.path.starts_with("/emulator/")),
+        "paths carry the service's prefix"
+    );
+
+    for _ in 0..100 {
+        if cinder.get_volume(&v.id).await.unwrap().status.as_str() == "available" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // the answer of a delete lost after the work: the client sees no
+    // answer, the service did it
+    control
+        .add_fault(&FaultRule::new(Some("DELETE"), "/volumes/", FaultAction::LoseAnswer).times(1))
+        .await
+        .unwrap();
+    let deleted = cinder.delete_volume(&v.id).await;
+    // sent again (DELETE is idempotent), it finds the volume deleting:
+    // Cinder refuses that (400) or it is gone already
+    assert!(
+        matches!(
+            &deleted,
+            Ok(()) | Err(Error::BadRequest(_) | Error::NotFound(_))
+        ),
+        "{deleted:?}"
+    );
+    let mut gone = false;
+    for _ in 0..100 {
+        if matches!(cinder.get_volume(&v.id).await, Err(e) if e.is_not_found()) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gone, "the service deleted it, though its answer was lost");
+    control.clear_faults().await.unwrap();
+    control.clear_calls().await.unwrap();
+    let err = cinder.get_volume("no-such-volume").await.unwrap_err();
+    assert!(matches!(err, Error::NotFound(_)), "{err}");
+    assert_eq!(control.calls().await.unwrap().len(), 1);
+}
