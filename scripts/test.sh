@@ -327,6 +327,8 @@ if [[ -e $work/cluster-up ]]; then
     run_tests cluster-tests kms --ignored --test-threads=1 --show-output
   tests "cluster tier: many nodes (volumes follow their pods, shares on every node, limits steer)" \
     run_tests cluster-tests nodes --ignored --test-threads=1 --show-output --skip "$dead_node"
+  tests "cluster tier: production faults (a seeded campaign, every fault class once; its checks)" \
+    run_tests cluster-tests campaign --ignored --test-threads=1 --show-output
   # the dead node (B, which it kills and replaces) beside the quick
   # figures of the single-node pods (all on A): the scenario mostly waits
   # for the node controller and podgc; the quick figures are only run

@@ -141,9 +141,11 @@ maxPods: 110
 
 def loopback_forwards(node):
     """(ports, host port) pairs a namespaced node reaches on 127.0.0.1 as
-    if it were the host: the cloud, both apiservers, and its own metadata
+    if it were the host: the cloud (its services, Ceph, and the fault
+    proxy's listeners 500 ports up), both apiservers, and its own metadata
     service under A's port (the manifests name one address for every node)."""
-    shared = f"{CLOUD_PORT_BASE}:{CLOUD_PORT_BASE + 199},3300,6789,2049,{PORTS['apiserver']},{PORTS['apiserver-b']}"
+    shared = (f"{CLOUD_PORT_BASE}:{CLOUD_PORT_BASE + 199},{CLOUD_PORT_BASE + 500}:{CLOUD_PORT_BASE + 599},"
+              f"3300,6789,2049,{PORTS['apiserver']},{PORTS['apiserver-b']}")
     return [(shared, None), (str(PORTS["metadata"]), node.metadata_port)]
 
 

@@ -17,6 +17,7 @@ use openstack_client::manila::SharedFileSystems;
 use openstack_client::{Session, SessionOptions};
 use serde_json::Value;
 
+pub mod campaign;
 pub mod nodes;
 
 /// The label of every namespace a test makes.

@@ -128,6 +128,24 @@ impl Cluster {
         Ok(t.elapsed())
     }
 
+    /// Each node's zone (`topology.kubernetes.io/zone`).
+    pub async fn node_zones(&self) -> Result<std::collections::BTreeMap<String, String>> {
+        Ok(self
+            .list("nodes", &[])
+            .await?
+            .iter()
+            .filter_map(|n| {
+                Some((
+                    n["metadata"]["name"].as_str()?.to_string(),
+                    n["metadata"]["labels"]["topology.kubernetes.io/zone"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                ))
+            })
+            .collect())
+    }
+
     /// Cordons the node until the guard drops.
     pub async fn cordon(&self, node: &str) -> Result<Cordoned> {
         self.kubectl(&["cordon", node]).await?;

@@ -1,0 +1,56 @@
+//! The long campaign of production faults (`cluster_tests::campaign`):
+//! `CAMPAIGN_STEPS` steps (default 70) of three faults each (every class
+//! once before any twice, drawn by the seed), each while an operation
+//! that needs the cloud runs, with every invariant checked after each
+//! step. Prints, never asserts: faults injected by class, the operations
+//! done, the invariant violations (there must be none), the time to
+//! converge after each class (p50 and max), the Cinder and Nova calls per
+//! operation, the orphans found. `CAMPAIGN_SEED` replays a campaign.
+//!
+//! Needs the cluster tier up (`tests/cluster/cluster.py up`): `cargo bench
+//! -p cluster-tests --bench campaign`. `BENCH_QUICK=1`: one step.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::time::{Duration, Instant};
+
+use cluster_tests::campaign::{Campaign, Plan};
+use cluster_tests::{bench_cluster, bench_quick};
+
+#[tokio::main]
+async fn main() {
+    let Some(c) = bench_cluster() else {
+        return;
+    };
+    let seed = std::env::var("CAMPAIGN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+        });
+    let steps = if bench_quick() {
+        1
+    } else {
+        std::env::var("CAMPAIGN_STEPS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(70)
+    };
+    println!("campaign seed {seed}, {steps} steps of 3 faults (CAMPAIGN_SEED={seed} replays it)");
+    let plan = Plan {
+        seed,
+        steps,
+        faults_per_step: 3,
+        window: Duration::from_secs(20),
+        converge_bound: Duration::from_secs(300),
+    };
+    let started = Instant::now();
+    let mut campaign = Campaign::start(&c).await.unwrap();
+    let report = campaign.run(&plan).await.unwrap();
+    println!("{}", report.table(seed));
+    println!("the campaign took {:?}", started.elapsed());
+    campaign.close().await.unwrap();
+}
