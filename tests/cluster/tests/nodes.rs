@@ -1264,24 +1264,6 @@ async fn a_dead_nodes_pods_run_elsewhere_once_it_is_out_of_service_and_a_new_nod
         );
     }
 
-    // the node's plugin service account may change nothing of a node but
-    // its own startup taint (deploy/*/base/node-taint-policy.yaml)
-    let refused = c
-        .kubectl(&[
-            "taint",
-            "node",
-            a,
-            "example.com/by-a-node-plugin=x:NoSchedule",
-            "--as=system:serviceaccount:openstack-system:csi-cinder-node-sa",
-        ])
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(
-        refused.contains("only the node the plugin runs on"),
-        "a node plugin's account tainted node A: {refused}"
-    );
-
     // B replaced: a new machine of that name registers with the startup
     // taints. A pod with a volume, allowed only on B, waits until B's
     // drivers are registered

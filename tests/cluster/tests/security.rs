@@ -316,3 +316,102 @@ async fn a_cephfs_node_plugins_token_starts_real_mount_pods_on_its_node_and_noth
 
     ns.close().await.unwrap();
 }
+
+/// A node on which both a node plugin's startup taint and another
+/// agent's are (added here for the test, removed by the guard).
+struct Tainted {
+    kubeconfig: std::path::PathBuf,
+    node: String,
+    keys: Vec<String>,
+}
+
+impl Drop for Tainted {
+    fn drop(&mut self) {
+        for key in &self.keys {
+            let _ = std::process::Command::new("kubectl")
+                .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+                .args(["taint", "node", &self.node, &format!("{key}-")])
+                .output();
+        }
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn a_node_plugins_token_lifts_only_its_own_drivers_startup_taint_of_its_own_node() {
+    let c = Cluster::from_env().unwrap();
+    let plugin = suite_pod_on_a(&c, "csi-cinder-nodeplugin").await;
+    let token = c.bound_token(&plugin).unwrap();
+    let own = "cinder.csi.openstack.org/agent-not-ready";
+    let cilium = "node.cilium.io/agent-not-ready";
+    // PreferNoSchedule: nothing of the other tests is kept off node A
+    let _tainted = Tainted {
+        kubeconfig: c.kubeconfig.clone(),
+        node: c.node.clone(),
+        keys: vec![own.into(), cilium.into()],
+    };
+    for key in [own, cilium] {
+        c.kubectl(&[
+            "taint",
+            "node",
+            &c.node,
+            &format!("{key}=x:PreferNoSchedule"),
+        ])
+        .await
+        .unwrap();
+    }
+    let as_plugin = |args: Vec<String>| {
+        let (c, token) = (c.clone(), token.clone());
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            c.kubectl_with_token(&token, &args, None)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+    let untaint = |node: &str, key: &str| {
+        vec![
+            "taint".to_string(),
+            "node".into(),
+            node.into(),
+            format!("{key}-"),
+            "--dry-run=server".into(),
+        ]
+    };
+    as_plugin(untaint(&c.node, own))
+        .await
+        .unwrap_or_else(|e| panic!("its own startup taint, on its own node: {e}"));
+    let refused = as_plugin(untaint(&c.node, cilium)).await.unwrap_err();
+    assert!(
+        refused.contains("only the driver's own startup taint"),
+        "another agent's startup taint: {refused}"
+    );
+    let nodes = c.nodes().await.unwrap();
+    let other = nodes.iter().find(|n| **n != c.node).unwrap();
+    let refused = as_plugin(vec![
+        "taint".into(),
+        "node".into(),
+        other.clone(),
+        "example.com/by-a-node-plugin=x:NoSchedule".into(),
+        "--dry-run=server".into(),
+    ])
+    .await
+    .unwrap_err();
+    assert!(
+        refused.contains("only the node the plugin runs on"),
+        "another node: {refused}"
+    );
+    let refused = as_plugin(vec![
+        "taint".into(),
+        "node".into(),
+        c.node.clone(),
+        "example.com/by-a-node-plugin=x:NoSchedule".into(),
+        "--dry-run=server".into(),
+    ])
+    .await
+    .unwrap_err();
+    assert!(
+        refused.contains("no taint added or changed"),
+        "a taint added: {refused}"
+    );
+}
