@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use csi_common::orphans::{Inventory, NamedBy, ReportArgs, Tagged, created};
+use csi_common::orphans::{CommandError, Inventory, NamedBy, ReportArgs, Tagged, created};
 use openstack_client::cinder::{BlockStorage, SnapshotStatus, VolumeStatus};
 
 use crate::controller::CLUSTER_KEY;
@@ -130,39 +130,20 @@ pub struct OrphansCommand {
     pub log: plugin_runtime::LogArgs,
 }
 
-/// Why the command failed.
-#[derive(Debug, thiserror::Error)]
-pub enum OrphansError {
-    #[error("{0}")]
-    Flags(String),
-    #[error(transparent)]
-    Plugin(#[from] csi_common::plugin::PluginError),
-    #[error(transparent)]
-    Client(#[from] openstack_client::Error),
-    #[error(transparent)]
-    Scan(#[from] csi_common::orphans::ScanError),
-    #[error(transparent)]
-    Log(#[from] plugin_runtime::logging::LogError),
-}
-
 /// Runs `cinder-csi-plugin orphans ...`: prints the report (and what was
 /// deleted) on standard output.
-pub async fn main() -> Result<String, OrphansError> {
+pub async fn main() -> Result<String, CommandError> {
     use clap::Parser;
     let cmd = OrphansCommand::parse_from(std::env::args().skip(1));
     plugin_runtime::logging::init(&cmd.log)?;
     if cmd.cluster.is_empty() {
-        return Err(OrphansError::Flags(
+        return Err(CommandError::Flags(
             "--cluster is required: only what carries the cluster's id can be told to be its own"
                 .into(),
         ));
     }
     let conf = csi_common::plugin::load_cloud_conf(&cmd.cloud_config)?;
-    let session = openstack_client::Session::new(
-        conf.cloud(&cmd.cloud_name)
-            .map_err(csi_common::plugin::PluginError::from)?,
-        Default::default(),
-    )?;
+    let session = openstack_client::Session::new(conf.cloud(&cmd.cloud_name)?, Default::default())?;
     let mut block = BlockStorage::new(session);
     if conf.block_storage.ignore_volume_microversion {
         block = block.without_microversions();
@@ -174,9 +155,5 @@ pub async fn main() -> Result<String, OrphansError> {
     let out =
         csi_common::orphans::run_command(&inventory, &cmd.cluster, &cmd.driver_name, &cmd.report)
             .await?;
-    Ok(if cmd.report.output == "json" {
-        serde_json::to_string_pretty(&out).unwrap_or_default() + "\n"
-    } else {
-        out.text()
-    })
+    Ok(out.render(&cmd.report.output))
 }

@@ -9,10 +9,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
-use std::time::Duration;
-
 use csi_sanity::harness::kube::StandInApiserver;
-use csi_sanity::harness::{free_port, http_get};
+use csi_sanity::harness::{free_port, wait_for_metrics};
 use openstack_client::cinder::CreateVolume;
 use proto::csi::v1::volume_capability::access_mode::Mode;
 use serde_json::{Value, json};
@@ -224,29 +222,17 @@ async fn the_controller_counts_the_orphans_in_its_metrics() {
     e.create("counted-orphan-1", cap.clone(), 1).await;
     e.create("counted-orphan-2", cap.clone(), 1).await;
     api.objects().pvs = vec![(DRIVER.into(), kept)];
-    let metric = |text: &str, kind: &str| {
-        text.lines()
-            .find(|l| l.starts_with(&format!("cinder_csi_orphans{{kind=\"{kind}\"}}")))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|n| n.parse::<i64>().ok())
-    };
-    let mut last = String::new();
-    for _ in 0..100 {
-        let (_, text) = http_get(port, "/metrics").await.unwrap();
-        if metric(&text, "volume") == Some(2) && metric(&text, "snapshot") == Some(0) {
-            assert!(
-                text.contains("cinder_csi_orphan_scans_total{result=\"ok\"}"),
-                "{text}"
-            );
-            return;
-        }
-        last = text;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!(
-        "cinder_csi_orphans never said 2 volumes: {:?}",
-        last.lines()
-            .filter(|l| l.contains("orphan"))
-            .collect::<Vec<_>>()
+    let page = wait_for_metrics(
+        port,
+        &[
+            ("cinder_csi_orphans{kind=\"volume\"}", 2.0),
+            ("cinder_csi_orphans{kind=\"snapshot\"}", 0.0),
+        ],
+    )
+    .await
+    .unwrap();
+    assert!(
+        page.contains("cinder_csi_orphan_scans_total{result=\"ok\"}"),
+        "{page}"
     );
 }

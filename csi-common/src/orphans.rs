@@ -446,6 +446,27 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
+/// Why `<plugin> orphans` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("{0}")]
+    Flags(String),
+    #[error(transparent)]
+    Plugin(#[from] crate::plugin::PluginError),
+    #[error(transparent)]
+    Client(#[from] openstack_client::Error),
+    #[error(transparent)]
+    Scan(#[from] ScanError),
+    #[error(transparent)]
+    Log(#[from] plugin_runtime::logging::LogError),
+}
+
+impl From<openstack_client::config::ConfigError> for CommandError {
+    fn from(e: openstack_client::config::ConfigError) -> Self {
+        Self::Plugin(e.into())
+    }
+}
+
 /// What `<plugin> orphans` did, for its output.
 #[derive(Debug, Default, Serialize)]
 pub struct CommandOutcome {
@@ -501,6 +522,15 @@ pub async fn run_command<I: Inventory>(
 }
 
 impl CommandOutcome {
+    /// As `--output` asks: `json`, or the text an operator reads.
+    pub fn render(&self, output: &str) -> String {
+        if output == "json" {
+            serde_json::to_string_pretty(self).unwrap_or_default() + "\n"
+        } else {
+            self.text()
+        }
+    }
+
     /// The text an operator reads.
     pub fn text(&self) -> String {
         let r = &self.report;

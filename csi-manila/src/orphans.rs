@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 
-use csi_common::orphans::{Inventory, NamedBy, ReportArgs, Tagged, created};
+use csi_common::orphans::{CommandError, Inventory, NamedBy, ReportArgs, Tagged, created};
 use openstack_client::manila::{ShareSnapshotStatus, ShareStatus, SharedFileSystems};
 
 use crate::share_protocol::ShareProtocol;
@@ -132,38 +132,19 @@ pub struct OrphansCommand {
     pub log: plugin_runtime::LogArgs,
 }
 
-/// Why the command failed.
-#[derive(Debug, thiserror::Error)]
-pub enum OrphansError {
-    #[error("{0}")]
-    Flags(String),
-    #[error(transparent)]
-    Plugin(#[from] csi_common::plugin::PluginError),
-    #[error(transparent)]
-    Client(#[from] openstack_client::Error),
-    #[error(transparent)]
-    Scan(#[from] csi_common::orphans::ScanError),
-    #[error(transparent)]
-    Log(#[from] plugin_runtime::logging::LogError),
-}
-
 /// Runs `manila-csi-plugin orphans ...`: the report (and what was
 /// deleted), for standard output.
-pub async fn main() -> Result<String, OrphansError> {
+pub async fn main() -> Result<String, CommandError> {
     use clap::Parser;
     let cmd = OrphansCommand::parse_from(std::env::args().skip(1));
     plugin_runtime::logging::init(&cmd.log)?;
     if cmd.cluster_id.is_empty() {
-        return Err(OrphansError::Flags(
+        return Err(CommandError::Flags(
             "--cluster-id is required: only what carries the cluster's id can be told to be its own".into(),
         ));
     }
     let conf = csi_common::plugin::load_cloud_conf(&cmd.cloud_config)?;
-    let session = openstack_client::Session::new(
-        conf.cloud("")
-            .map_err(csi_common::plugin::PluginError::from)?,
-        Default::default(),
-    )?;
+    let session = openstack_client::Session::new(conf.cloud("")?, Default::default())?;
     let inventory = ManilaInventory {
         manila: SharedFileSystems::new(session),
         cluster: cmd.cluster_id.clone(),
@@ -176,9 +157,5 @@ pub async fn main() -> Result<String, OrphansError> {
         &cmd.report,
     )
     .await?;
-    Ok(if cmd.report.output == "json" {
-        serde_json::to_string_pretty(&out).unwrap_or_default() + "\n"
-    } else {
-        out.text()
-    })
+    Ok(out.render(&cmd.report.output))
 }

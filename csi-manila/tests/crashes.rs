@@ -9,9 +9,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use csi_sanity::harness::crash::{service_calls, until_kth_call_served};
+use csi_sanity::harness::crash::{Subject, killed_after_each_call};
 use proto::csi::v1 as csi;
 use proto::csi::v1::controller_client::ControllerClient;
 
@@ -96,24 +96,6 @@ async fn call(
     }
 }
 
-async fn until_ok(e: &mut Env, rpc: Rpc, t: &Target) {
-    let started = Instant::now();
-    let mut seen = Vec::new();
-    loop {
-        let mut c = e.c.clone();
-        match call(&mut c, e, rpc, t).await {
-            Ok(()) => return,
-            Err(s) => seen.push(format!("{:?}: {}", s.code(), s.message())),
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(90),
-            "{rpc:?} {}: never OK: {seen:#?}",
-            t.name
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
 async fn left_as_one_call_leaves(e: &Env, rpc: Rpc, t: &Target) -> Result<(), String> {
     let share = t.share.as_deref().unwrap_or_default();
     match rpc {
@@ -158,38 +140,42 @@ async fn left_as_one_call_leaves(e: &Env, rpc: Rpc, t: &Target) -> Result<(), St
     Ok(())
 }
 
-async fn killed_after_each_call(e: &mut Env, rpc: Rpc) -> Vec<String> {
-    let t = prepare(e, rpc, "fault-free").await;
-    let before = service_calls(&e.h.emulator);
-    until_ok(e, rpc, &t).await;
-    let calls = service_calls(&e.h.emulator) - before;
-    left_as_one_call_leaves(e, rpc, &t).await.unwrap();
-    let mut broken = Vec::new();
-    let mut kills = 0;
-    for k in 1..=calls {
-        let t = prepare(e, rpc, &format!("killed-after-{k}")).await;
-        let mut c = e.c.clone();
-        let first = until_kth_call_served(&e.h.emulator, k, call(&mut c, e, rpc, &t)).await;
-        if first.is_none() {
-            kills += 1;
-            e.h.restart_plugin().await.unwrap();
-            csi_sanity::harness::wait_until_ready(&e.h.socket)
-                .await
-                .unwrap();
-            let ch = plugin_runtime::connect_unix(&e.h.socket).await.unwrap();
-            e.c = ControllerClient::new(ch.clone());
-            e.n = proto::csi::v1::node_client::NodeClient::new(ch);
-        }
-        until_ok(e, rpc, &t).await;
-        if let Err(why) = left_as_one_call_leaves(e, rpc, &t).await {
-            broken.push(format!("{rpc:?} killed after call {k} of {calls}: {why}"));
-        }
+/// One RPC of the Manila controller, crashed at each of its cloud calls.
+struct Crashing {
+    e: Env,
+    rpc: Rpc,
+}
+
+impl Subject for Crashing {
+    type Target = Target;
+
+    fn emulator(&self) -> std::sync::Arc<openstack_emulator::Emulator> {
+        self.e.h.emulator.clone()
     }
-    println!(
-        "{rpc:?}: {calls} cloud calls; killed {kills} times, after each, then sent again: {} left other than one call leaves",
-        broken.len()
-    );
-    broken
+
+    async fn prepare(&mut self, run: &str) -> Target {
+        prepare(&mut self.e, self.rpc, run).await
+    }
+
+    async fn call(&self, t: &Target) -> Result<(), tonic::Status> {
+        call(&mut self.e.c.clone(), &self.e, self.rpc, t).await
+    }
+
+    async fn left_as_one_call_leaves(&self, t: &Target) -> Result<(), String> {
+        left_as_one_call_leaves(&self.e, self.rpc, t).await
+    }
+
+    async fn restart(&mut self) {
+        self.e.h.restart_plugin().await.unwrap();
+        csi_sanity::harness::wait_until_ready(&self.e.h.socket)
+            .await
+            .unwrap();
+        let ch = plugin_runtime::connect_unix(&self.e.h.socket)
+            .await
+            .unwrap();
+        self.e.c = ControllerClient::new(ch.clone());
+        self.e.n = proto::csi::v1::node_client::NodeClient::new(ch);
+    }
 }
 
 #[tokio::test]
@@ -197,7 +183,10 @@ async fn a_controller_killed_between_two_cloud_calls_leaves_what_one_call_leaves
     if !root() {
         return;
     }
-    let mut e = env("CEPHFS").await;
+    let mut s = Crashing {
+        e: env("CEPHFS").await,
+        rpc: Rpc::CreateVolume,
+    };
     let mut broken = Vec::new();
     for rpc in [
         Rpc::CreateVolume,
@@ -205,7 +194,15 @@ async fn a_controller_killed_between_two_cloud_calls_leaves_what_one_call_leaves
         Rpc::Expand,
         Rpc::DeleteVolume,
     ] {
-        broken.extend(killed_after_each_call(&mut e, rpc).await);
+        s.rpc = rpc;
+        let r = killed_after_each_call(&mut s).await;
+        println!(
+            "{rpc:?}: {} cloud calls; killed {} times, after each, then sent again: {} left other than one call leaves",
+            r.calls,
+            r.kills,
+            r.broken.len()
+        );
+        broken.extend(r.broken.into_iter().map(|b| format!("{rpc:?} {b}")));
     }
     assert!(broken.is_empty(), "{broken:#?}");
 }

@@ -9,10 +9,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use csi_sanity::harness::kube::StandInApiserver;
-use csi_sanity::harness::{free_port, http_get};
+use csi_sanity::harness::{free_port, wait_for_metrics};
 use openstack_client::manila::CreateShare;
 use proto::csi::v1 as csi;
 
@@ -137,25 +136,13 @@ async fn the_controller_counts_the_orphans_in_its_metrics() {
     let kept = e.create("counted-kept", 1, &[]).await.volume_id;
     e.create("counted-orphan", 1, &[]).await;
     api.objects().pvs = vec![(DRIVER.into(), kept)];
-    let metric = |text: &str, kind: &str| {
-        text.lines()
-            .find(|l| l.starts_with(&format!("manila_csi_orphans{{kind=\"{kind}\"}}")))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|n| n.parse::<i64>().ok())
-    };
-    let mut last = String::new();
-    for _ in 0..100 {
-        let (_, text) = http_get(port, "/metrics").await.unwrap();
-        if metric(&text, "share") == Some(1) && metric(&text, "snapshot") == Some(0) {
-            return;
-        }
-        last = text;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!(
-        "manila_csi_orphans never said 1 share: {:?}",
-        last.lines()
-            .filter(|l| l.contains("orphan"))
-            .collect::<Vec<_>>()
-    );
+    wait_for_metrics(
+        port,
+        &[
+            ("manila_csi_orphans{kind=\"share\"}", 1.0),
+            ("manila_csi_orphans{kind=\"snapshot\"}", 0.0),
+        ],
+    )
+    .await
+    .unwrap();
 }

@@ -23,6 +23,25 @@ pub struct Page<T> {
     pub next_marker: Option<String>,
 }
 
+/// Every item of a marker-paginated listing: `page` asked for each page,
+/// from the first (`None`) to the last (no next marker).
+pub(crate) async fn all_pages<T, F, Fut>(mut page: F) -> crate::error::Result<Vec<T>>
+where
+    F: FnMut(Option<String>) -> Fut,
+    Fut: std::future::Future<Output = crate::error::Result<Page<T>>>,
+{
+    let mut out = Vec::new();
+    let mut marker = None;
+    loop {
+        let p = page(marker).await?;
+        out.extend(p.items);
+        match p.next_marker {
+            Some(m) => marker = Some(m),
+            None => return Ok(out),
+        }
+    }
+}
+
 /// The `marker` query parameter of a `rel=next` link, as Cinder, Nova and
 /// Manila return them.
 pub(crate) fn next_marker(links: &[Link]) -> Option<String> {

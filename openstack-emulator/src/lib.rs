@@ -266,8 +266,26 @@ async fn serve(
     listener: TcpListener,
     router: Router,
     state: Arc<AppState>,
-    mut stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<bool>,
 ) {
+    serve_http1(listener, stopped, move |req| {
+        let (router, state) = (router.clone(), state.clone());
+        async move { handle(router, state, req).await }
+    })
+    .await
+}
+
+/// Accepts HTTP/1 connections until `stopped` changes, each request
+/// answered by `handler` (an error drops its connection unanswered).
+pub(crate) async fn serve_http1<H, Fut, E>(
+    listener: TcpListener,
+    mut stopped: watch::Receiver<bool>,
+    handler: H,
+) where
+    H: Fn(Request<Body>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Response<Body>, E>> + Send + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+{
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -279,14 +297,11 @@ async fn serve(
             },
             _ = stopped.changed() => return,
         };
-        let router = router.clone();
-        let state = state.clone();
+        let handler = handler.clone();
         let mut conn_stopped = stopped.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let router = router.clone();
-                let state = state.clone();
-                async move { handle(router, state, req.map(Body::new)).await }
+                handler(req.map(Body::new))
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service);

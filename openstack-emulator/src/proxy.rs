@@ -161,35 +161,13 @@ async fn serve_upstream(
     listener: TcpListener,
     upstream: Arc<Upstream>,
     state: Arc<ProxyState>,
-    mut stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<bool>,
 ) {
-    loop {
-        let stream = tokio::select! {
-            a = listener.accept() => match a {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    continue;
-                }
-            },
-            _ = stopped.changed() => return,
-        };
+    crate::serve_http1(listener, stopped, move |req| {
         let (upstream, state) = (upstream.clone(), state.clone());
-        let mut conn_stopped = stopped.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let (upstream, state) = (upstream.clone(), state.clone());
-                async move { handle(upstream, state, req.map(Body::new)).await }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = conn_stopped.changed() => {}
-            }
-        });
-    }
+        async move { handle(upstream, state, req).await }
+    })
+    .await
 }
 
 /// Makes hyper drop the connection without an answer.

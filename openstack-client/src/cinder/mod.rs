@@ -8,7 +8,7 @@ use http::Method;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use crate::common::{Link, OPENSTACK_API_VERSION, Page, next_marker};
+use crate::common::{Link, OPENSTACK_API_VERSION, Page, all_pages, next_marker};
 use crate::error::Result;
 use crate::service::ServiceType;
 use crate::session::{ApiRequest, Session};
@@ -352,23 +352,15 @@ impl BlockStorage {
 
     /// All volumes named `name` (following pagination).
     pub async fn volumes_named(&self, name: &str) -> Result<Vec<Volume>> {
-        let mut out = Vec::new();
-        let mut marker = None;
-        loop {
-            let page = self
-                .list_volumes(&ListVolumes {
-                    name: Some(name.to_string()),
-                    limit: None,
-                    marker,
-                    ..Default::default()
-                })
-                .await?;
-            out.extend(page.items);
-            match page.next_marker {
-                Some(m) => marker = Some(m),
-                None => return Ok(out),
-            }
-        }
+        all_pages(|marker| {
+            let q = ListVolumes {
+                name: Some(name.to_string()),
+                marker,
+                ..Default::default()
+            };
+            async move { self.list_volumes(&q).await }
+        })
+        .await
     }
 
     /// All volumes whose metadata has every pair of `metadata` (following
@@ -377,22 +369,15 @@ impl BlockStorage {
         &self,
         metadata: &BTreeMap<String, String>,
     ) -> Result<Vec<Volume>> {
-        let mut out = Vec::new();
-        let mut marker = None;
-        loop {
-            let page = self
-                .list_volumes(&ListVolumes {
-                    marker,
-                    metadata: metadata.clone(),
-                    ..Default::default()
-                })
-                .await?;
-            out.extend(page.items);
-            match page.next_marker {
-                Some(m) => marker = Some(m),
-                None => return Ok(out),
-            }
-        }
+        all_pages(|marker| {
+            let q = ListVolumes {
+                marker,
+                metadata: metadata.clone(),
+                ..Default::default()
+            };
+            async move { self.list_volumes(&q).await }
+        })
+        .await
     }
 
     pub async fn delete_volume(&self, id: &str) -> Result<()> {

@@ -162,22 +162,15 @@ impl BlockStorage {
         &self,
         metadata: &BTreeMap<String, String>,
     ) -> Result<Vec<Snapshot>> {
-        let mut out = Vec::new();
-        let mut marker = None;
-        loop {
-            let page = self
-                .list_snapshots(&ListSnapshots {
-                    marker,
-                    metadata: metadata.clone(),
-                    ..Default::default()
-                })
-                .await?;
-            out.extend(page.items);
-            match page.next_marker {
-                Some(m) => marker = Some(m),
-                None => return Ok(out),
-            }
-        }
+        all_pages(|marker| {
+            let q = ListSnapshots {
+                marker,
+                metadata: metadata.clone(),
+                ..Default::default()
+            };
+            async move { self.list_snapshots(&q).await }
+        })
+        .await
     }
 }
 

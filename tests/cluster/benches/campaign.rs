@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use cluster_tests::campaign::{Campaign, Plan};
+use cluster_tests::campaign::{Campaign, Plan, seed_from_env};
 use cluster_tests::{bench_cluster, bench_quick};
 
 #[tokio::main]
@@ -22,15 +22,7 @@ async fn main() {
     let Some(c) = bench_cluster() else {
         return;
     };
-    let seed = std::env::var("CAMPAIGN_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_secs()
-        });
+    let seed = seed_from_env();
     let steps = if bench_quick() {
         1
     } else {

@@ -1026,6 +1026,14 @@ impl Campaign {
     }
 }
 
+/// `CAMPAIGN_SEED` (a replay), else the time: a new campaign each run.
+pub fn seed_from_env() -> u64 {
+    std::env::var("CAMPAIGN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(now_secs)
+}
+
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -12,21 +12,13 @@
 use std::time::Duration;
 
 use cluster_tests::Cluster;
-use cluster_tests::campaign::{Campaign, FaultClass, Plan};
+use cluster_tests::campaign::{Campaign, FaultClass, Plan, seed_from_env};
 
 #[tokio::test]
 #[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
 async fn every_fault_class_once_and_every_invariant_holds_after_each() {
     let c = Cluster::from_env().unwrap();
-    let seed = std::env::var("CAMPAIGN_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_secs()
-        });
+    let seed = seed_from_env();
     println!("campaign seed {seed} (CAMPAIGN_SEED={seed} replays it)");
     let plan = Plan {
         seed,

@@ -307,3 +307,35 @@ pub async fn http_get(port: u16, path: &str) -> Result<(u16, String), HarnessErr
         .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {head:?}")))?;
     Ok((code, body.to_string()))
 }
+
+/// The value of one series (`name{labels}`, as the page writes it) in a
+/// Prometheus text page.
+pub fn metric(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Scrapes `/metrics` on `port` until every series has its value (for up
+/// to 20 s); the last page, or what it said of the series meanwhile.
+pub async fn wait_for_metrics(port: u16, want: &[(&str, f64)]) -> Result<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let page = http_get(port, "/metrics")
+            .await
+            .map(|(_, p)| p)
+            .map_err(|e| e.to_string())?;
+        if want.iter().all(|(s, v)| metric(&page, s) == Some(*v)) {
+            return Ok(page);
+        }
+        if Instant::now() > deadline {
+            let seen: Vec<String> = want
+                .iter()
+                .map(|(s, _)| format!("{s} = {:?}", metric(&page, s)))
+                .collect();
+            return Err(format!("never {want:?}: {seen:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
