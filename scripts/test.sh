@@ -354,14 +354,20 @@ awk -v declared="$work/declared-skips" '
   /^test .* \.\.\. FAILED$/  { s[$2] = "failed" }
   /^test .* \.\.\. ignored/  { if (!($2 in s)) { s[$2] = "skipped"; i = index($0, "... ignored"); r[$2] = substr($0, i + 13) } }
   END {
-    for (t in s) n[s[t]]++
+    # benches and fuzz targets are not tests: counted on lines of their own
+    for (t in s) {
+      kind = (index(t, "bench/") == 1) ? "bench" : (index(t, "fuzz/") == 1) ? "fuzz" : "test"
+      c[kind, s[t]]++
+    }
     for (t in s) if (s[t] == "skipped") {
       ok = 0
       for (i = 1; i <= nd; i++) if (index(t, d[i]) == 1) ok = 1
       if (!ok) undeclared++
       printf "skipped: %s%s%s\n", t, (r[t] == "" ? "" : " (" r[t] ")"), (ok ? "" : " UNDECLARED")
     }
-    printf "tests: %d passed, %d failed, %d skipped\n", n["passed"], n["failed"], n["skipped"]
+    printf "benches (quick, figures not judged): %d ran through, %d failed\n", c["bench", "passed"], c["bench", "failed"]
+    printf "fuzz targets: %d found nothing, %d found a crash\n", c["fuzz", "passed"], c["fuzz", "failed"]
+    printf "tests: %d passed, %d failed, %d skipped\n", c["test", "passed"], c["test", "failed"], c["test", "skipped"]
     if (undeclared) { printf "%d skipped without a tier declaring it (UNDECLARED above)\n", undeclared; exit 1 }
   }' "$log" | tee "$work/summary.out" || {
   failed_phases+=("summary: tests skipped that no tier declared")
