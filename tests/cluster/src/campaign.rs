@@ -818,11 +818,19 @@ impl Campaign {
                 )
                 .await?;
                 c.wait_snapshot_ready(&n, &snap, 5 * MINUTE).await?;
+                // at least the snapshot's size (its claim may have grown)
+                let size = c
+                    .get("volumesnapshot", &snap, Some(&n))
+                    .await?
+                    .unwrap_or_default()["status"]["restoreSize"]
+                    .as_str()
+                    .unwrap_or("1Gi")
+                    .to_string();
                 let restored = format!("restored-{step}");
                 c.apply_in(
                     &n,
                     &format!(
-                        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {restored}\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: csi-cinder-sc-xfs\n  dataSource:\n    name: {snap}\n    kind: VolumeSnapshot\n    apiGroup: snapshot.storage.k8s.io\n  resources:\n    requests:\n      storage: 1Gi\n---\n{}",
+                        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {restored}\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: csi-cinder-sc-xfs\n  dataSource:\n    name: {snap}\n    kind: VolumeSnapshot\n    apiGroup: snapshot.storage.k8s.io\n  resources:\n    requests:\n      storage: {size}\n---\n{}",
                         crate::placed_on(
                             &pod(
                                 &restored,
