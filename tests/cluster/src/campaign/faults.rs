@@ -1,0 +1,137 @@
+//! The campaign's faults: what starts each class and what ends it.
+
+use openstack_emulator::{FaultAction, FaultRule, RetryHint};
+
+use super::{Campaign, FaultClass};
+use crate::{ClusterError, Result, SUITE_NAMESPACE};
+
+impl Campaign {
+    pub(super) async fn proxy_rule(&self, rule: FaultRule) -> Result<()> {
+        self.proxy
+            .add_fault(&rule)
+            .await
+            .map_err(ClusterError::Other)
+    }
+
+    /// Starts a fault; what ends it when its window is over.
+    pub(super) async fn inject(&self, class: FaultClass) -> Result<()> {
+        let busy = FaultAction::Status {
+            status: 409,
+            message: Some(
+                "Cannot 'attach_volume' instance while it is in task_state rebooting".into(),
+            ),
+            retry_after: None,
+            hint: RetryHint::None,
+        };
+        match class {
+            FaultClass::CloudThrottled => {
+                for service in ["/volume/", "/compute/"] {
+                    self.proxy_rule(FaultRule::new(
+                        None,
+                        service,
+                        FaultAction::Throttle {
+                            per_second: 3.0,
+                            burst: 3,
+                            hint: RetryHint::XRateLimitRetryAfter,
+                        },
+                    ))
+                    .await?;
+                }
+            }
+            FaultClass::NovaBusy => {
+                self.proxy_rule(
+                    FaultRule::new(Some("POST"), "/os-volume_attachments", busy).probability(0.5),
+                )
+                .await?
+            }
+            FaultClass::AnswersLost => {
+                for (method, path) in [
+                    ("POST", "/volume/"),
+                    ("POST", "/os-volume_attachments"),
+                    ("DELETE", "/os-volume_attachments/"),
+                ] {
+                    self.proxy_rule(
+                        FaultRule::new(Some(method), path, FaultAction::LoseAnswer).times(1),
+                    )
+                    .await?;
+                }
+            }
+            FaultClass::CloudSlow => {
+                for service in ["/volume/", "/compute/"] {
+                    self.proxy_rule(
+                        FaultRule::new(None, service, FaultAction::Delay { millis: 1500 })
+                            .probability(0.5),
+                    )
+                    .await?;
+                }
+            }
+            FaultClass::CinderOutage => self.outage("stop", "cinder").await?,
+            FaultClass::KeystoneOutage => self.outage("stop", "keystone").await?,
+            FaultClass::ControllerKilled => {
+                self.c
+                    .kubectl(&[
+                        "delete",
+                        "pod",
+                        "-n",
+                        SUITE_NAMESPACE,
+                        "-l",
+                        "app=csi-cinder-controllerplugin",
+                        "--grace-period=0",
+                        "--force",
+                        "--wait=false",
+                    ])
+                    .await?;
+            }
+            FaultClass::NodePluginRestarted => {
+                let node = self
+                    .pods("writer")
+                    .await?
+                    .first()
+                    .and_then(|p| p["spec"]["nodeName"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| self.c.node.clone());
+                self.c
+                    .kubectl(&[
+                        "delete",
+                        "pod",
+                        "-n",
+                        SUITE_NAMESPACE,
+                        "-l",
+                        "app=csi-cinder-nodeplugin",
+                        "--field-selector",
+                        &format!("spec.nodeName={node}"),
+                        "--wait=false",
+                    ])
+                    .await?;
+            }
+            FaultClass::KubeletRestarted => {
+                self.c.cluster_py(&["restart-kubelet"]).await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn end(&self, class: FaultClass) -> Result<()> {
+        match class {
+            FaultClass::CinderOutage => self.outage("start", "cinder").await,
+            FaultClass::KeystoneOutage => self.outage("start", "keystone").await,
+            _ => Ok(()),
+        }
+    }
+
+    pub(super) async fn outage(&self, action: &str, service: &str) -> Result<()> {
+        let out = tokio::process::Command::new("python3")
+            .arg(crate::repo().join("tests/openstack/cloud.py"))
+            .args(["outage", action, service])
+            .output()
+            .await
+            .map_err(|e| ClusterError::Other(format!("cloud.py outage: {e}")))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(ClusterError::Other(format!(
+                "cloud.py outage {action} {service}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )))
+        }
+    }
+}

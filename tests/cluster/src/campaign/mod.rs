@@ -1,0 +1,502 @@
+//! A seeded campaign of production faults on the cluster tier, with the
+//! invariants checked after every one.
+//!
+//! The workload: writers (a StatefulSet, one Cinder xfs claim each) that
+//! append and fsync a sequence number, sharers (a Deployment on one
+//! CephFS claim) doing the same to a file each; and, while a fault lasts,
+//! an operation that needs the cloud: a writer moved, a scratch claim
+//! provisioned and deleted, a snapshot taken and restored, a writer's
+//! claim expanded. The faults, drawn by the seed from [`FaultClass`]: the
+//! cloud throttled, busy, slow or losing answers (through the test
+//! cloud's fault proxy, which the cluster's plugins reach the cloud by),
+//! Cinder's or Keystone's API gone, the Cinder controller killed, a node
+//! plugin or kubelet restarted.
+//!
+//! After each step, [`Invariant`]s: everything converges (every claim
+//! Bound, every pod Running) within a bound; no acknowledged write is
+//! lost; a single-attach volume is never attached to two servers (sampled
+//! every 2 s, in Cinder and in Nova, throughout); nothing leaked (the
+//! controllers' own orphan report, for what the campaign made); the calls
+//! to the cloud per operation stay bounded. A violation names the
+//! invariant, the step and the seed, and the campaign replays from it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use openstack_emulator::proxy::ProxyControl;
+
+use crate::{Cluster, ClusterError, Result, TestNamespace};
+
+mod checks;
+mod faults;
+mod operations;
+
+pub use checks::{Acknowledged, two_writers, write_lost};
+
+/// A small, seedable generator (splitmix64): the same seed, the same
+/// campaign.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn draw(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.draw() % n.max(1) as u64) as usize
+    }
+
+    /// `items` in an order of the seed's.
+    pub fn shuffled<T: Clone>(&mut self, items: &[T]) -> Vec<T> {
+        let mut v = items.to_vec();
+        for i in (1..v.len()).rev() {
+            let j = self.below(i + 1);
+            v.swap(i, j);
+        }
+        v
+    }
+}
+
+/// What a fault imitates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FaultClass {
+    /// Cinder and Nova answer 429 past 3 calls a second (SAP's hint).
+    CloudThrottled,
+    /// Nova answers half the attaches with its 409 for a busy server.
+    NovaBusy,
+    /// A create, an attach and a detach done, and their answers lost.
+    AnswersLost,
+    /// Half of Cinder's and Nova's answers 1.5 s late.
+    CloudSlow,
+    /// Cinder's API stopped for the fault's window.
+    CinderOutage,
+    /// Keystone stopped for the window (tokens cannot be checked).
+    KeystoneOutage,
+    /// The Cinder controller's pod force-deleted (its processes killed).
+    ControllerKilled,
+    /// The Cinder node plugin of the first writer's node deleted.
+    NodePluginRestarted,
+    /// Kubelet of node A stopped and started again.
+    KubeletRestarted,
+}
+
+impl FaultClass {
+    pub const ALL: [FaultClass; 9] = [
+        FaultClass::CloudThrottled,
+        FaultClass::NovaBusy,
+        FaultClass::AnswersLost,
+        FaultClass::CloudSlow,
+        FaultClass::CinderOutage,
+        FaultClass::KeystoneOutage,
+        FaultClass::ControllerKilled,
+        FaultClass::NodePluginRestarted,
+        FaultClass::KubeletRestarted,
+    ];
+
+    /// What users of the upstream drivers see in the same case.
+    pub fn upstream(self) -> &'static str {
+        match self {
+            FaultClass::CloudThrottled => {
+                "no 429 handling in the CSI paths (gophercloud retries only on Retry-After): RPCs fail, sidecars back off item by item"
+            }
+            FaultClass::NovaBusy => {
+                "the attach fails with the 409 (FailedPrecondition) until a sidecar retry finds the server idle"
+            }
+            FaultClass::AnswersLost => {
+                "a lost create answer is found again by name; a lost attach is waited for until the RPC times out"
+            }
+            FaultClass::CloudSlow => "as here, within the sidecars' timeouts",
+            FaultClass::CinderOutage | FaultClass::KeystoneOutage => {
+                "RPCs fail and are retried by the sidecars"
+            }
+            FaultClass::ControllerKilled => {
+                "a claim deleted while the provisioner is down between CreateVolume and the PV leaks its volume for good (external-provisioner #486); nobody reports it"
+            }
+            FaultClass::NodePluginRestarted | FaultClass::KubeletRestarted => "as here",
+        }
+    }
+}
+
+/// What runs while a fault lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    MoveWriter,
+    ProvisionScratch,
+    SnapshotAndRestore,
+    ExpandWriter,
+}
+
+impl Operation {
+    pub const ALL: [Operation; 4] = [
+        Operation::MoveWriter,
+        Operation::ProvisionScratch,
+        Operation::SnapshotAndRestore,
+        Operation::ExpandWriter,
+    ];
+}
+
+/// The invariants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Invariant {
+    Converges,
+    NoAcknowledgedWriteLost,
+    NeverTwoWriters,
+    NothingLeaked,
+    BoundedPressure,
+}
+
+/// The campaign's parameters.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub seed: u64,
+    /// Steps; each injects `faults_per_step` faults of distinct classes
+    /// at once.
+    pub steps: usize,
+    pub faults_per_step: usize,
+    /// How long each fault lasts.
+    pub window: Duration,
+    /// The bound within which everything must have converged after a
+    /// step's faults ended.
+    pub converge_bound: Duration,
+}
+
+/// One step's record.
+#[derive(Debug, Clone)]
+pub struct StepRecord {
+    pub faults: Vec<FaultClass>,
+    pub operation: Operation,
+    pub converged_in: Duration,
+    /// Calls to Cinder and Nova the proxy saw during the step, and the
+    /// operations done.
+    pub cloud_calls: usize,
+}
+
+/// What a campaign did.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub steps: Vec<StepRecord>,
+    pub violations: Vec<String>,
+    pub orphans_found: usize,
+    pub holder_samples: usize,
+}
+
+impl Report {
+    pub fn faults_by_class(&self) -> BTreeMap<FaultClass, usize> {
+        let mut m = BTreeMap::new();
+        for s in &self.steps {
+            for f in &s.faults {
+                *m.entry(*f).or_default() += 1;
+            }
+        }
+        m
+    }
+
+    /// p50 and max of the convergence times of the steps a class was in.
+    pub fn convergence(&self, class: FaultClass) -> Option<(Duration, Duration)> {
+        let mut t: Vec<Duration> = self
+            .steps
+            .iter()
+            .filter(|s| s.faults.contains(&class))
+            .map(|s| s.converged_in)
+            .collect();
+        t.sort();
+        Some((*t.get(t.len() / 2)?, *t.last()?))
+    }
+
+    /// The report as the bench and the test print it.
+    pub fn table(&self, seed: u64) -> String {
+        let mut s = format!(
+            "campaign seed {seed}: {} steps, {} faults, {} invariant violations, {} orphans, {} holder samples\n",
+            self.steps.len(),
+            self.faults_by_class().values().sum::<usize>(),
+            self.violations.len(),
+            self.orphans_found,
+            self.holder_samples
+        );
+        s.push_str("| fault | injected | converged p50 | max |\n| --- | --- | --- | --- |\n");
+        for (class, n) in self.faults_by_class() {
+            let (p50, max) = self.convergence(class).unwrap_or_default();
+            s.push_str(&format!(
+                "| {class:?} | {n} | {:.1} s | {:.1} s |\n",
+                p50.as_secs_f64(),
+                max.as_secs_f64()
+            ));
+        }
+        let calls: usize = self.steps.iter().map(|s| s.cloud_calls).sum();
+        s.push_str(&format!(
+            "Cinder and Nova calls: {calls} for {} operations ({:.1} per operation)\n",
+            self.steps.len(),
+            calls as f64 / self.steps.len().max(1) as f64
+        ));
+        for v in &self.violations {
+            s.push_str(&format!("VIOLATION {v}\n"));
+        }
+        s
+    }
+}
+
+const WRITERS: usize = 3;
+const SHARERS: usize = 2;
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// What the campaign runs in and on.
+#[derive(Debug)]
+pub struct Campaign {
+    pub c: Cluster,
+    ns: Option<TestNamespace>,
+    proxy: ProxyControl,
+    started: u64,
+    violations: Arc<Mutex<Vec<String>>>,
+    samples: Arc<Mutex<usize>>,
+    step: Arc<Mutex<String>>,
+    sampler: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Campaign {
+    fn drop(&mut self) {
+        if let Some(s) = self.sampler.take() {
+            s.abort();
+        }
+        // no fault outlives the campaign
+        let proxy = self.proxy.clone();
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                let _ = rt.block_on(proxy.clear_faults());
+            }
+        })
+        .join();
+        for service in ["cinder", "keystone"] {
+            let _ = std::process::Command::new("python3")
+                .arg(crate::repo().join("tests/openstack/cloud.py"))
+                .args(["outage", "start", service])
+                .status();
+        }
+    }
+}
+
+impl Campaign {
+    /// The workload, running, and the holder sampler started.
+    pub async fn start(c: &Cluster) -> Result<Self> {
+        let proxy_file = c.cloud_dir.join("fault-proxy");
+        let admin = std::fs::read_to_string(&proxy_file)
+            .map_err(|e| ClusterError::Other(format!("{}: {e}", proxy_file.display())))?
+            .trim()
+            .parse()
+            .map_err(|e| ClusterError::Other(format!("{}: {e}", proxy_file.display())))?;
+        let proxy = ProxyControl { admin };
+        proxy.clear_faults().await.map_err(ClusterError::Other)?;
+        let started = now_secs();
+        let ns = c.namespace("campaign").await?;
+        let n = ns.name.clone();
+        operations::apply_workload(c, &n).await?;
+        let mut campaign = Self {
+            c: c.clone(),
+            ns: Some(ns),
+            proxy,
+            started,
+            violations: Arc::default(),
+            samples: Arc::default(),
+            step: Arc::new(Mutex::new("setting up".into())),
+            sampler: None,
+        };
+        campaign.converged(3 * MINUTE).await?;
+        campaign.sampler = Some(campaign.sample_holders());
+        Ok(campaign)
+    }
+
+    /// The campaign's namespace.
+    pub fn n(&self) -> &str {
+        self.ns.as_ref().map_or("", |ns| ns.name.as_str())
+    }
+    /// Runs the plan; the report, violations included (the caller fails
+    /// on them).
+    pub async fn run(&mut self, plan: &Plan) -> Result<Report> {
+        let mut rng = Rng::new(plan.seed);
+        let mut report = Report::default();
+        // every class once before any twice
+        let mut deck: Vec<FaultClass> = Vec::new();
+        for step in 0..plan.steps {
+            let mut faults = Vec::new();
+            while faults.len() < plan.faults_per_step.min(FaultClass::ALL.len()) {
+                if deck.is_empty() {
+                    deck = rng.shuffled(&FaultClass::ALL);
+                }
+                let f = deck.remove(0);
+                if !faults.contains(&f) {
+                    faults.push(f);
+                } else {
+                    deck.push(f);
+                }
+            }
+            let op = Operation::ALL[rng.below(Operation::ALL.len())];
+            let pick = rng.below(WRITERS);
+            let label = format!("step {step} ({faults:?} during {op:?}, seed {})", plan.seed);
+            if let Ok(mut s) = self.step.lock() {
+                *s = label.clone();
+            }
+            let before = self.acknowledged().await?;
+            self.proxy
+                .clear_calls()
+                .await
+                .map_err(ClusterError::Other)?;
+            for f in &faults {
+                self.inject(*f).await?;
+            }
+            let operation = self.operate(op, step, pick);
+            let window = tokio::time::sleep(plan.window);
+            tokio::pin!(operation);
+            tokio::pin!(window);
+            let mut op_result = None;
+            tokio::select! {
+                r = &mut operation => { op_result = Some(r); window.await; }
+                _ = &mut window => {}
+            }
+            self.proxy
+                .clear_faults()
+                .await
+                .map_err(ClusterError::Other)?;
+            for f in &faults {
+                self.end(*f).await?;
+            }
+            // from here, the cloud and the cluster are whole again: how long
+            // until the operation is done and everything converged
+            let faults_ended = Instant::now();
+            let op_result = match op_result {
+                Some(r) => r,
+                None => operation.await,
+            };
+            if let Err(e) = op_result {
+                report.violations.push(format!(
+                    "{:?} at {label}: the operation failed: {e}",
+                    Invariant::Converges
+                ));
+            }
+            let converged_in = match self.converged(plan.converge_bound).await {
+                Ok(_) => faults_ended.elapsed(),
+                Err(e) => {
+                    report
+                        .violations
+                        .push(format!("{:?} at {label}: {e}", Invariant::Converges));
+                    plan.converge_bound
+                }
+            };
+            for lost in self.check_acknowledged(&before).await? {
+                report.violations.push(format!(
+                    "{:?} at {label}: {lost}",
+                    Invariant::NoAcknowledgedWriteLost
+                ));
+            }
+            let cloud_calls = self.cloud_calls().await;
+            // no tight loops: a step's operation and its convergence cost
+            // a few dozen calls, not thousands
+            if cloud_calls > 2000 {
+                report.violations.push(format!(
+                    "{:?} at {label}: {cloud_calls} Cinder and Nova calls",
+                    Invariant::BoundedPressure
+                ));
+            }
+            // progress, while a long campaign runs
+            eprintln!(
+                "{label}: converged {:.1} s after the faults ended; {cloud_calls} Cinder and Nova calls",
+                converged_in.as_secs_f64()
+            );
+            report.steps.push(StepRecord {
+                faults,
+                operation: op,
+                converged_in,
+                cloud_calls,
+            });
+        }
+        // the deletions of the last steps are done before nothing may leak
+        let leaked = self.wait_nothing_leaked().await?;
+        report.orphans_found = leaked.len();
+        for o in leaked {
+            report.violations.push(format!(
+                "{:?} (seed {}): {o}",
+                Invariant::NothingLeaked,
+                plan.seed
+            ));
+        }
+        report.holder_samples = self.samples.lock().map(|s| *s).unwrap_or(0);
+        if let Ok(v) = self.violations.lock() {
+            report.violations.extend(v.iter().cloned());
+        }
+        Ok(report)
+    }
+
+    /// The orphans the campaign left, once deletions under way had time.
+    async fn wait_nothing_leaked(&self) -> Result<Vec<String>> {
+        let until = Instant::now() + 3 * MINUTE;
+        loop {
+            let found = self.orphans().await?;
+            if found.is_empty() || Instant::now() >= until {
+                return Ok(found);
+            }
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+    }
+
+    /// Deletes the workload and waits until it is gone.
+    pub async fn close(mut self) -> Result<()> {
+        if let Some(s) = self.sampler.take() {
+            s.abort();
+        }
+        match self.ns.take() {
+            Some(ns) => ns.close().await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// `CAMPAIGN_SEED` (a replay), else the time: a new campaign each run.
+pub fn seed_from_env() -> u64 {
+    std::env::var("CAMPAIGN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(now_secs)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_draws_the_same_campaign() {
+        let a: Vec<u64> = (0..5)
+            .map({
+                let mut r = Rng::new(7);
+                move |_| r.draw()
+            })
+            .collect();
+        let b: Vec<u64> = (0..5)
+            .map({
+                let mut r = Rng::new(7);
+                move |_| r.draw()
+            })
+            .collect();
+        assert_eq!(a, b);
+        let mut r = Rng::new(1);
+        let s = r.shuffled(&FaultClass::ALL);
+        assert_eq!(s.len(), FaultClass::ALL.len());
+        assert!(FaultClass::ALL.iter().all(|f| s.contains(f)));
+    }
+}

@@ -1,0 +1,188 @@
+//! The campaign's workload (writers and sharers) and the operations that
+//! run while a fault lasts.
+
+use super::{Campaign, MINUTE, Operation, SHARERS, WRITERS};
+use crate::{Cluster, MULTI_NODE_TAINT_KEY, PodOptions, Result, claim, pod};
+
+fn writers_manifest() -> String {
+    let tolerate = format!(
+        "      tolerations:\n      - key: {MULTI_NODE_TAINT_KEY}\n        operator: Exists\n        effect: NoSchedule\n"
+    );
+    format!(
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: writer\nspec:\n  replicas: {WRITERS}\n  podManagementPolicy: Parallel\n  serviceName: writer\n  selector:\n    matchLabels: {{app: writer}}\n  template:\n    metadata:\n      labels: {{app: writer}}\n    spec:\n      terminationGracePeriodSeconds: 2\n{tolerate}      containers:\n      - name: app\n        image: {}\n        command: [sh, -c, 'i=$(tail -n 1 /data/seq 2>/dev/null); i=${{i:-0}}; while true; do i=$((i+1)); echo $i >> /data/seq && (fsync /data/seq 2>/dev/null || sync); sleep 0.2; done']\n        volumeMounts:\n        - {{name: data, mountPath: /data}}\n  volumeClaimTemplates:\n  - metadata:\n      name: data\n    spec:\n      accessModes: [ReadWriteOnce]\n      storageClassName: csi-cinder-sc-xfs\n      resources:\n        requests:\n          storage: 1Gi\n",
+        crate::APP_IMAGE
+    )
+}
+
+fn sharers_manifest() -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: sharer\nspec:\n  replicas: {SHARERS}\n  selector:\n    matchLabels: {{app: sharer}}\n  template:\n    metadata:\n      labels: {{app: sharer}}\n    spec:\n      terminationGracePeriodSeconds: 2\n      tolerations:\n      - key: {MULTI_NODE_TAINT_KEY}\n        operator: Exists\n        effect: NoSchedule\n      containers:\n      - name: app\n        image: {}\n        command: [sh, -c, 'i=0; while true; do i=$((i+1)); echo $i >> /data/$HOSTNAME && (fsync /data/$HOSTNAME 2>/dev/null || sync); sleep 0.2; done']\n        volumeMounts:\n        - {{name: data, mountPath: /data}}\n      volumes:\n      - name: data\n        persistentVolumeClaim: {{claimName: shared}}\n",
+        crate::APP_IMAGE
+    )
+}
+
+/// The writers and the sharers, with the sharers' claim.
+pub(super) async fn apply_workload(c: &Cluster, n: &str) -> Result<()> {
+    c.apply_in(
+        n,
+        &[
+            writers_manifest(),
+            claim("shared", "csi-manila-cephfs", "1Gi", "ReadWriteMany", false),
+            sharers_manifest(),
+        ]
+        .join("---\n"),
+    )
+    .await
+}
+
+impl Campaign {
+    /// Runs an operation to its end (each sidecar retries what the faults
+    /// refuse; the bound is generous).
+    pub(super) async fn operate(&self, op: Operation, step: usize, rng_pick: usize) -> Result<()> {
+        let n = self.n().to_string();
+        let c = &self.c;
+        match op {
+            Operation::MoveWriter => {
+                // to another node of its zone (its volume attaches there
+                // only), which means a detach and an attach; a writer
+                // alone in its zone restarts where it is
+                let pod = format!("writer-{}", rng_pick % WRITERS);
+                let p = c.get("pod", &pod, Some(&n)).await?.unwrap_or_default();
+                let (from, uid) = (
+                    p["spec"]["nodeName"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    p["metadata"]["uid"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                );
+                let zones = c.node_zones().await?;
+                let zone = zones.get(&from).cloned().unwrap_or_default();
+                let to = zones
+                    .iter()
+                    .find(|(node, z)| **z == zone && **node != from)
+                    .map(|(node, _)| node.clone());
+                let _cordoned = match &to {
+                    Some(_) => Some(c.cordon(&from).await?),
+                    None => None,
+                };
+                c.kubectl(&["delete", "pod", "-n", &n, &pod, "--wait=false"])
+                    .await?;
+                if let Some(to) = to {
+                    c.wait_running_on(&n, &pod, &to, &uid).await?;
+                }
+            }
+            Operation::ProvisionScratch => {
+                let name = format!("scratch-{step}");
+                c.apply_in(
+                    &n,
+                    &[
+                        claim(&name, "csi-cinder-sc-delete", "1Gi", "ReadWriteOnce", false),
+                        crate::placed_on(
+                            &pod(
+                                &name,
+                                &name,
+                                "echo ok > /data/ok && exec sleep 3600",
+                                PodOptions::default(),
+                            ),
+                            &[&c.node],
+                        ),
+                    ]
+                    .join("---\n"),
+                )
+                .await?;
+                c.wait_running(&n, &name, 5 * MINUTE).await?;
+                c.kubectl(&["delete", "pod", "-n", &n, &name, "--grace-period=1"])
+                    .await?;
+                c.kubectl(&["delete", "pvc", "-n", &n, &name, "--wait=false"])
+                    .await?;
+            }
+            Operation::SnapshotAndRestore => {
+                let snap = format!("snap-{step}");
+                let source = format!("data-writer-{}", rng_pick % WRITERS);
+                c.apply_in(
+                    &n,
+                    &format!(
+                        "apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata:\n  name: {snap}\nspec:\n  volumeSnapshotClassName: csi-cinder-snapclass\n  source:\n    persistentVolumeClaimName: {source}\n"
+                    ),
+                )
+                .await?;
+                c.wait_snapshot_ready(&n, &snap, 5 * MINUTE).await?;
+                // at least the snapshot's size (its claim may have grown)
+                let size = c
+                    .get("volumesnapshot", &snap, Some(&n))
+                    .await?
+                    .unwrap_or_default()["status"]["restoreSize"]
+                    .as_str()
+                    .unwrap_or("1Gi")
+                    .to_string();
+                let restored = format!("restored-{step}");
+                c.apply_in(
+                    &n,
+                    &format!(
+                        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {restored}\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: csi-cinder-sc-xfs\n  dataSource:\n    name: {snap}\n    kind: VolumeSnapshot\n    apiGroup: snapshot.storage.k8s.io\n  resources:\n    requests:\n      storage: {size}\n---\n{}",
+                        crate::placed_on(
+                            &pod(
+                                &restored,
+                                &restored,
+                                "test -s /data/seq && echo RESTORED",
+                                PodOptions {
+                                    run_once: true,
+                                    ..Default::default()
+                                },
+                            ),
+                            &[&c.node],
+                        )
+                    ),
+                )
+                .await?;
+                c.wait_succeeded(&n, &restored, 5 * MINUTE).await?;
+                for (kind, name) in [
+                    ("pod", &restored),
+                    ("pvc", &restored),
+                    ("volumesnapshot", &snap),
+                ] {
+                    c.kubectl(&["delete", kind, "-n", &n, name, "--wait=false"])
+                        .await?;
+                }
+            }
+            Operation::ExpandWriter => {
+                let claim = format!("data-writer-{}", rng_pick % WRITERS);
+                let now = c.get("pvc", &claim, Some(&n)).await?.unwrap_or_default();
+                let gib = now["spec"]["resources"]["requests"]["storage"]
+                    .as_str()
+                    .and_then(|s| s.trim_end_matches("Gi").parse::<u64>().ok())
+                    .unwrap_or(1);
+                let want = format!("{}Gi", gib + 1);
+                c.kubectl(&[
+                    "patch",
+                    "pvc",
+                    "-n",
+                    &n,
+                    &claim,
+                    "--type=merge",
+                    "-p",
+                    &format!(
+                        "{{\"spec\":{{\"resources\":{{\"requests\":{{\"storage\":\"{want}\"}}}}}}}}"
+                    ),
+                ])
+                .await?;
+                c.wait_for(&format!("{claim} grown to {want}"), 5 * MINUTE, || {
+                    let (c, n, claim, want) = (c.clone(), n.clone(), claim.clone(), want.clone());
+                    async move {
+                        let p = c.get("pvc", &claim, Some(&n)).await?.unwrap_or_default();
+                        Ok(if p["status"]["capacity"]["storage"] == want.as_str() {
+                            Ok(())
+                        } else {
+                            Err(p["status"].to_string())
+                        })
+                    }
+                })
+                .await?;
+            }
+        }
+        Ok(())
+    }
+}
