@@ -197,18 +197,21 @@ run_tests() {
 # seeds (what it finds goes to a scratch corpus), without a sanitizer (the
 # code is safe Rust; the targets' assertions are the oracles); a crash
 # fails the run, and each target counts as a test in the summary
+# (FUZZ_TOOLS_DIR, FUZZ_TARGET_DIR: where cargo-fuzz is installed and the
+# targets are built; .ci/run keeps both on the machine between fresh clones)
 fuzzing() {
   local version=0.13.2 failed=0 t
-  export PATH=$PWD/target/tools/bin:$PATH
+  local tools=${FUZZ_TOOLS_DIR:-$PWD/target/tools} build=${FUZZ_TARGET_DIR:-$PWD/fuzz/target}
+  export PATH=$tools/bin:$PATH
   if [[ $(cargo-fuzz --version 2>/dev/null) != "cargo-fuzz $version" ]]; then
-    echo "installing cargo-fuzz $version into target/tools"
-    cargo install --quiet --locked --version "$version" --root target/tools cargo-fuzz
+    echo "installing cargo-fuzz $version into $tools"
+    cargo install --quiet --locked --version "$version" --root "$tools" cargo-fuzz
   fi
-  (cd fuzz && cargo fuzz build -s none) || return 1
+  (cd fuzz && cargo fuzz build -s none --target-dir "$build") || return 1
   for t in $(cd fuzz && cargo fuzz list); do
     mkdir -p "$work/fuzz/$t" "$work/fuzz/tmp"
     # the targets' fixtures go under TMPDIR: removed with $work
-    if (cd fuzz && TMPDIR="$work/fuzz/tmp" cargo fuzz run -s none "$t" "$work/fuzz/$t" "seeds/$t" \
+    if (cd fuzz && TMPDIR="$work/fuzz/tmp" cargo fuzz run -s none --target-dir "$build" "$t" "$work/fuzz/$t" "seeds/$t" \
           -- -max_total_time="${FUZZ_SECONDS:-20}") >"$work/fuzz-$t.log" 2>&1; then
       echo "test fuzz/$t ... ok" | tee -a "$log"
       grep -E '^Done [0-9]+ runs' "$work/fuzz-$t.log" || true

@@ -100,7 +100,7 @@ from k8stier.control_plane import (
     wait_apiserver,
 )
 from k8stier.faults import cmd_kill_node, cmd_restart_apiservers, cmd_restart_kubelet, cmd_revive_node
-from k8stier.host import prepare_host, restore_host, unmount_below
+from k8stier.host import prepare_host, refuse_if_a_kubelet_runs, restore_host, unmount_below
 from k8stier.images import import_images
 from k8stier.nodes import (
     node_server,
@@ -125,6 +125,7 @@ from k8stier.suite import (
 from k8stier.teardown import (
     delete_test_objects,
     kill_pod_processes,
+    pod_processes,
     kill_strays,
     leftovers,
     remove_cgroups,
@@ -166,6 +167,15 @@ def cmd_up():
         # never changes) would show as restarts of this one
         shutil.rmtree(STATE / "pod-logs", ignore_errors=True)
     setup_pki()
+    if not (STATE / "host-changes.json").exists():
+        # this checkout's cluster is down: whatever still runs in the pods'
+        # cgroups (their names are fixed) is an earlier cluster's, left by
+        # a run cut off before its `down`, and would load the machine
+        refuse_if_a_kubelet_runs()
+        if pod_processes():
+            log("processes of an earlier cluster still run in the pods' cgroups: killed")
+            kill_pod_processes()
+            remove_cgroups()
     prepare_host()
     all_nodes = nodes()
     for node in all_nodes:

@@ -52,6 +52,7 @@ from testcloud.block import (
     cmd_node_server_power,
     compute_process,
     configure_block,
+    detach_hypervisor_loops,
     setup_cinder,
     setup_nova,
     setup_placement,
@@ -225,6 +226,7 @@ INFRA_PROCESSES = ["rabbitmq", "epmd", "mariadb", "dbus"]
 def cmd_down(purge):
     if (STATE / "pids").exists():
         stop_all(SERVICE_PROCESSES)
+        detach_hypervisor_loops()
         stop_ganesha()
         stop_ceph()
         stop_all(INFRA_PROCESSES, grace=30)

@@ -54,6 +54,8 @@ def prepare_host():
     marker = KUBELET_DIR / ".k8s-test-cluster"
     if KUBELET_DIR.exists() and any(KUBELET_DIR.iterdir()) and not marker.exists():
         raise ClusterError(f"{KUBELET_DIR} holds something this script did not create: is a real kubelet here?")
+    if marker.exists() and not (STATE / "host-changes.json").exists():
+        clear_earlier_cluster_kubelet_dir()
     if not Path("/etc/kubernetes").exists():
         record_host_change("created_etc_kubernetes", True)
     for d, key in ((KUBELET_DIR, "created_kubelet_dir"), (KMS_DIR, "created_kms_dir"),
@@ -74,6 +76,46 @@ def prepare_host():
         run(["mount", "--make-rshared", "/dev"])
     # the cloud's hypervisor agent links attached volumes here, as udev does
     Path("/dev/disk/by-id").mkdir(parents=True, exist_ok=True)
+
+
+def refuse_if_a_kubelet_runs():
+    """Before this checkout takes over what an earlier cluster left: that
+    cluster must be down (its kubelet would go on using it)."""
+    for d in Path("/proc").iterdir():
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"kubelet") and f"--root-dir={KUBELET_DIR}".encode() in argv:
+            raise ClusterError(f"a kubelet of another cluster is running on {KUBELET_DIR} (pid {d.name}): "
+                               "bring that cluster down first")
+
+
+def clear_earlier_cluster_kubelet_dir():
+    """/var/lib/kubelet carries this tier's marker but this checkout's state
+    never prepared it: an earlier cluster of this tier left it, from
+    another checkout (CI's fresh clones) or from a run that was cut off
+    before its `down`. Its kubelet's state (pods, registered plugins'
+    sockets, checkpoints) would be read by the new kubelet as its own, and
+    its KMS plugins' key records name that cluster's key; its self-bind is
+    this tier's, so this `down` takes it away too."""
+    refuse_if_a_kubelet_runs()
+    log(f"{KUBELET_DIR} was left by an earlier cluster of this tier (another checkout, or a run cut off): "
+        "clearing it")
+    unmount_below(KUBELET_DIR, keep_root=True)
+    for child in KUBELET_DIR.iterdir():
+        if child.name == ".k8s-test-cluster":
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    if is_mountpoint(KUBELET_DIR):
+        record_host_change("bound_kubelet_dir", True)
+    # the KMS plugins' sockets and key records name that cluster's key
+    for kms_dir in (KMS_DIR, KMS_B_DIR):
+        for f in ("kms.sock", "kms-keys.json"):
+            (kms_dir / f).unlink(missing_ok=True)
 
 
 def restore_host():

@@ -24,6 +24,7 @@ from .config import (
     STATE,
     binary,
     http,
+    log,
     port_open,
     run,
 )
@@ -162,6 +163,12 @@ def prepare_namespaced_node(node):
     for d in ("kubelet", "by-id", "logs"):
         (node.state / d).mkdir(parents=True, exist_ok=True)
     node.run.mkdir(parents=True, exist_ok=True)
+    if not namespaces_are_this_checkouts(node):
+        # their names are fixed: a run cut off before its `down`, or
+        # another checkout's cluster (CI's fresh clones), leaves them
+        # pointing at its own folders, where this cloud links no disk
+        log(f"{node.name}: its namespaces were left by an earlier cluster: made again")
+        remove_namespaced_node(node)
     if not Path(f"/run/netns/{node.netns}").exists():
         run(["ip", "netns", "add", node.netns])
         run(["ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.netns])
@@ -185,9 +192,10 @@ def prepare_namespaced_node(node):
             run(["iptables", "-t", "nat", "-N", chain])
             run(["iptables", "-t", "nat", "-I", "PREROUTING", "-j", chain])
         host_ports = ",".join(p for p, _ in loopback_forwards(node) if p != str(PORTS["metadata"]))
-        run(["iptables", "-t", "nat", "-A", chain, "-i", node.veth, "-d", node.gateway, "-p", "tcp", "-m",
-             "multiport", "--dports", f"{host_ports},{node.metadata_port}", "-j", "DNAT",
-             "--to-destination", "127.0.0.1"])
+        rule = [chain, "-i", node.veth, "-d", node.gateway, "-p", "tcp", "-m", "multiport", "--dports",
+                f"{host_ports},{node.metadata_port}", "-j", "DNAT", "--to-destination", "127.0.0.1"]
+        if subprocess.run(["iptables", "-t", "nat", "-C", *rule], capture_output=True).returncode != 0:
+            run(["iptables", "-t", "nat", "-A", *rule])
     if not node.mnt_ns.exists():
         ns_dir = node.mnt_ns.parent
         # a mount namespace is kept by binding its file on a private mount
@@ -215,6 +223,21 @@ mount --bind {node.by_id} /dev/disk/by-id
     text = hosts.read_text()
     if line not in text.splitlines():
         hosts.write_text(text.rstrip("\n") + "\n" + line + "\n")
+
+
+def namespaces_are_this_checkouts(node):
+    """Whether the node's network and mount namespaces, if any, are the
+    ones this checkout made: both there or both not, and the mount
+    namespace's /var/lib/kubelet is this checkout's folder for the node."""
+    has_net = Path(f"/run/netns/{node.netns}").exists()
+    if has_net != node.mnt_ns.exists():
+        return False
+    if not has_net:
+        return True
+    seen = subprocess.run(["nsenter", f"--mount={node.mnt_ns}", "--", "stat", "-c", "%d:%i", str(KUBELET_DIR)],
+                          capture_output=True, text=True)
+    own = node.kubelet_dir.stat()
+    return seen.returncode == 0 and seen.stdout.strip() == f"{own.st_dev}:{own.st_ino}"
 
 
 HOSTS_MARK = "# k8s-test-cluster node"

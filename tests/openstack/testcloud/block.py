@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -496,6 +497,31 @@ def smoke_attach(api, cinder, nova, server_id, timeout=180):
             time.sleep(2)
     api.call("DELETE", url)
     log(f"attach/detach smoke test passed in {time.time() - started:.0f}s")
+
+
+def detach_hypervisor_loops():
+    """The loop devices the hypervisor agent made of this cloud's volume
+    images: an agent that is killed (SIGKILL, a machine restart, a session
+    cut off) cannot detach them itself, and each one left holds a loop
+    device and its image until the machine restarts. Their links in the
+    by-id folders go with them."""
+    listing = subprocess.run(["losetup", "-l", "-n", "-O", "NAME,BACK-FILE"], capture_output=True, text=True)
+    images = f"{HYPERVISOR_IMAGES}/"
+    for line in listing.stdout.splitlines():
+        parts = line.split(None, 1)
+        if len(parts) != 2 or not parts[1].strip().startswith(images):
+            continue
+        device = parts[0]
+        for folder in (STATE / "by-id", Path("/dev/disk/by-id")):
+            for link in folder.glob("*") if folder.is_dir() else []:
+                if link.is_symlink() and os.readlink(link) == device:
+                    link.unlink(missing_ok=True)
+        # a device still open somewhere is detached when it is closed
+        detach = subprocess.run(["losetup", "-d", device], capture_output=True, text=True)
+        if detach.returncode == 0:
+            log(f"detached {device} ({parts[1].strip()}), left by a hypervisor agent that was killed")
+        else:
+            log(f"WARNING: {device} ({parts[1].strip()}) could not be detached: {detach.stderr.strip()}")
 
 
 def start_hypervisor_agent():
