@@ -94,11 +94,25 @@ impl KeyRecord {
 
     /// The keys recorded; none when there is no record yet.
     pub fn load(&self) -> Result<Vec<RecordedKey>, KeyRecordError> {
-        let meta = match std::fs::symlink_metadata(&self.path) {
-            Ok(m) => m,
+        use std::io::Read;
+        // opened without following a link, and judged by what was opened
+        // (not by a look at the path that a rename could change meanwhile);
+        // non-blocking, so that a FIFO put there cannot hang the plugin
+        let f = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+            .open(&self.path)
+        {
+            Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+                return Err(self.refused("not a regular file (a link)"));
+            }
             Err(e) => return Err(self.refused(format!("unreadable: {e}"))),
         };
+        let meta = f
+            .metadata()
+            .map_err(|e| self.refused(format!("unreadable: {e}")))?;
         if !meta.file_type().is_file() {
             return Err(self.refused("not a regular file (a link or a directory)"));
         }
@@ -114,8 +128,13 @@ impl KeyRecord {
         if meta.len() > MAX_BYTES {
             return Err(self.refused(format!("{} bytes, more than a record holds", meta.len())));
         }
-        let text =
-            std::fs::read(&self.path).map_err(|e| self.refused(format!("unreadable: {e}")))?;
+        let mut text = Vec::new();
+        f.take(MAX_BYTES + 1)
+            .read_to_end(&mut text)
+            .map_err(|e| self.refused(format!("unreadable: {e}")))?;
+        if text.len() as u64 > MAX_BYTES {
+            return Err(self.refused("it grew past what a record holds while it was read"));
+        }
         let file: RecordFile = serde_json::from_slice(&text)
             .map_err(|e| self.refused(format!("not a key record: {e}")))?;
         if file.version != VERSION {
@@ -143,6 +162,22 @@ impl KeyRecord {
         Ok(file.keys)
     }
 
+    /// Where the plugin's record does not exist yet, the keys of the
+    /// record at `legacy` (checked as its own is), written to its own:
+    /// what a plugin recorded before records were named after their
+    /// socket. Answers how many keys were taken over.
+    pub fn adopt(&self, legacy: &Path) -> Result<usize, KeyRecordError> {
+        if std::fs::symlink_metadata(&self.path).is_ok() {
+            return Ok(0);
+        }
+        let keys = KeyRecord::new(legacy).load()?;
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        self.save(&keys)?;
+        Ok(keys.len())
+    }
+
     /// Replaces the record with `keys`: a new root-only file, synced, then
     /// renamed over the old one (and the directory synced), so that a
     /// crash leaves the old record or the new one, never a torn one.
@@ -162,34 +197,45 @@ impl KeyRecord {
             .parent()
             .filter(|d| !d.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
+        // a name of this process's own: two plugins sharing the directory
+        // (a KMS migration) never write through one temporary file
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
         let tmp = dir.join(format!(
-            ".{}.tmp",
+            ".{}.{}-{nanos}.tmp",
             self.path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            std::process::id()
         ));
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| fail(format!("creating {}: {e}", tmp.display())))?;
-        // a umask cannot widen 0600, but an inherited ACL default might
-        f.set_permissions(std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| fail(e.to_string()))?;
-        f.write_all(&text)
-            .and_then(|()| f.sync_all())
-            .map_err(|e| fail(e.to_string()))?;
-        drop(f);
-        std::fs::rename(&tmp, &self.path).map_err(|e| {
+        let written = (|| {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(&tmp)
+                .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+            // a umask cannot widen 0600, but an inherited ACL default might
+            f.set_permissions(std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| e.to_string())?;
+            f.write_all(&text)
+                .and_then(|()| f.sync_all())
+                .map_err(|e| e.to_string())?;
+            drop(f);
+            std::fs::rename(&tmp, &self.path).map_err(|e| e.to_string())
+        })();
+        if let Err(why) = written {
             let _ = std::fs::remove_file(&tmp);
-            fail(e.to_string())
-        })?;
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
+            return Err(fail(why));
         }
+        // the rename is durable only once the directory is: until then a
+        // crash may bring the old record back, so a failure here is one
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| fail(format!("syncing {}: {e}", dir.display())))?;
         Ok(())
     }
 }

@@ -79,6 +79,10 @@ struct State {
     /// Why the record was refused, if it was: Status is unhealthy and
     /// Encrypt refuses until an operator looks at it.
     record_problem: Option<String>,
+    /// Why the last write of the record failed, until one succeeds:
+    /// Encrypt under a key the record lacks refuses meanwhile, and Status
+    /// says so.
+    record_write_problem: Option<String>,
     current: Option<Arc<Kek>>,
     /// every key held, by key_id
     known: HashMap<String, Arc<Kek>>,
@@ -163,6 +167,7 @@ impl<S: KeyStore> KeyRing<S> {
                 retired: BTreeSet::new(),
                 recorded,
                 record_problem,
+                record_write_problem: None,
                 current_secret,
                 current: None,
                 known: HashMap::new(),
@@ -428,9 +433,15 @@ impl<S: KeyStore> KeyRing<S> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         });
-        self.record.save(&keys)?;
+        if let Err(e) = self.record.save(&keys) {
+            tracing::error!(error = %e, key_id = kek.key_id(), "the key record could not be written: Encrypt under this key refuses until it can");
+            self.write().record_write_problem = Some(e.to_string());
+            return Err(e.into());
+        }
         tracing::info!(key_id = kek.key_id(), path = %self.record.path().display(), "key recorded: Decrypt uses it after a restart too");
-        self.write().recorded = keys;
+        let mut st = self.write();
+        st.recorded = keys;
+        st.record_write_problem = None;
         Ok(())
     }
 
@@ -485,6 +496,19 @@ impl<S: KeyStore> KeyRing<S> {
             };
         };
         let key_id = kek.key_id().to_string();
+        if let Some(p) = &st.record_write_problem
+            && !st.recorded.iter().any(|k| k.key_id == key_id)
+        {
+            // Encrypt refuses under a key the record lacks: Status says
+            // what Encrypt answers
+            return Health {
+                key_id,
+                problem: Some(format!(
+                    "the current key is not in the key record, which cannot be written: {p}"
+                )),
+                note: None,
+            };
+        }
         let probe = [0x5a_u8; 32];
         let self_test = kek
             .seal(&self.rng, &probe)

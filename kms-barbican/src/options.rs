@@ -34,7 +34,9 @@ pub struct Options {
     pub previous_key_ids: Vec<String>,
     /// The record of the keys the plugin has sealed under (key ids, never
     /// key material), so that Decrypt uses them after a restart; created
-    /// 0600. Default: `kms-keys.json` beside the socket.
+    /// 0600. Default: beside the socket, named after it (`kms.sock`:
+    /// `kms-keys.json`; `kms-new.sock`: `kms-new-keys.json`), so that two
+    /// plugins sharing a directory (a KMS migration) keep a record each.
     #[arg(long)]
     pub key_record: Option<PathBuf>,
     /// How often the current key is fetched again from Barbican.
@@ -53,14 +55,35 @@ pub struct Options {
 }
 
 impl Options {
-    /// Where the key record lives: `--key-record`, else beside the socket.
+    /// Where the key record lives: `--key-record`, else beside the socket,
+    /// named after it.
     pub fn key_record_path(&self) -> PathBuf {
         self.key_record.clone().unwrap_or_else(|| {
-            self.socketpath
-                .path()
-                .parent()
-                .unwrap_or(std::path::Path::new("/"))
-                .join("kms-keys.json")
+            let socket = self.socketpath.path();
+            let stem = socket
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .map(|n| n.strip_suffix(".sock").map(str::to_string).unwrap_or(n))
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| "kms".into());
+            self.socket_dir().join(format!("{stem}-keys.json"))
         })
+    }
+
+    /// The record every plugin of a directory shared before records were
+    /// named after their socket (`kms-keys.json`): read once by a plugin
+    /// whose own record does not exist yet. None with `--key-record`, or
+    /// when it is the plugin's own.
+    pub fn legacy_key_record_path(&self) -> Option<PathBuf> {
+        let legacy = self.socket_dir().join("kms-keys.json");
+        (self.key_record.is_none() && legacy != self.key_record_path()).then_some(legacy)
+    }
+
+    fn socket_dir(&self) -> PathBuf {
+        self.socketpath
+            .path()
+            .parent()
+            .unwrap_or(std::path::Path::new("/"))
+            .to_path_buf()
     }
 }

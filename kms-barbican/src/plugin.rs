@@ -186,12 +186,24 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     // one long call
     let fetch_timeout = Duration::from_secs(10).min(opts.refresh_interval);
     let store = BarbicanKeyStore::new(KeyManager::new(session.clone()), fetch_timeout);
-    let ring = Arc::new(KeyRing::new(
-        store,
-        key_id,
-        opts.max_staleness,
-        KeyRecord::new(opts.key_record_path()),
-    ));
+    let record = KeyRecord::new(opts.key_record_path());
+    if let Some(legacy) = opts.legacy_key_record_path() {
+        match record.adopt(&legacy) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                keys = n,
+                from = %legacy.display(),
+                to = %record.path().display(),
+                "the keys of the directory's shared record are this plugin's own record now"
+            ),
+            // its own record is then made from the keys it seals under;
+            // the shared one stays as it is, for an operator to look at
+            Err(e) => {
+                tracing::warn!(error = %e, "the directory's shared key record was not taken over")
+            }
+        }
+    }
+    let ring = Arc::new(KeyRing::new(store, key_id, opts.max_staleness, record));
     ring.name_previous(&opts.previous_key_ids);
     for change in ring.configure_keys(
         &conf.key_manager.decrypt_key_ids,

@@ -37,8 +37,18 @@ impl Drop for Plugin {
 
 impl Plugin {
     fn start(dir: &Path, conf: &Path, extra: &[&str]) -> Plugin {
-        let socket = dir.join("run/kms.sock");
-        let log = dir.join("plugin.log");
+        Self::start_on(dir, "kms.sock", conf, extra)
+    }
+
+    /// With its socket `run/<socket>` (its log `<socket>.log`, but for
+    /// `kms.sock`'s `plugin.log`).
+    fn start_on(dir: &Path, socket: &str, conf: &Path, extra: &[&str]) -> Plugin {
+        let log = if socket == "kms.sock" {
+            dir.join("plugin.log")
+        } else {
+            dir.join(format!("{socket}.log"))
+        };
+        let socket = dir.join("run").join(socket);
         let child = Command::new(BIN)
             .arg("--socketpath")
             .arg(&socket)
@@ -1034,7 +1044,12 @@ async fn decrypt(
 
 /// The key ids the plugin's key record lists (beside its socket).
 fn recorded_key_ids(dir: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(dir.join("run/kms-keys.json")).unwrap_or_default();
+    recorded_in(&dir.join("run/kms-keys.json"))
+}
+
+/// The key ids the key record at `path` lists.
+fn recorded_in(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
     if text.is_empty() {
         return Vec::new();
     }
@@ -1118,6 +1133,112 @@ async fn keys_it_sealed_under_survive_a_restart_after_a_rotation_without_any_fla
             );
         }
     }
+}
+
+/// A KMS migration runs the old plugin and its successor side by side,
+/// their sockets in one directory: each keeps a key record of its own,
+/// named after its socket, so that neither loses the other's keys; the
+/// successor takes over the keys of the record the directory had (the
+/// one every plugin there wrote before) once. After the old plugin has
+/// rotated, the successor, restarted with no flag, still opens what it
+/// sealed.
+#[tokio::test]
+async fn plugins_sharing_a_socket_directory_keep_a_key_record_each() {
+    let cloud = Cloud::start().await;
+    let (_first, dir, conf) = cloud.configured(&[0x71u8; 32]).await;
+    let old = Plugin::start(dir.path(), &conf, &[]);
+    let mut c_old = old.client().await;
+    let old_key = wait_healthy(&mut c_old).await;
+    encrypt(&mut c_old, seed(0x71), "old-1").await;
+
+    let second = cloud.secret(&[0x72u8; 32]).await;
+    let conf_new = dir.path().join("cloud-new.conf");
+    cloud.write_conf(&conf_new, &second);
+    let new = Plugin::start_on(dir.path(), "kms-new.sock", &conf_new, &[]);
+    let mut c_new = new.client().await;
+    let new_key = wait_healthy(&mut c_new).await;
+    let new_record = dir.path().join("run/kms-new-keys.json");
+    assert_eq!(
+        recorded_in(&new_record),
+        std::slice::from_ref(&old_key),
+        "the directory's record taken over"
+    );
+    let sealed = encrypt(&mut c_new, seed(0x72), "new-1").await;
+    assert_eq!(recorded_in(&new_record), [old_key.clone(), new_key.clone()]);
+    assert_eq!(
+        recorded_key_ids(dir.path()),
+        std::slice::from_ref(&old_key),
+        "the old plugin's record is its own"
+    );
+
+    // the old plugin rotates and seals: its record changes, not the
+    // successor's
+    let third = cloud.secret(&[0x73u8; 32]).await;
+    cloud.write_conf(&conf, &third);
+    old.sighup();
+    wait_status(&mut c_old, "rotation", |h, k| {
+        h == "ok" && k.starts_with(&third)
+    })
+    .await;
+    let rotated = encrypt(&mut c_old, seed(0x73), "old-2").await;
+    assert_eq!(
+        recorded_key_ids(dir.path()),
+        [old_key.clone(), rotated.key_id]
+    );
+    assert_eq!(recorded_in(&new_record), [old_key, new_key]);
+
+    // the successor killed and started again with the same flags
+    drop(c_new);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(new.child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    drop(new);
+    let new = Plugin::start_on(dir.path(), "kms-new.sock", &conf_new, &[]);
+    let mut c_new = new.client().await;
+    wait_healthy(&mut c_new).await;
+    assert_eq!(
+        decrypt(&mut c_new, &sealed, "new-2").await.unwrap(),
+        seed(0x72)
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("run"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+/// A record that cannot be written: Encrypt under a key it lacks refuses
+/// (Unavailable, retried by the apiserver) and Status says why, instead of
+/// "ok"; once it can be written, both recover without a restart.
+#[tokio::test]
+async fn a_record_that_cannot_be_written_makes_status_say_so() {
+    let cloud = Cloud::start().await;
+    let (_secret, dir, conf) = cloud.configured(&[0x81u8; 32]).await;
+    let record_dir = dir.path().join("not-yet");
+    let record = record_dir.join("keys.json");
+    let arg = format!("--key-record={}", record.display());
+    let plugin = Plugin::start(dir.path(), &conf, &[&arg]);
+    let mut c = plugin.client().await;
+    wait_healthy(&mut c).await;
+    let refused = c
+        .encrypt(EncryptRequest {
+            plaintext: seed(0x81),
+            uid: "a".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    wait_status(&mut c, "unwritable record", |h, _| {
+        h.contains("key record") && h.contains("cannot be written")
+    })
+    .await;
+    std::fs::create_dir(&record_dir).unwrap();
+    let sealed = encrypt(&mut c, seed(0x82), "b").await;
+    assert_eq!(recorded_in(&record), [sealed.key_id.clone()]);
+    wait_healthy(&mut c).await;
 }
 
 #[tokio::test]
