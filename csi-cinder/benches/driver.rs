@@ -115,7 +115,7 @@ async fn provision_and_publish(h: &CinderOnEmulator, ch: &Channel) {
         let server = h
             .emulator
             .control()
-            .create_server("admin", &format!("bench-node-{n}"), "nova")
+            .create_server(h.project(), &format!("bench-node-{n}"), "nova")
             .unwrap();
         nodes.push(server);
     }

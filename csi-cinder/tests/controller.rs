@@ -285,7 +285,7 @@ async fn attachments_respect_other_servers_and_gone_servers() {
     let other =
         e.h.emulator
             .control()
-            .create_server("admin", "node-2", "nova")
+            .create_server(e.h.project(), "node-2", "nova")
             .unwrap();
     let err =
         e.c.controller_publish_volume(csi::ControllerPublishVolumeRequest {
@@ -348,7 +348,7 @@ async fn attachments_respect_other_servers_and_gone_servers() {
     let node2 =
         e.h.emulator
             .control()
-            .create_server("admin", "node-3", "nova")
+            .create_server(e.h.project(), "node-3", "nova")
             .unwrap();
     for node in [e.h.node_id.clone(), node2.clone()] {
         e.c.controller_publish_volume(csi::ControllerPublishVolumeRequest {
@@ -1140,8 +1140,12 @@ async fn volumes_of_a_server_that_is_gone_are_released_not_held_forever() {
     let (mut e, port) = env_with_metrics().await;
     let cap = mount_cap("ext4", Mode::SingleNodeWriter);
     let ctl = e.h.emulator.control();
-    let gone = ctl.create_server("admin", "gone-node", "nova").unwrap();
-    let other = ctl.create_server("admin", "other-node", "nova").unwrap();
+    let gone = ctl
+        .create_server(e.h.project(), "gone-node", "nova")
+        .unwrap();
+    let other = ctl
+        .create_server(e.h.project(), "other-node", "nova")
+        .unwrap();
     let a = e.create("held-a", cap.clone(), 1).await;
     let b = e.create("held-b", cap.clone(), 1).await;
     for v in [&a, &b] {
@@ -1183,6 +1187,136 @@ async fn volumes_of_a_server_that_is_gone_are_released_not_held_forever() {
             .attached_servers()
             .collect::<Vec<_>>(),
         vec![other.as_str()]
+    );
+}
+
+/// Nova as the admin (an operator) sees it: every project's servers.
+fn admin_nova(e: &Env) -> openstack_client::nova::Compute {
+    let conf = openstack_client::config::CloudConf::from_texts(
+        &[("c".into(), e.h.emulator.cloud_conf())],
+        openstack_client::config::ConfigEnv::default(),
+    )
+    .unwrap();
+    openstack_client::nova::Compute::new(
+        openstack_client::Session::new(
+            conf.cloud("").unwrap(),
+            openstack_client::SessionOptions::default(),
+        )
+        .unwrap(),
+    )
+}
+
+/// Which servers Nova (the admin's view) lists the volume on.
+async fn nova_holders(
+    nova: &openstack_client::nova::Compute,
+    servers: &[&str],
+    volume: &str,
+) -> Vec<String> {
+    let mut holders = Vec::new();
+    for s in servers {
+        if nova
+            .list_volume_attachments(s)
+            .await
+            .unwrap()
+            .iter()
+            .any(|a| a.volume_id == volume)
+        {
+            holders.push(s.to_string());
+        }
+    }
+    holders
+}
+
+/// The plugin runs as a project member, as in production: Nova answers
+/// it 404 for another project's live server, exactly as for a deleted
+/// one. An operator's rescue server (admin project) holding a volume is
+/// never taken for a deleted server: the publish elsewhere is refused,
+/// naming the server and the attachment, and Nova keeps one writer. A
+/// server of the plugin's own project that was deleted is told apart by
+/// Nova's record of its actions and repaired (the test before); once an
+/// operator archives Nova's database that proof is gone too, and the
+/// publish is refused the same way.
+#[tokio::test]
+async fn a_server_the_plugin_cannot_see_keeps_its_volume_never_two_writers() {
+    if !root() {
+        return;
+    }
+    let (mut e, port) = env_with_metrics().await;
+    assert_eq!(
+        e.h.project(),
+        "demo",
+        "the harness runs the plugin as a member"
+    );
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let ctl = e.h.emulator.control();
+    let admin = admin_nova(&e);
+    let node = e.h.node_id.clone();
+    let rescue = ctl
+        .create_server("admin", "operators-rescue-vm", "nova")
+        .unwrap();
+    let v = e.create("held-by-rescue", cap.clone(), 1).await;
+    admin
+        .attach_volume(&rescue, &v.volume_id, false)
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        if e.status(&v.volume_id).await == "in-use" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(e.status(&v.volume_id).await, "in-use");
+
+    let err =
+        e.c.controller_publish_volume(publish_req(&v.volume_id, &node))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert!(
+        err.message().contains(&rescue) && err.message().contains("attachment delete"),
+        "names the server and what an operator does: {}",
+        err.message()
+    );
+    // an unpublish naming that server (a stale or forged VolumeAttachment)
+    // releases nothing either
+    let err =
+        e.c.controller_unpublish_volume(unpublish_req(&v.volume_id, &rescue))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        nova_holders(&admin, &[&rescue, &node], &v.volume_id).await,
+        vec![rescue.clone()],
+        "one writer: the rescue server alone"
+    );
+    let got = e.cinder.get_volume(&v.volume_id).await.unwrap();
+    assert_eq!(
+        got.attached_servers().collect::<Vec<_>>(),
+        vec![rescue.as_str()]
+    );
+
+    // a server of the plugin's own project, deleted, then archived away
+    let old = ctl
+        .create_server(e.h.project(), "old-node", "nova")
+        .unwrap();
+    let w = e.create("held-by-archived", cap.clone(), 1).await;
+    e.c.controller_publish_volume(publish_req(&w.volume_id, &old))
+        .await
+        .unwrap();
+    ctl.forget_server(&old);
+    ctl.archive_deleted_servers();
+    let err =
+        e.c.controller_publish_volume(publish_req(&w.volume_id, &node))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert!(err.message().contains(&old), "{}", err.message());
+    assert_eq!(e.status(&w.volume_id).await, "in-use");
+    assert_eq!(
+        repairs(port, "server_gone").await,
+        0,
+        "nothing was taken for gone"
     );
 }
 

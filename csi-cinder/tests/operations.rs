@@ -161,12 +161,13 @@ async fn rotated_credentials_apply_without_a_restart() {
     // the password changes in Keystone (its tokens are revoked): the old
     // credentials stop working
     let ctl = h.emulator.control();
-    assert!(ctl.set_password("admin", "rotated-secret"));
+    // (the plugin runs as the project's member `demo`)
+    assert!(ctl.set_password(openstack_emulator::MEMBER_USER, "rotated-secret"));
     let err = c.create_volume(create("stale")).await.unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "{}", err.message());
     // kubelet updates the mounted Secret: the next calls use it
     let conf = std::fs::read_to_string(&h.cloud_conf).unwrap();
-    h.update_cloud_conf(&conf.replace("admin-secret", "rotated-secret"))
+    h.update_cloud_conf(&conf.replace(openstack_emulator::MEMBER_PASSWORD, "rotated-secret"))
         .unwrap();
     let mut ok = None;
     for _ in 0..100 {

@@ -42,8 +42,15 @@ struct RealEnv {
 }
 
 async fn real_env(test: &str) -> RealEnv {
+    real_env_as(test, "cloud-admin.conf").await
+}
+
+/// The plugin and the test's own Cinder and Nova with the credentials of
+/// `conf` (`cloud-admin.conf`, or `cloud-member.conf`: a member of the
+/// project `demo`, as production runs).
+async fn real_env_as(test: &str, conf: &str) -> RealEnv {
     let dir = real_cloud_dir();
-    let global = std::fs::read_to_string(dir.join("cloud-admin.conf")).unwrap();
+    let global = std::fs::read_to_string(dir.join(conf)).unwrap();
     let stuck = format!("--stuck-attachment-secs={}", STUCK_AFTER.as_secs());
     let h = CinderOnRealCloud::start_with(
         Path::new(BIN),
@@ -58,7 +65,7 @@ async fn real_env(test: &str) -> RealEnv {
         .await
         .unwrap();
     let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
-    let text = std::fs::read_to_string(dir.join("cloud-admin.conf")).unwrap();
+    let text = std::fs::read_to_string(dir.join(conf)).unwrap();
     let conf = CloudConf::from_texts(&[("c".into(), text)], ConfigEnv::default()).unwrap();
     let session = Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap();
     RealEnv {
@@ -126,6 +133,57 @@ impl RealEnv {
             })
             .await
             .unwrap();
+    }
+
+    /// A server of these credentials' project in the first zone, booted
+    /// from a volume of its own: (server, boot volume).
+    async fn boot(&self, what: &str) -> (String, String) {
+        let boot = self
+            .cinder
+            .create_volume(&CreateVolume {
+                name: unique(&format!("{what}-boot")),
+                size_gib: 1,
+                availability_zone: Some(ZONES[0].into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        eventually("boot volume available", 60, || async {
+            self.status(&boot.id).await == "available"
+        })
+        .await;
+        self.cinder.set_bootable(&boot.id, true).await.unwrap();
+        let server = self
+            .nova
+            .create_server(&CreateServer {
+                name: unique(what),
+                flavor_ref: "test".into(),
+                boot_volume_id: boot.id.clone(),
+                availability_zone: Some(ZONES[0].into()),
+            })
+            .await
+            .unwrap()
+            .id;
+        self.server_becomes(&server, "ACTIVE").await;
+        (server, boot.id)
+    }
+
+    /// Deletes a server and waits until Nova no longer has it.
+    async fn delete_server(&self, server: &str) {
+        self.nova.delete_server(server).await.unwrap();
+        eventually(&format!("server {server} deleted"), 120, || async {
+            self.nova.get_server(server).await.is_err()
+        })
+        .await;
+    }
+
+    /// The boot volume of a deleted server, once Nova has released it.
+    async fn delete_boot_volume(&self, boot: &str) {
+        eventually("boot volume released", 60, || async {
+            self.status(boot).await == "available"
+        })
+        .await;
+        self.cinder.delete_volume(boot).await.unwrap();
     }
 
     /// Waits (bounded) until the server's status is `want`.
@@ -294,21 +352,16 @@ async fn a_detach_nova_never_finished_is_asked_again() {
     e.delete(&id).await;
 }
 
-#[tokio::test]
-#[ignore = "needs the real test cloud (tests/openstack/cloud.py up block)"]
-async fn volumes_held_by_a_server_that_is_gone_are_released() {
-    let _serial = SERIAL.lock().await;
-    let mut e = real_env("gone-server").await;
-    let node = e.h.node_id.clone();
-    // attached, says Cinder, to a server Nova has never had
-    let gone = "3f0b4a52-6b7c-4c47-9e4e-000000000dea";
-    let (a, b) = (e.volume("gone-a").await, e.volume("gone-b").await);
-    for id in [&a, &b] {
+/// Cinder's attachments of `volumes` to `server`, made as a compute host
+/// makes them, behind Nova's back: Nova does not delete them with the
+/// server (as when Cinder was unreachable while the server was deleted).
+async fn attach_behind_novas_back(e: &RealEnv, server: &str, volumes: &[&String]) {
+    for id in volumes {
         let att = e
             .cinder
             .create_attachment(
                 id,
-                gone,
+                server,
                 Some(serde_json::json!({"host": "gone", "initiator": "iqn.gone"})),
             )
             .await
@@ -316,8 +369,22 @@ async fn volumes_held_by_a_server_that_is_gone_are_released() {
         e.cinder.complete_attachment(&att.id).await.unwrap();
         assert_eq!(e.status(id).await, "in-use");
     }
+}
+
+#[tokio::test]
+#[ignore = "needs the real test cloud (tests/openstack/cloud.py up block)"]
+async fn volumes_held_by_a_server_that_is_gone_are_released() {
+    let _serial = SERIAL.lock().await;
+    let mut e = real_env("gone-server").await;
+    let node = e.h.node_id.clone();
+    // attached, says Cinder, to a server Nova then deleted
+    let (gone, boot) = e.boot("gone").await;
+    let (a, b) = (e.volume("gone-a").await, e.volume("gone-b").await);
+    attach_behind_novas_back(&e, &gone, &[&a, &b]).await;
+    e.delete_server(&gone).await;
+    assert_eq!(e.status(&a).await, "in-use");
     // ControllerUnpublish from the gone server: released
-    e.unpublish(&a, gone).await.unwrap();
+    e.unpublish(&a, &gone).await.unwrap();
     assert_eq!(e.status(&a).await, "available");
     // ControllerPublish elsewhere: released, then attached there
     e.publish(&b, &node).await.unwrap();
@@ -331,6 +398,97 @@ async fn volumes_held_by_a_server_that_is_gone_are_released() {
     for id in [&a, &b] {
         e.delete(id).await;
     }
+    e.delete_boot_volume(&boot).await;
+}
+
+/// The plugin as a project member, as production runs it. Real Nova
+/// answers it 404 for the admin project's live server exactly as for a
+/// deleted one: a volume an operator attached to such a server is never
+/// released from it (one writer), while a server of the member's own
+/// project that was deleted is told apart by Nova's record of its
+/// actions, and its attachment released.
+#[tokio::test]
+#[ignore = "needs the real test cloud (tests/openstack/cloud.py up block)"]
+async fn as_a_member_a_server_of_another_project_keeps_its_volume_and_a_deleted_one_releases_it() {
+    let _serial = SERIAL.lock().await;
+    let mut e = real_env_as("member-servers", "cloud-member.conf").await;
+    let admin = real_env_admin_nova();
+    let operators_server = e.h.node_id.clone();
+    let (node, node_boot) = e.boot("member-node").await;
+
+    // an operator attaches the member's volume to a server of the admin
+    // project (a rescue VM)
+    let held = e.volume("held-by-operator").await;
+    admin
+        .attach_volume(&operators_server, &held, false)
+        .await
+        .unwrap();
+    eventually("attached to the operator's server", 60, || async {
+        e.status(&held).await == "in-use"
+    })
+    .await;
+    let err = e.publish(&held, &node).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert!(
+        err.message().contains(&operators_server),
+        "{}",
+        err.message()
+    );
+    let lists = |server: String| {
+        let admin = admin.clone();
+        let held = held.clone();
+        async move {
+            admin
+                .list_volume_attachments(&server)
+                .await
+                .unwrap()
+                .iter()
+                .any(|a| a.volume_id == held)
+        }
+    };
+    assert!(
+        lists(operators_server.clone()).await,
+        "still on the operator's server"
+    );
+    assert!(
+        !lists(node.clone()).await,
+        "never on the member's node: one writer"
+    );
+
+    // a server of the member's own project, deleted while Cinder kept an
+    // attachment of it: Nova shows the member its delete, and the volume
+    // is released and attached to the node
+    let (old, old_boot) = e.boot("member-old").await;
+    let released = e.volume("held-by-deleted").await;
+    attach_behind_novas_back(&e, &old, &[&released]).await;
+    e.delete_server(&old).await;
+    e.publish(&released, &node).await.unwrap();
+    let v = e.cinder.get_volume(&released).await.unwrap();
+    assert_eq!(
+        v.attached_servers().collect::<Vec<_>>(),
+        vec![node.as_str()]
+    );
+
+    e.unpublish(&released, &node).await.unwrap();
+    admin.detach_volume(&operators_server, &held).await.unwrap();
+    eventually("detached from the operator's server", 60, || async {
+        e.status(&held).await == "available"
+    })
+    .await;
+    for id in [&held, &released] {
+        e.delete(id).await;
+    }
+    e.delete_server(&node).await;
+    for boot in [&node_boot, &old_boot] {
+        e.delete_boot_volume(boot).await;
+    }
+}
+
+/// Nova as the test cloud's admin (an operator) sees it.
+fn real_env_admin_nova() -> Compute {
+    let text = std::fs::read_to_string(real_cloud_dir().join("cloud-admin.conf")).unwrap();
+    let conf = CloudConf::from_texts(&[("c".into(), text)], ConfigEnv::default()).unwrap();
+    Compute::new(Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap())
 }
 
 #[tokio::test]

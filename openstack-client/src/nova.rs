@@ -18,6 +18,19 @@ pub const MV_MULTIATTACH: &str = "2.60";
 pub const MV_NETWORKS_NONE: &str = "2.37";
 /// A server's flavor with its disks embedded needs this microversion.
 pub const MV_FLAVOR_DETAILS: &str = "2.47";
+/// The actions of a deleted server are listed from this microversion on.
+pub const MV_DELETED_INSTANCE_ACTIONS: &str = "2.21";
+
+/// One entry of a server's `os-instance-actions`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct InstanceAction {
+    /// `create`, `delete`, `attach_volume`, `stop`, ...
+    pub action: String,
+    #[serde(default)]
+    pub request_id: Option<String>,
+    #[serde(default)]
+    pub start_time: Option<String>,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Server {
@@ -151,6 +164,27 @@ impl Compute {
             .await?
             .json::<E>()?
             .server)
+    }
+
+    /// What was done to the server, newest first; a deleted server's too,
+    /// for its own project (until Nova's database is archived). Another
+    /// project's server answers not found, as one that never existed.
+    pub async fn list_instance_actions(&self, server_id: &str) -> Result<Vec<InstanceAction>> {
+        #[derive(Deserialize)]
+        struct L {
+            #[serde(rename = "instanceActions")]
+            instance_actions: Vec<InstanceAction>,
+        }
+        let r = self
+            .session
+            .send(self.req(
+                Method::GET,
+                format!("servers/{}/os-instance-actions", seg(server_id)),
+                "instance_action_list",
+                Some(MV_DELETED_INSTANCE_ACTIONS),
+            ))
+            .await?;
+        Ok(r.json::<L>()?.instance_actions)
     }
 
     pub async fn list_volume_attachments(

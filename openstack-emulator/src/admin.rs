@@ -194,10 +194,21 @@ impl Control {
     /// attachments (its compute host was gone when it was deleted).
     pub fn forget_server(&self, id: &str) {
         let mut w = self.state.world();
-        w.servers.remove(id);
+        if let Some(s) = w.servers.remove(id) {
+            w.record_instance_action(id, &s.project_id, "delete");
+        }
         if w.metadata_instance.as_deref() == Some(id) {
             w.metadata_instance = None;
         }
+    }
+    /// An operator archives Nova's database (`nova-manage db
+    /// archive_deleted_rows`): deleted servers leave no trace, and a GET of
+    /// their actions answers 404 as for a server that never was.
+    pub fn archive_deleted_servers(&self) {
+        self.state
+            .world()
+            .instance_actions
+            .retain(|_, r| !r.deleted);
     }
     /// Makes the volume's status look `age` older than it is (Cinder's
     /// `updated_at`), as if it had been stuck that long.

@@ -196,6 +196,20 @@ impl Emulator {
         )
     }
 
+    /// A cloud.conf whose `[Global]` is the project member `demo`: what a
+    /// plugin runs with in production (a member's rights, as an
+    /// application credential has them), not the admin's.
+    pub fn member_cloud_conf(&self) -> String {
+        format!(
+            "# written by openstack-emulator at {url}\n\
+             [Global]\nauth-url = \"{auth}\"\nusername = \"{MEMBER_USER}\"\npassword = \"{MEMBER_PASSWORD}\"\n\
+             user-domain-name = \"{DOMAIN}\"\ntenant-name = \"demo\"\ntenant-domain-name = \"{DOMAIN}\"\nregion = \"{region}\"\n",
+            url = self.url,
+            auth = self.auth_url(),
+            region = &self.state.region,
+        )
+    }
+
     /// A clouds.yaml with clouds `emulator-admin` and `emulator-member`.
     pub fn clouds_yaml(&self) -> String {
         let auth = self.auth_url();

@@ -37,6 +37,10 @@ pub fn routes(_state: Arc<AppState>) -> axum::Router<Arc<AppState>> {
             delete(detach),
         )
         .route("/servers/{id}/action", post(server_action))
+        .route(
+            "/servers/{id}/os-instance-actions",
+            get(list_instance_actions),
+        )
         .route("/flavors", get(flavors))
         .layer(middleware::from_fn(microversion))
 }
@@ -127,6 +131,7 @@ pub fn insert_server(
         local_disks: local_disks.min(3),
     };
     w.servers.insert(s.id.clone(), s.clone());
+    w.record_instance_action(&s.id, project_id, "create");
     s
 }
 
@@ -236,6 +241,7 @@ async fn delete_server(
         let mut w = state.world();
         let s = visible_server(&w, &ctx, &id)?.clone();
         w.servers.remove(&id);
+        w.record_instance_action(&id, &s.project_id, "delete");
         if w.metadata_instance.as_deref() == Some(id.as_str()) {
             w.metadata_instance = None;
         }
@@ -276,8 +282,47 @@ async fn server_action(
     }
     if let Some(s) = w.servers.get_mut(&id) {
         s.status = want.into();
+        let project = s.project_id.clone();
+        let action = if want == "SHUTOFF" { "stop" } else { "start" };
+        w.record_instance_action(&id, &project, action);
     }
     Ok(StatusCode::ACCEPTED)
+}
+
+/// `os-instance-actions`: what was done to the server, newest first; from
+/// 2.21 a deleted server's too (its project's members and admins see it;
+/// anyone else gets the 404 of a server that does not exist).
+async fn list_instance_actions(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    axum::Extension(NovaMv(mv)): axum::Extension<NovaMv>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let w = state.world();
+    let not_found = || ApiErr::not_found(S, format!("Instance {id} could not be found."));
+    let rec = w
+        .instance_actions
+        .get(&id)
+        .filter(|r| r.project_id == ctx.project_id || ctx.admin)
+        .filter(|r| !r.deleted || mv >= 21)
+        .ok_or_else(not_found)?;
+    let list: Vec<Value> = rec
+        .actions
+        .iter()
+        .rev()
+        .map(|a| {
+            let mut v = json!({
+                "action": a.action, "instance_uuid": id, "request_id": a.request_id,
+                "project_id": rec.project_id, "user_id": null, "start_time": a.start_time,
+                "message": null,
+            });
+            if mv >= 58 {
+                v["updated_at"] = json!(a.start_time);
+            }
+            v
+        })
+        .collect();
+    Ok(Json(json!({ "instanceActions": list })))
 }
 
 fn attachment_json(server_id: &str, volume_id: &str, device: &str) -> Value {
@@ -377,6 +422,8 @@ async fn attach(
     let device = w.next_device(&server_id);
     if let Some(s) = w.servers.get_mut(&server_id) {
         s.volumes.insert(volume_id.clone(), device.clone());
+        let project = s.project_id.clone();
+        w.record_instance_action(&server_id, &project, "attach_volume");
     }
     let was_in_use = vol.status == "in-use";
     // Nova's API reserves the volume in Cinder (an attachment of its own)
@@ -527,6 +574,12 @@ async fn detach(
         v.status = "detaching".into();
         v.touch();
     }
+    let project = w
+        .servers
+        .get(&server_id)
+        .map(|s| s.project_id.clone())
+        .unwrap_or_default();
+    w.record_instance_action(&server_id, &project, "detach_volume");
     if take_one(&mut w.detaches_stalling) {
         // the host never detaches: the volume stays `detaching`
         return Ok(StatusCode::ACCEPTED);

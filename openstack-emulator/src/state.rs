@@ -289,6 +289,25 @@ pub struct ServerRec {
     pub local_disks: u32,
 }
 
+/// Nova's record of what was done to a server (`os-instance-actions`),
+/// kept after the server is deleted, as Nova keeps it until an operator
+/// archives the database: the one way a project member can tell "deleted"
+/// from "not mine" (both answer 404 to a GET of the server).
+#[derive(Debug, Clone)]
+pub struct InstanceActionsRec {
+    pub project_id: String,
+    pub deleted: bool,
+    /// oldest first
+    pub actions: Vec<InstanceActionRec>,
+}
+
+#[derive(Debug, Clone)]
+pub struct InstanceActionRec {
+    pub action: &'static str,
+    pub request_id: String,
+    pub start_time: String,
+}
+
 #[derive(Debug, Clone)]
 pub struct ShareRec {
     pub seq: u64,
@@ -402,6 +421,8 @@ pub struct World {
     pub group_snapshots: BTreeMap<String, GroupSnapshotRec>,
     pub volume_types: Vec<VolumeTypeRec>,
     pub servers: BTreeMap<String, ServerRec>,
+    /// server id → its actions, deleted servers' too
+    pub instance_actions: BTreeMap<String, InstanceActionsRec>,
     pub shares: BTreeMap<String, ShareRec>,
     pub access_rules: BTreeMap<String, AccessRuleRec>,
     pub share_snapshots: BTreeMap<String, ShareSnapshotRec>,
@@ -492,6 +513,32 @@ pub fn new_id() -> String {
 }
 
 impl World {
+    /// Records an action on a server of `project_id` (`create`, `delete`,
+    /// `attach_volume`, `detach_volume`, `stop`, `start`).
+    pub fn record_instance_action(
+        &mut self,
+        server_id: &str,
+        project_id: &str,
+        action: &'static str,
+    ) {
+        let rec = self
+            .instance_actions
+            .entry(server_id.to_string())
+            .or_insert_with(|| InstanceActionsRec {
+                project_id: project_id.to_string(),
+                deleted: false,
+                actions: Vec::new(),
+            });
+        if action == "delete" {
+            rec.deleted = true;
+        }
+        rec.actions.push(InstanceActionRec {
+            action,
+            request_id: format!("req-{}", new_id()),
+            start_time: now_iso(),
+        });
+    }
+
     pub fn new(config: &EmulatorConfig) -> Self {
         let admin_project = Project {
             id: "a0000000000000000000000000000001".into(),
@@ -602,6 +649,7 @@ impl World {
             group_snapshots: BTreeMap::new(),
             volume_types,
             servers: BTreeMap::new(),
+            instance_actions: BTreeMap::new(),
             shares: BTreeMap::new(),
             access_rules: BTreeMap::new(),
             share_snapshots: BTreeMap::new(),

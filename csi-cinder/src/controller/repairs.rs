@@ -1,6 +1,9 @@
 //! What Cinder says that nobody will ever finish or release, found and
 //! repaired before an attach or a detach: an attachment of a server that
-//! no longer exists, one Cinder calls attached but Nova never made, a
+//! was deleted (Nova's record of its actions says so: a 404 alone is also
+//! what a project member gets for another project's live server, which is
+//! never taken for a deleted one), one Cinder calls attached but Nova
+//! never made, a
 //! reservation older than `--stuck-attachment-secs` that Nova forgot,
 //! and a detach that never completed. What only an operator can repair
 //! (a reservation Nova still lists, its host never finishing) is refused
@@ -159,23 +162,64 @@ fn in_status_for(v: &Volume) -> Option<Duration> {
     Some(SystemTime::now().duration_since(since).unwrap_or_default())
 }
 
-/// Whether Nova lists the volume on the server (false when the server is
-/// gone).
-async fn nova_lists(compute: &Compute, server: &str, volume: &str) -> DriverResult<bool> {
+/// What Nova shows these credentials of a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ServerPresence {
+    /// Nova answers it.
+    Present,
+    /// Deleted: Nova's own record of its actions (which it keeps for
+    /// deleted servers, for their project) ends in a delete.
+    Gone,
+    /// Nova answers 404 and shows no action of it: another project's
+    /// server (Nova answers a project member so for a live server), or one
+    /// deleted and since archived. Nothing proves it gone, so nothing that
+    /// holds it is released: a live server keeps its disk.
+    NotVisible,
+}
+
+async fn server_presence(compute: &Compute, server: &str) -> DriverResult<ServerPresence> {
+    match compute.get_server(server).await {
+        Ok(_) => return Ok(ServerPresence::Present),
+        Err(e) if e.is_not_found() => {}
+        Err(e) => return Err(e).context(format!("server {server}")),
+    }
+    match compute.list_instance_actions(server).await {
+        Ok(actions) if actions.iter().any(|a| a.action == "delete") => Ok(ServerPresence::Gone),
+        Ok(_) => Ok(ServerPresence::NotVisible),
+        Err(e) if e.is_not_found() => Ok(ServerPresence::NotVisible),
+        Err(e) => Err(e).context(format!("actions of server {server}")),
+    }
+}
+
+/// What Nova says of the volume on a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NovaRecord {
+    Lists,
+    DoesNotList,
+    ServerGone,
+    ServerNotVisible,
+}
+
+async fn nova_record(compute: &Compute, server: &str, volume: &str) -> DriverResult<NovaRecord> {
     match compute.list_volume_attachments(server).await {
-        Ok(atts) => Ok(atts.iter().any(|a| a.volume_id == volume)),
-        Err(e) if e.is_not_found() => Ok(false),
+        Ok(atts) if atts.iter().any(|a| a.volume_id == volume) => Ok(NovaRecord::Lists),
+        Ok(_) => Ok(NovaRecord::DoesNotList),
+        Err(e) if e.is_not_found() => Ok(match server_presence(compute, server).await? {
+            // found on a second look: as if Nova had listed it (nothing
+            // is released on an answer that changed under us)
+            ServerPresence::Present => NovaRecord::Lists,
+            ServerPresence::Gone => NovaRecord::ServerGone,
+            ServerPresence::NotVisible => NovaRecord::ServerNotVisible,
+        }),
         Err(e) => Err(e).context(format!("volume attachments of server {server}")),
     }
 }
 
-/// Whether Nova still has the server.
-async fn server_exists(compute: &Compute, server: &str) -> DriverResult<bool> {
-    match compute.get_server(server).await {
-        Ok(_) => Ok(true),
-        Err(e) if e.is_not_found() => Ok(false),
-        Err(e) => Err(e).context(format!("server {server}")),
-    }
+/// Why nothing is released for a server these credentials cannot see.
+fn not_visible(volume: &str, server: &str, attachment: &str, what: &str) -> DriverError {
+    DriverError::FailedPrecondition(format!(
+        "volume {volume} {what} server {server} (Cinder attachment {attachment}), which Nova does not show these credentials: another project's server, or one deleted and archived since. It may be live and writing, so it is left as it is: an operator who knows the server is gone deletes the attachment (openstack volume attachment delete {attachment}), else detaches it from that server"
+    ))
 }
 
 impl ControllerService {
@@ -215,25 +259,56 @@ impl ControllerService {
             if server == node {
                 // Cinder says attached here: Nova must say so too, or the
                 // node would wait for a disk that never comes
-                if !nova_lists(compute, node, &id).await? {
+                match nova_record(compute, node, &id).await? {
+                    NovaRecord::Lists => {}
+                    NovaRecord::DoesNotList => {
+                        self.delete_attachment(block, att).await?;
+                        self.repaired(
+                            Repair::AttachedWithoutNova,
+                            &id,
+                            server,
+                            "Cinder called the volume attached to this node, Nova had no record of it: Cinder's attachment deleted, attaching anew",
+                        );
+                        changed = true;
+                    }
+                    NovaRecord::ServerGone => {
+                        self.delete_attachment(block, att).await?;
+                        self.repaired(
+                            Repair::ServerGone,
+                            &id,
+                            server,
+                            "the volume was attached to this node's server, which was deleted: Cinder's attachment deleted",
+                        );
+                        changed = true;
+                    }
+                    // the attach itself answers what Nova says of the node
+                    NovaRecord::ServerNotVisible => {}
+                }
+                continue;
+            }
+            match server_presence(compute, server).await? {
+                ServerPresence::Present => {}
+                ServerPresence::Gone => {
                     self.delete_attachment(block, att).await?;
                     self.repaired(
-                        Repair::AttachedWithoutNova,
+                        Repair::ServerGone,
                         &id,
                         server,
-                        "Cinder called the volume attached to this node, Nova had no record of it: Cinder's attachment deleted, attaching anew",
+                        "the volume was attached to a server that was deleted: Cinder's attachment deleted",
                     );
                     changed = true;
                 }
-            } else if !server_exists(compute, server).await? {
-                self.delete_attachment(block, att).await?;
-                self.repaired(
-                    Repair::ServerGone,
-                    &id,
-                    server,
-                    "the volume was attached to a server that no longer exists: Cinder's attachment deleted",
-                );
-                changed = true;
+                ServerPresence::NotVisible if v.multiattach => {
+                    tracing::warn!(
+                        volume_id = %id,
+                        server,
+                        attachment = att,
+                        "the volume is also attached to a server Nova does not show these credentials: left as it is"
+                    );
+                }
+                ServerPresence::NotVisible => {
+                    return Err(not_visible(&id, server, att, "is attached to"));
+                }
             }
         }
         if matches!(v.status, VolumeStatus::Reserved | VolumeStatus::Attaching)
@@ -272,7 +347,20 @@ impl ControllerService {
         let mut released = false;
         for a in pending {
             let server = a.instance.clone().unwrap_or_default();
-            if !server.is_empty() && nova_lists(compute, &server, id).await? {
+            let record = if server.is_empty() {
+                NovaRecord::DoesNotList
+            } else {
+                nova_record(compute, &server, id).await?
+            };
+            if record == NovaRecord::ServerNotVisible {
+                return Err(not_visible(
+                    id,
+                    &server,
+                    &a.id,
+                    &format!("has been {} for {}s for", v.status, age.as_secs()),
+                ));
+            }
+            if record == NovaRecord::Lists {
                 return Err(DriverError::FailedPrecondition(format!(
                     "volume {id} has been {} for {}s for server {server} (Cinder attachment {}), and Nova still lists it on that server: its compute host never finished the attach. An operator must remove Nova's record (openstack server remove volume {server} {id}) or restart that host",
                     v.status,
@@ -320,16 +408,18 @@ impl ControllerService {
         if ours.is_empty() {
             return Ok(());
         }
-        let (kind, what) = if server_exists(compute, node).await? {
-            (
+        let (kind, what) = match server_presence(compute, node).await? {
+            ServerPresence::Present => (
                 Repair::AttachedWithoutNova,
                 "Cinder had the volume attached to this server, Nova had no record of it: Cinder's attachment deleted",
-            )
-        } else {
-            (
+            ),
+            ServerPresence::Gone => (
                 Repair::ServerGone,
-                "the server no longer exists: its Cinder attachments deleted",
-            )
+                "the server was deleted: its Cinder attachments deleted",
+            ),
+            ServerPresence::NotVisible => {
+                return Err(not_visible(id, node, &ours.join(", "), "is attached to"));
+            }
         };
         for att in &ours {
             self.delete_attachment(block, att).await?;

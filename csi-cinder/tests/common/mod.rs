@@ -53,7 +53,7 @@ pub async fn env_with(extra_args: &[&str]) -> Env {
 /// Cinder of the emulator, as the plugin's credentials see it.
 pub fn cinder_of(h: &CinderOnEmulator) -> BlockStorage {
     let conf = CloudConf::from_texts(
-        &[("c".into(), h.emulator.cloud_conf())],
+        &[("c".into(), h.cloud_conf_text().unwrap())],
         ConfigEnv::default(),
     )
     .unwrap();

@@ -6,7 +6,7 @@ use std::time::Duration;
 use openstack_client::Error;
 use openstack_client::cinder::{BlockStorage, CreateSnapshot, CreateVolume, VolumeStatus};
 use openstack_client::common::{Poll, poll_until};
-use openstack_client::nova::Compute;
+use openstack_client::nova::{Compute, CreateServer};
 use openstack_emulator::{Emulator, EmulatorConfig};
 
 use crate::backend::*;
@@ -328,4 +328,86 @@ async fn nova_refuses_an_attach_across_zones() {
     assert!(after.attachments.is_empty(), "{}: {after:?}", b.name());
     c.delete_volume(&v.id).await.unwrap();
     wait_gone("volume delete", || c.get_volume(&v.id)).await;
+}
+
+/// A project member gets 404 for another project's live server exactly as
+/// for a deleted server of its own; only `os-instance-actions` (2.21+),
+/// which Nova keeps for a deleted server's project, tells them apart: the
+/// member's own deleted server lists its `delete`, the other project's
+/// server answers 404 there too. The Cinder controller's repairs rest on
+/// this.
+#[tokio::test]
+async fn nova_tells_a_member_its_deleted_server_apart_from_another_projects() {
+    let b = Backend::new().await;
+    if !b.has(
+        "nova",
+        "nova_tells_a_member_its_deleted_server_apart_from_another_projects",
+    ) {
+        return;
+    }
+    let member = b.session(User::Member);
+    let c = BlockStorage::new(member.clone());
+    let nova = Compute::new(member);
+    let others = b.server();
+    let err = nova.get_server(&others).await.unwrap_err();
+    assert!(err.is_not_found(), "{}: {err}", b.name());
+    let err = nova.list_instance_actions(&others).await.unwrap_err();
+    assert!(err.is_not_found(), "{}: {err}", b.name());
+
+    let created = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-member-boot"),
+            size_gib: 1,
+            availability_zone: Some(ZONE.into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let boot = wait_volume(&c, &created.id, VolumeStatus::Available).await;
+    c.set_bootable(&boot.id, true).await.unwrap();
+    let server = nova
+        .create_server(&CreateServer {
+            name: unique("contract-member-server"),
+            flavor_ref: "test".into(),
+            boot_volume_id: boot.id.clone(),
+            availability_zone: Some(ZONE.into()),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()))
+        .id;
+    poll_until(
+        "server active",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            Ok::<_, Error>(match nova.get_server(&server).await?.status.as_str() {
+                "ACTIVE" => Poll::Ready(()),
+                other => Poll::Pending(other.to_string()),
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    let actions = nova.list_instance_actions(&server).await.unwrap();
+    assert!(
+        actions.iter().any(|a| a.action == "create"),
+        "{}: {actions:?}",
+        b.name()
+    );
+    nova.delete_server(&server).await.unwrap();
+    wait_gone("server delete", || nova.get_server(&server)).await;
+    let actions = nova
+        .list_instance_actions(&server)
+        .await
+        .unwrap_or_else(|e| panic!("{}: a deleted server's actions: {e}", b.name()));
+    assert_eq!(
+        actions.first().map(|a| a.action.as_str()),
+        Some("delete"),
+        "{}: newest first, the delete: {actions:?}",
+        b.name()
+    );
+    wait_volume(&c, &boot.id, VolumeStatus::Available).await;
+    c.delete_volume(&boot.id).await.unwrap();
+    wait_gone("volume delete", || c.get_volume(&boot.id)).await;
 }

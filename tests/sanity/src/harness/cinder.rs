@@ -33,6 +33,11 @@ pub struct HarnessOptions {
     /// Nova's `[compute] max_disk_devices_to_attach` for the node's server
     /// (the root disk included); None: unlimited, Nova's default.
     pub nova_max_disk_devices: Option<i64>,
+    /// The plugin's credentials and its node's project: the admin's when
+    /// true; by default a member of project `demo`, as production runs
+    /// (an application credential has a member's rights: Nova answers 404
+    /// for another project's servers, Cinder's pools are hidden).
+    pub admin: bool,
 }
 
 impl HarnessOptions {
@@ -45,6 +50,7 @@ impl HarnessOptions {
             log_file: None,
             hypervisor: true,
             nova_max_disk_devices: None,
+            admin: false,
         }
     }
 }
@@ -100,10 +106,11 @@ impl CinderOnEmulator {
         // disks of its own as it has (the plugin counts them against the
         // attach limit, the controller through Nova)
         let own_disks = own_disks_of_this_machine();
+        let project = if options.admin { "admin" } else { "demo" };
         let node_id = emulator
             .control()
-            .create_server_with_disks("admin", "node-1", &zone, own_disks)
-            .ok_or_else(|| HarnessError::Emulator("no admin project".into()))?;
+            .create_server_with_disks(project, "node-1", &zone, own_disks)
+            .ok_or_else(|| HarnessError::Emulator(format!("no project {project}")))?;
         emulator
             .control()
             .set_metadata_instance(Some(node_id.clone()));
@@ -121,7 +128,11 @@ impl CinderOnEmulator {
             "cloud.conf",
             &format!(
                 "{}\n[Metadata]\nsearch-order = metadataService\n\n{}",
-                emulator.cloud_conf(),
+                if options.admin {
+                    emulator.cloud_conf()
+                } else {
+                    emulator.member_cloud_conf()
+                },
                 options.extra_cloud_conf
             ),
         )?;
@@ -139,6 +150,18 @@ impl CinderOnEmulator {
         };
         h.start_plugin().await?;
         Ok(h)
+    }
+
+    /// The project the plugin's credentials and its node's server are in
+    /// (`demo`, or `admin` with [`HarnessOptions::admin`]): other nodes'
+    /// servers go there too.
+    pub fn project(&self) -> &'static str {
+        if self.options.admin { "admin" } else { "demo" }
+    }
+
+    /// The plugin's cloud.conf as it reads now.
+    pub fn cloud_conf_text(&self) -> Result<String, HarnessError> {
+        Ok(std::fs::read_to_string(&self.cloud_conf)?)
     }
 
     /// The plugin's command line.
