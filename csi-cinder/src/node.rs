@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use host_ops::{Beneath, BlockDevices, DeviceContent, Filesystem, MountOptions, Mounter};
+use host_ops::{
+    Beneath, BlockDevices, DeviceContent, Filesystem, MountOptions, Mounter, OfflineGrowth,
+};
 use proto::csi::v1 as csi;
 use proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
 
@@ -477,14 +479,20 @@ fn stage_filesystem(
     // which many nodes drop (xfs and btrfs grow only mounted, below)
     let mut grow_mounted = grow;
     if grow {
-        grow_mounted = !devices.grow_unmounted(&device, fs).context(format!(
+        let growth = devices.grow_unmounted(&device, fs).context(format!(
             "growing the {fs} filesystem of volume {id} to its new size"
         ))?;
-        if !grow_mounted {
-            tracing::info!(
+        grow_mounted = growth == OfflineGrowth::OnlyMounted;
+        match growth {
+            OfflineGrowth::Grown => tracing::info!(
                 volume_id = id,
                 "filesystem grown to the volume's size before mounting"
-            );
+            ),
+            OfflineGrowth::AlreadyFull => tracing::info!(
+                volume_id = id,
+                "filesystem fills the volume already: not checked, not grown"
+            ),
+            OfflineGrowth::OnlyMounted => {}
         }
     }
     let mut flags = mount_flags;

@@ -60,8 +60,9 @@ pub struct Options {
     /// A volume `reserved`, `attaching` or `detaching` this long (Cinder's
     /// `updated_at`) is repaired by the next ControllerPublish or
     /// ControllerUnpublish: a reservation Nova forgot is deleted and the
-    /// attach tried again, a detach is asked again.
-    #[arg(long, default_value_t = 120)]
+    /// attach tried again, a detach is asked again. At least 1: with 0
+    /// every attach or detach under way would be taken for stuck.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub stuck_attachment_secs: u64,
     /// CSI driver name.
     #[arg(long, default_value = crate::DEFAULT_DRIVER_NAME)]

@@ -277,6 +277,13 @@ fn bad_flags_and_configuration_are_clear_errors() {
     std::fs::write(&empty, "").unwrap();
     let err = run_expecting_failure(&[&sock, &format!("--cloud-config={}", empty.display())]);
     assert!(err.contains("is empty"), "{err}");
+
+    // 0 would take every attach and detach under way for stuck
+    let err = run_expecting_failure(&[&sock, "--stuck-attachment-secs=0"]);
+    assert!(
+        err.contains("--stuck-attachment-secs") && err.contains("0 is not in 1.."),
+        "{err}"
+    );
 }
 
 #[test]

@@ -211,6 +211,39 @@ async fn restore_larger(fs: &str) {
         "{fs} filesystem not grown: {usage:?}"
     );
     e.unstage(&restored.volume_id).await;
+    if fs == "ext4" {
+        // staged again (every pod move does it, and the volume's context
+        // asks for the resize for its whole life): it fills its volume,
+        // so it is neither checked (e2fsck -f would reset the count of
+        // mounts since the last check) nor grown again
+        let device = std::fs::canonicalize(e.h.by_id_dir.join(
+            openstack_emulator::hypervisor::by_id_name(&restored.volume_id),
+        ))
+        .unwrap();
+        let before = ext_mount_count(&device);
+        e.stage(&restored, cap.clone()).await.unwrap();
+        assert_eq!(
+            ext_mount_count(&device),
+            before + 1,
+            "a second stage checked the filesystem again"
+        );
+        e.unstage(&restored.volume_id).await;
+    }
+}
+
+/// The ext filesystem's count of mounts since it was last checked.
+fn ext_mount_count(device: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("dumpe2fs")
+        .arg("-h")
+        .arg(device)
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("Mount count:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no mount count: {}", String::from_utf8_lossy(&out.stderr)))
 }
 
 #[tokio::test]

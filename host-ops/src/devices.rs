@@ -58,6 +58,18 @@ pub enum DeviceContent {
     PartitionTable(String),
 }
 
+/// What growing a filesystem before it is mounted did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OfflineGrowth {
+    /// Checked and grown to its device's size.
+    Grown,
+    /// It fills its device already: neither checked nor touched (a
+    /// restored volume is grown on its first stage, not on every one).
+    AlreadyFull,
+    /// This filesystem grows only mounted (xfs, btrfs).
+    OnlyMounted,
+}
+
 /// A whole disk of the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GuestDisk {
@@ -99,9 +111,9 @@ pub trait BlockDevices: Send + Sync + fmt::Debug {
     fn grow_filesystem(&self, device: &Path, mount_point: &Path, fs: Filesystem) -> Result<()>;
     /// Grows a filesystem that is not mounted to its device's size, where
     /// the filesystem allows it (ext2/3/4: checked first, as resize2fs
-    /// demands); false where it must be grown mounted (xfs, btrfs).
-    /// Growing ext4 mounted needs CAP_SYS_RESOURCE, which many nodes drop.
-    fn grow_unmounted(&self, device: &Path, fs: Filesystem) -> Result<bool>;
+    /// demands, unless it fills its device already). Growing ext4
+    /// mounted needs CAP_SYS_RESOURCE, which many nodes drop.
+    fn grow_unmounted(&self, device: &Path, fs: Filesystem) -> Result<OfflineGrowth>;
     /// Makes the kernel re-read a device's size where the bus supports it.
     fn rescan_device(&self, device: &Path) -> Result<()>;
     /// `(major, minor)` of a device node.
@@ -366,11 +378,21 @@ impl BlockDevices for LinuxBlockDevices {
         Ok(())
     }
 
-    fn grow_unmounted(&self, device: &Path, fs: Filesystem) -> Result<bool> {
+    fn grow_unmounted(&self, device: &Path, fs: Filesystem) -> Result<OfflineGrowth> {
         if matches!(fs, Filesystem::Xfs | Filesystem::Btrfs) {
-            return Ok(false);
+            return Ok(OfflineGrowth::OnlyMounted);
         }
         let dev = device.to_string_lossy();
+        // resize2fs leaves at most a sliver of a block group unused: a
+        // filesystem within that of its device's size is grown already
+        let slack = 2 << 20;
+        let fs_bytes = ext_filesystem_bytes(&run("dumpe2fs", &["-h", &dev])?);
+        if fs_bytes.is_some_and(|b| {
+            self.size_bytes(device)
+                .is_ok_and(|d| d.saturating_sub(b) < slack)
+        }) {
+            return Ok(OfflineGrowth::AlreadyFull);
+        }
         // -p: repair only what is safe without a question; 1 (errors
         // corrected) and 2 (reboot advised, for a root filesystem) are
         // success for a volume about to be mounted
@@ -389,7 +411,7 @@ impl BlockDevices for LinuxBlockDevices {
             }
         }
         run("resize2fs", &[&dev])?;
-        Ok(true)
+        Ok(OfflineGrowth::Grown)
     }
 
     fn rescan_device(&self, device: &Path) -> Result<()> {
@@ -412,9 +434,32 @@ impl BlockDevices for LinuxBlockDevices {
     }
 }
 
+/// An ext filesystem's size from `dumpe2fs -h` (block count times block
+/// size); None when it does not say.
+fn ext_filesystem_bytes(header: &str) -> Option<u64> {
+    let field = |name: &str| {
+        header.lines().find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|rest| rest.trim().parse::<u64>().ok())
+        })
+    };
+    field("Block count:")?.checked_mul(field("Block size:")?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ext_sizes_are_read_from_dumpe2fs() {
+        let header = "Filesystem volume name:   <none>\nInode count:              65536\nBlock count:              786432\nReserved block count:     0\nBlock size:               4096\n";
+        assert_eq!(ext_filesystem_bytes(header), Some(786_432 * 4096));
+        assert_eq!(ext_filesystem_bytes("Block count: 10\n"), None);
+        assert_eq!(
+            ext_filesystem_bytes("Block count: x\nBlock size: 4096\n"),
+            None
+        );
+    }
 
     #[test]
     fn guest_disks_are_the_servers_and_not_the_hosts_own_devices() {

@@ -13,7 +13,9 @@ pub mod mountinfo;
 pub mod paths;
 
 pub use beneath::{Beneath, Removal, fd_path};
-pub use devices::{BlockDevices, DeviceContent, Filesystem, GuestDisk, LinuxBlockDevices};
+pub use devices::{
+    BlockDevices, DeviceContent, Filesystem, GuestDisk, LinuxBlockDevices, OfflineGrowth,
+};
 pub use mounter::{LinuxMounter, MountOptions, Mounter, VolumeUsage, device_path_of, volume_usage};
 pub use mountinfo::{MountEntry, mounts_at};
 pub use paths::{PathError, validate_host_path};
