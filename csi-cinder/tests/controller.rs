@@ -1132,6 +1132,52 @@ async fn a_detach_that_never_completed_is_asked_again() {
     assert_eq!(repairs(port, "detach_retried").await, 1);
 }
 
+/// How long a volume has been `detaching` is Cinder's `updated_at` aged
+/// by Cinder's own clock (its answer's `Date`), not by the node's: a
+/// cloud whose clock is an hour behind does not make a detach under way
+/// look an hour old (repaired while it runs), and one an hour ahead does
+/// not make a stuck detach look young (never repaired).
+#[tokio::test]
+async fn a_clock_off_from_cinders_neither_repairs_a_live_detach_nor_misses_a_stuck_one() {
+    if !root() {
+        return;
+    }
+    let (mut e, port) = env_with_metrics().await;
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let v = e.create("skewed", cap.clone(), 1).await;
+    e.publish(&v.volume_id, cap).await;
+    let node = e.h.node_id.clone();
+    let ctl = e.h.emulator.control();
+    ctl.set_clock_offset(-3600);
+    ctl.stall_detaches(1);
+    times_out(e.c.controller_unpublish_volume(timed(
+        unpublish_req(&v.volume_id, &node),
+        Duration::from_secs(3),
+    )))
+    .await;
+    assert_eq!(e.status(&v.volume_id).await, "detaching");
+    // just now by Cinder's clock: waited on, not repaired
+    times_out(e.c.controller_unpublish_volume(timed(
+        unpublish_req(&v.volume_id, &node),
+        Duration::from_secs(2),
+    )))
+    .await;
+    assert_eq!(repairs(port, "detach_retried").await, 0);
+    assert_eq!(e.status(&v.volume_id).await, "detaching");
+
+    // ten minutes ago by Cinder's clock, which is now an hour ahead
+    ctl.set_clock_offset(3600);
+    ctl.age_volume_status(&v.volume_id, LONG_AGO);
+    e.c.controller_unpublish_volume(timed(
+        unpublish_req(&v.volume_id, &node),
+        Duration::from_secs(20),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(e.status(&v.volume_id).await, "available");
+    assert_eq!(repairs(port, "detach_retried").await, 1);
+}
+
 #[tokio::test]
 async fn volumes_of_a_server_that_is_gone_are_released_not_held_forever() {
     if !root() {

@@ -1237,7 +1237,7 @@ async fn a_record_that_cannot_be_written_makes_status_say_so() {
     .await;
     std::fs::create_dir(&record_dir).unwrap();
     let sealed = encrypt(&mut c, seed(0x82), "b").await;
-    assert_eq!(recorded_in(&record), [sealed.key_id.clone()]);
+    assert_eq!(recorded_in(&record), std::slice::from_ref(&sealed.key_id));
     wait_healthy(&mut c).await;
 }
 

@@ -218,6 +218,11 @@ impl Control {
             v.updated_at = crate::state::iso_at(std::time::SystemTime::now() - age);
         }
     }
+    /// The cloud's clock `secs` from this machine's (negative: behind):
+    /// its answers' `Date` and volumes' `updated_at` read so.
+    pub fn set_clock_offset(&self, secs: i64) {
+        self.state.world().clock_offset_secs = secs;
+    }
     /// Nova's `[cinder] cross_az_attach` (true by default, as Nova's).
     pub fn set_cross_az_attach(&self, allowed: bool) {
         self.state.world().cross_az_attach = allowed;

@@ -367,15 +367,14 @@ async fn handle(
             return Err(DroppedByFault);
         }
         Some(FaultAction::Delay { millis }) => {
-            let (router, state, method, at) =
+            let (router, st, method, at) =
                 (router.clone(), state.clone(), method.clone(), path.clone());
             // the request waits in the network or a queue, and is served
             // even if its caller has left meanwhile
             let served = tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(millis)).await;
                 let r = serve(router, req).await;
-                state
-                    .world()
+                st.world()
                     .record_call(&method, &at, Some(r.status().as_u16()));
                 r
             });
@@ -389,6 +388,7 @@ async fn handle(
                 )
             });
             add_request_id(&mut r, &path, &request_id);
+            add_date(&mut r, &state);
             return Ok(r);
         }
         Some(FaultAction::LoseAnswer) => {
@@ -405,6 +405,7 @@ async fn handle(
                 .record_call(&method, &path, Some(r.status().as_u16()));
             tokio::time::sleep(Duration::from_millis(millis)).await;
             add_request_id(&mut r, &path, &request_id);
+            add_date(&mut r, &state);
             return Ok(r);
         }
         Some(FaultAction::Status {
@@ -441,7 +442,23 @@ async fn handle(
             .record_call(&method, &path, Some(response.status().as_u16()));
     }
     add_request_id(&mut response, &path, &request_id);
+    add_date(&mut response, &state);
     Ok(response)
+}
+
+/// The answer's `Date` by the cloud's clock (`clock_offset_secs` from
+/// this machine's), as every OpenStack API sends one.
+fn add_date(response: &mut Response<Body>, state: &AppState) {
+    let offset = state.world().clock_offset_secs;
+    let now = std::time::SystemTime::now();
+    let at = if offset >= 0 {
+        now + Duration::from_secs(offset.unsigned_abs())
+    } else {
+        now - Duration::from_secs(offset.unsigned_abs())
+    };
+    if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(at)) {
+        response.headers_mut().insert(http::header::DATE, v);
+    }
 }
 
 fn add_request_id(response: &mut Response<Body>, path: &str, request_id: &str) {

@@ -441,6 +441,10 @@ pub struct World {
     /// Nova's `[compute] max_disk_devices_to_attach`: disk devices per
     /// server, the root disk included; -1: unlimited (Nova's default).
     pub max_disk_devices_to_attach: i64,
+    /// How far the cloud's clock is from this machine's (seconds; negative:
+    /// behind): its answers' `Date` and the volumes' `updated_at` read so,
+    /// as from services on hosts whose clocks differ from the nodes'.
+    pub clock_offset_secs: i64,
     /// Nova's `[cinder] cross_az_attach` (Nova's default: true); false
     /// refuses attaching a volume to a server of another zone.
     pub cross_az_attach: bool,
@@ -500,6 +504,20 @@ pub fn metadata_matches(
 
 pub fn now_iso() -> String {
     iso_at(std::time::SystemTime::now())
+}
+
+/// An RFC 3339 time `offset_secs` later (earlier when negative): what a
+/// cloud whose clock is that far off writes.
+pub fn shifted_iso(iso: &str, offset_secs: i64) -> String {
+    if offset_secs == 0 {
+        return iso.to_string();
+    }
+    match time::OffsetDateTime::parse(iso, &time::format_description::well_known::Rfc3339) {
+        Ok(t) => (t + time::Duration::seconds(offset_secs))
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_else(|_| iso.to_string()),
+        Err(_) => iso.to_string(),
+    }
 }
 
 pub fn iso_at(t: std::time::SystemTime) -> String {
@@ -664,6 +682,7 @@ impl World {
             failing_volume_creates: 0,
             failing_share_creates: 0,
             max_disk_devices_to_attach: -1,
+            clock_offset_secs: 0,
             cross_az_attach: config.cross_az_attach,
             attaches_losing_cleanup: 0,
             attaches_stalling: 0,

@@ -154,12 +154,16 @@ impl Drop for PendingWait {
     }
 }
 
-/// How long the volume has been in its status (Cinder's `updated_at`);
-/// None when Cinder does not say.
+/// How long the volume has been in its status (Cinder's `updated_at`),
+/// by Cinder's own clock (the `Date` of the answer it came in): a node's
+/// clock off from Cinder's would otherwise repair a live attach or detach
+/// (behind) or never repair a stuck one (ahead). The local clock only
+/// where Cinder did not say. None when Cinder does not say when.
 fn in_status_for(v: &Volume) -> Option<Duration> {
     let t = timestamp(v.updated_at.as_deref())?;
     let since = UNIX_EPOCH + Duration::from_secs(u64::try_from(t.seconds).ok()?);
-    Some(SystemTime::now().duration_since(since).unwrap_or_default())
+    let now = v.read_at.unwrap_or_else(SystemTime::now);
+    Some(now.duration_since(since).unwrap_or_default())
 }
 
 /// What Nova shows these credentials of a server.

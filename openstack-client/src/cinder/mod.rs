@@ -149,6 +149,12 @@ pub struct Volume {
     /// When its status last changed (Cinder's time, UTC without a zone).
     #[serde(default)]
     pub updated_at: Option<String>,
+    /// Cinder's clock when it answered with this volume (its `Date`):
+    /// what `updated_at` is aged against, since the local clock may be
+    /// off from Cinder's. None when Cinder did not say (or the volume
+    /// came from a list).
+    #[serde(skip)]
+    pub read_at: Option<std::time::SystemTime>,
 }
 
 impl Volume {
@@ -306,7 +312,9 @@ impl BlockStorage {
             .session
             .send(self.req(Method::GET, format!("volumes/{}", seg(id)), "volume_get"))
             .await?;
-        Ok(resp.json::<VolumeEnvelope>()?.volume)
+        let mut v = resp.json::<VolumeEnvelope>()?.volume;
+        v.read_at = resp.date;
+        Ok(v)
     }
 
     pub async fn list_volumes(&self, q: &ListVolumes) -> Result<Page<Volume>> {

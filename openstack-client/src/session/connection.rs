@@ -415,8 +415,13 @@ impl Connection {
                         if let Some(r) = &rid {
                             span.record("request_id", r.as_str());
                         }
+                        let date = headers
+                            .get(http::header::DATE)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| httpdate::parse_http_date(v).ok());
                         return Ok(ApiResponse {
                             body,
+                            date,
                             operation: req.operation,
                         });
                     }

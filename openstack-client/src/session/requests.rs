@@ -87,6 +87,8 @@ impl ApiRequest {
 pub(crate) struct ApiResponse {
     pub body: Bytes,
     pub operation: &'static str,
+    /// The service's clock when it answered (its `Date`), if it said.
+    pub date: Option<std::time::SystemTime>,
 }
 
 impl ApiResponse {

@@ -155,7 +155,9 @@ fn check_project(ctx: &Ctx, project: &str) -> ApiResult<()> {
     Ok(())
 }
 
-pub fn volume_json(v: &VolumeRec) -> Value {
+/// A volume as Cinder answers it; its `updated_at` by the cloud's clock
+/// (`clock_offset_secs` from this machine's).
+pub fn volume_json(v: &VolumeRec, clock_offset_secs: i64) -> Value {
     let attachments: Vec<Value> = v
         .attachments
         .iter()
@@ -171,7 +173,8 @@ pub fn volume_json(v: &VolumeRec) -> Value {
         "volume_type": v.volume_type, "availability_zone": v.availability_zone, "multiattach": v.multiattach,
         "bootable": if v.bootable { "true" } else { "false" }, "encrypted": false,
         "attachments": attachments, "metadata": v.metadata, "snapshot_id": v.snapshot_id,
-        "source_volid": v.source_volid, "group_id": v.group_id, "created_at": v.created_at, "updated_at": v.updated_at, "links": []
+        "source_volid": v.source_volid, "group_id": v.group_id, "created_at": v.created_at,
+        "updated_at": crate::state::shifted_iso(&v.updated_at, clock_offset_secs), "links": []
     })
 }
 

@@ -208,7 +208,7 @@ pub(super) async fn create_volume(
             tracing::error!(volume = %id, error = %e, "could not copy the source's data");
         }
     }
-    let body = json!({ "volume": volume_json(&vol) });
+    let body = json!({ "volume": volume_json(&vol, w.clock_offset_secs) });
     w.volumes.insert(id.clone(), vol);
     let delay = Delays::d(w.delays.volume_create_ms);
     drop(w);
@@ -254,7 +254,8 @@ pub(super) async fn list_volumes(
     // a page is rendered, not the whole project (as a database query with
     // a limit)
     let (page, next) = paginate(items, limit, q.get("marker").map(String::as_str))?;
-    let page: Vec<Value> = page.into_iter().map(volume_json).collect();
+    let offset = w.clock_offset_secs;
+    let page: Vec<Value> = page.into_iter().map(|v| volume_json(v, offset)).collect();
     let mut body = json!({ "volumes": page });
     if let Some(m) = next {
         body["volumes_links"] =
@@ -271,7 +272,7 @@ pub(super) async fn get_volume(
     check_project(&ctx, &project)?;
     let w = state.world();
     Ok(Json(
-        json!({ "volume": volume_json(visible_volume(&w, &ctx, &id)?) }),
+        json!({ "volume": volume_json(visible_volume(&w, &ctx, &id)?, w.clock_offset_secs) }),
     ))
 }
 
