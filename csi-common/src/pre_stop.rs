@@ -96,7 +96,20 @@ pub async fn run(
     args: &PreStopArgs,
     driver: &str,
 ) -> Result<Outcome, PreStopError> {
-    let Some(node) = client.get_node(&args.node_name).await? else {
+    let poll = Duration::from_millis(args.poll_interval_ms.max(50));
+    // an error here must not end the hook: kubelet counts a failed hook
+    // as done, and the plugin would leave a drained node's volumes
+    // behind; kubelet's grace period bounds the wait
+    let node = loop {
+        match client.get_node(&args.node_name).await {
+            Ok(node) => break node,
+            Err(e) => {
+                tracing::warn!(node = %args.node_name, error = %e, "cannot read the node; trying again");
+                tokio::time::sleep(poll).await;
+            }
+        }
+    };
+    let Some(node) = node else {
         return Ok(Outcome::NoSuchNode);
     };
     if !draining(&node) {
@@ -104,7 +117,6 @@ pub async fn run(
         return Ok(Outcome::NotDraining);
     }
     let started = Instant::now();
-    let poll = Duration::from_millis(args.poll_interval_ms.max(50));
     let mut last: Option<(BTreeSet<String>, BTreeSet<PathBuf>)> = None;
     loop {
         let attachments = match client.list_volume_attachments().await {
@@ -152,28 +164,39 @@ pub const HTTP_PATH: &str = "/pre-stop";
 
 /// The plugin's `/pre-stop` route: a request joins the run of the hook
 /// under way, or starts one (so callers cannot multiply its API calls, and
-/// every answer is of now); answers 200 with the outcome, or 503 when the
-/// API refused.
+/// every answer is of now); a run starts at most once per poll interval,
+/// so that anyone who reaches the port, asking in a loop, costs the API at
+/// most one read of the node per interval (all nodes share one service
+/// account, whose calls the apiserver throttles together); answers 200
+/// with the outcome, or 503 when the API refused.
 pub fn http_handler(
     client: kube_api::Client,
     args: PreStopArgs,
     driver: String,
 ) -> plugin_runtime::http_endpoint::HttpHandler {
     type Shared = tokio::sync::watch::Receiver<Option<(u16, String)>>;
-    let running: std::sync::Arc<std::sync::Mutex<Option<Shared>>> = Default::default();
+    let running: std::sync::Arc<std::sync::Mutex<(Option<Shared>, Option<Instant>)>> =
+        Default::default();
+    let gap = Duration::from_millis(args.poll_interval_ms.max(50));
     std::sync::Arc::new(move || {
         let mut rx = {
             let mut slot = running.lock().unwrap_or_else(|p| p.into_inner());
-            match slot.as_ref() {
-                // a run under way: wait for its answer
+            let (run_rx, last_start) = &mut *slot;
+            match run_rx.as_ref() {
+                // a run under way (or about to start): wait for its answer
                 Some(rx) if rx.borrow().is_none() => rx.clone(),
                 // none yet, or an answer of earlier: ask afresh (an early
                 // "not draining", from anyone who can reach the port, must
-                // not answer the registrar's call at the real drain)
+                // not answer the registrar's call at the real drain), once
+                // the interval since the last run began has passed
                 _ => {
+                    let now = Instant::now();
+                    let start_at = last_start.map_or(now, |t| (t + gap).max(now));
+                    *last_start = Some(start_at);
                     let (tx, rx) = tokio::sync::watch::channel(None);
                     let (client, args, driver) = (client.clone(), args.clone(), driver.clone());
                     tokio::spawn(async move {
+                        tokio::time::sleep_until(start_at.into()).await;
                         let answer = match run(&client, &args, &driver).await {
                             Ok(outcome) => {
                                 tracing::info!(outcome = ?outcome, "pre-stop wait over (asked over HTTP)");
@@ -186,7 +209,7 @@ pub fn http_handler(
                         };
                         let _ = tx.send(Some(answer));
                     });
-                    *slot = Some(rx.clone());
+                    *run_rx = Some(rx.clone());
                     rx
                 }
             }

@@ -30,6 +30,8 @@ struct Cluster {
     attachments: Vec<(String, String, String)>,
     /// answer the next N lists with 500
     failing_lists: usize,
+    /// answer the next N reads of the node with 500
+    failing_node_gets: usize,
     lists: usize,
     node_gets: usize,
 }
@@ -39,6 +41,10 @@ type Shared = Arc<Mutex<Cluster>>;
 async fn node(State(s): State<Shared>) -> Response {
     let mut c = s.lock().unwrap();
     c.node_gets += 1;
+    if c.failing_node_gets > 0 {
+        c.failing_node_gets -= 1;
+        return (StatusCode::INTERNAL_SERVER_ERROR, "etcd is slow").into_response();
+    }
     axum::Json(serde_json::json!({
         "metadata": {"name": "node-1"},
         "spec": {"unschedulable": c.unschedulable}
@@ -223,4 +229,59 @@ async fn an_early_answer_over_http_is_not_the_answer_at_the_drain() {
     assert_eq!(code, 200);
     assert!(body.starts_with("Released"), "{body}");
     assert_eq!(state.lock().unwrap().node_gets, 2);
+}
+
+/// An API error reading the node does not end the hook (kubelet would
+/// count a failed hook as done, and the registrar would deregister the
+/// driver at once): it reads the node again until it can tell.
+#[tokio::test]
+async fn an_api_error_reading_the_node_keeps_the_hook_waiting() {
+    let state = Shared::default();
+    {
+        let mut c = state.lock().unwrap();
+        c.unschedulable = true;
+        c.failing_node_gets = 3;
+        c.attachments = vec![("va-1".into(), DRIVER.into(), "node-1".into())];
+    }
+    let client = apiserver(state.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let hook = tokio::spawn({
+        let (client, args) = (client.clone(), args(dir.path()));
+        async move { run(&client, &args, DRIVER).await }
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!hook.is_finished(), "ended on an API error");
+    assert_eq!(state.lock().unwrap().failing_node_gets, 0, "read again");
+    state.lock().unwrap().attachments.clear();
+    let out = tokio::time::timeout(Duration::from_secs(5), hook)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(matches!(out, Outcome::Released { .. }), "{out:?}");
+}
+
+/// Anyone who reaches the plugin's port can ask `/pre-stop` in a loop:
+/// each answer is of now, but runs start at most once per poll interval,
+/// so the flood costs the API at most one read of the node per interval.
+#[tokio::test]
+async fn a_flood_of_http_asks_costs_one_node_read_per_interval() {
+    let state = Shared::default();
+    let client = apiserver(state.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let handler = http_handler(client, args(dir.path()), DRIVER.into());
+    let t = Instant::now();
+    let mut answers = 0;
+    while t.elapsed() < Duration::from_secs(1) {
+        let (code, body) = handler().await;
+        assert_eq!((code, body.trim()), (200, "NotDraining"));
+        answers += 1;
+    }
+    let reads = state.lock().unwrap().node_gets;
+    // the interval is 100 ms here: about ten runs in the second
+    assert!(
+        reads <= 12,
+        "{reads} reads of the node for {answers} asks in 1 s"
+    );
+    assert!(answers >= 5, "every ask answered: {answers}");
 }
