@@ -15,6 +15,7 @@ mod groups;
 mod inventory;
 mod repairs;
 mod snapshots;
+mod twins;
 mod unanswered;
 mod volumes;
 mod zones;

@@ -60,6 +60,7 @@ impl ControllerService {
             .into_iter()
             .filter(|v| !volume_gone(&v.status))
             .collect();
+        let existing = self.settle_twins(&block, name, existing).await?;
         if let Some(v) = at_most_one(existing, "Cinder volumes", name, |v| &v.id)? {
             if v.status.is_error() {
                 tracing::warn!(volume_id = %v.id, status = %v.status, "an earlier attempt failed; deleting it and creating anew");
@@ -133,6 +134,15 @@ impl ControllerService {
         let v = self
             .wait_volume_available(&block, &created.id, deadline)
             .await?;
+        let v = self
+            .yield_to_an_older_twin(&block, name, v, deadline)
+            .await?;
+        if v.id != created.id {
+            // the twin answers this request only if it fits it
+            let requested = RequestedSource::of(&r)?;
+            self.check_compatible(&block, &v, &r, volume_type.as_deref(), &requested, &caps)
+                .await?;
+        }
         let context = volume_context(&v, source_size, &params);
         Ok(csi::CreateVolumeResponse {
             volume: Some(self.csi_volume(&v, context, zone.as_deref())),
