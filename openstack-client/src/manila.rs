@@ -123,6 +123,11 @@ pub struct Share {
     pub description: Option<String>,
     #[serde(default)]
     pub created_at: Option<String>,
+    /// Manila's clock when it answered with this share (its `Date`), for
+    /// reading `created_at` against; None when it did not say (or the
+    /// share came from a list).
+    #[serde(skip)]
+    pub read_at: Option<std::time::SystemTime>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -388,7 +393,10 @@ impl SharedFileSystems {
         let req = self
             .req(Method::GET, format!("shares/{}", seg(id)), "share_get")
             .await?;
-        Ok(self.session.send(req).await?.json::<ShareEnvelope>()?.share)
+        let resp = self.session.send(req).await?;
+        let mut share = resp.json::<ShareEnvelope>()?.share;
+        share.read_at = resp.date;
+        Ok(share)
     }
 
     pub async fn list_shares_named(&self, name: &str) -> Result<Vec<Share>> {

@@ -138,6 +138,16 @@ impl ControllerService {
                     tracing::info!(share_id = id, rule = %r.id, kind = %g.access_type, to = %g.access_to, "access granted")
                 }
                 Err(openstack_client::Error::BadRequest(e)) => {
+                    // granted meanwhile by another call (a retry, another
+                    // replica): Manila refuses the same rule twice
+                    let now = manila
+                        .list_access_rules(id)
+                        .await
+                        .context(format!("access rules of share {id}"))?;
+                    if now.iter().any(|r| matches(r, g)) {
+                        tracing::info!(share_id = id, kind = %g.access_type, to = %g.access_to, "access granted already, by another call");
+                        continue;
+                    }
                     return Err(DriverError::InvalidArgument(format!(
                         "Manila refused access {}:{} to share {id}: {}",
                         g.access_type, g.access_to, e.message

@@ -9,6 +9,7 @@
 mod access;
 mod inventory;
 mod snapshots;
+mod twins;
 mod volumes;
 
 use std::collections::HashMap;

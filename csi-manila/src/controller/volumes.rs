@@ -145,6 +145,7 @@ impl ControllerService {
             .into_iter()
             .filter(|s| !is_gone(&s.status))
             .collect();
+        let existing = self.settle_twins(&manila, &name, existing).await?;
         let share = match at_most_one(existing, "shares", &name, |s| &s.id)? {
             None => None,
             Some(s) if s.status.is_error() && provisioned_here(&s) => {
@@ -213,6 +214,19 @@ impl ControllerService {
                 }
                 Err((e, _)) => return Err(e),
             }
+        };
+        // another replica may have made this name too, at the same time
+        let (share, fresh) = if fresh {
+            match self.older_twin(&manila, &name, &share, deadline).await? {
+                Some(twin) => {
+                    self.check_compatible(&manila, &twin, &r, &params, &source)
+                        .await?;
+                    (twin, false)
+                }
+                None => (share, true),
+            }
+        } else {
+            (share, false)
         };
         // grown to what this request asks, never to what the metadata
         // says (anyone with the share can write that)
