@@ -273,7 +273,7 @@ async fn list_scale() {
         &[1_000, 10_000, 20_000]
     };
     for &n in sizes {
-        ctl.seed_volumes("admin", n - total, Some(&h.node_id))
+        ctl.seed_volumes(h.project(), n - total, Some(&h.node_id))
             .unwrap();
         total = n;
         let (mut pages, walk) = walk_volumes(&ch, n).await;
