@@ -97,12 +97,16 @@ pub async fn run(
     driver: &str,
 ) -> Result<Outcome, PreStopError> {
     let poll = Duration::from_millis(args.poll_interval_ms.max(50));
-    // an error here must not end the hook: kubelet counts a failed hook
+    // a passing error must not end the hook: kubelet counts a failed hook
     // as done, and the plugin would leave a drained node's volumes
-    // behind; kubelet's grace period bounds the wait
+    // behind; kubelet's grace period bounds the wait. A refusal (401,
+    // 403: the driver's RBAC removed, as when it is uninstalled) does
+    // not pass: it ends the hook rather than hold every node plugin for
+    // its whole grace period
     let node = loop {
         match client.get_node(&args.node_name).await {
             Ok(node) => break node,
+            Err(e) if matches!(e.status(), Some(401 | 403)) => return Err(e.into()),
             Err(e) => {
                 tracing::warn!(node = %args.node_name, error = %e, "cannot read the node; trying again");
                 tokio::time::sleep(poll).await;

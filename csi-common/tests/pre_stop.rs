@@ -32,6 +32,8 @@ struct Cluster {
     failing_lists: usize,
     /// answer the next N reads of the node with 500
     failing_node_gets: usize,
+    /// answer every read of the node with 403 (the RBAC removed)
+    forbidden: bool,
     lists: usize,
     node_gets: usize,
 }
@@ -41,6 +43,9 @@ type Shared = Arc<Mutex<Cluster>>;
 async fn node(State(s): State<Shared>) -> Response {
     let mut c = s.lock().unwrap();
     c.node_gets += 1;
+    if c.forbidden {
+        return (StatusCode::FORBIDDEN, "nodes is forbidden").into_response();
+    }
     if c.failing_node_gets > 0 {
         c.failing_node_gets -= 1;
         return (StatusCode::INTERNAL_SERVER_ERROR, "etcd is slow").into_response();
@@ -259,6 +264,17 @@ async fn an_api_error_reading_the_node_keeps_the_hook_waiting() {
         .unwrap()
         .unwrap();
     assert!(matches!(out, Outcome::Released { .. }), "{out:?}");
+
+    // the driver's RBAC removed (an uninstall): a refusal ends the hook at
+    // once instead of holding the plugin for its grace period
+    state.lock().unwrap().forbidden = true;
+    let t = Instant::now();
+    let err = run(&client, &args(dir.path()), DRIVER).await.unwrap_err();
+    assert!(
+        err.to_string().contains("403") || err.to_string().contains("forbidden"),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(2));
 }
 
 /// Anyone who reaches the plugin's port can ask `/pre-stop` in a loop:

@@ -212,11 +212,21 @@ impl Client {
         let value: serde_json::Value = if bytes.is_empty() {
             serde_json::Value::Null
         } else {
-            serde_json::from_slice(&bytes).map_err(|e| KubeError::Decode {
-                method,
-                path: path.to_string(),
-                message: format!("HTTP {status}: {e}"),
-            })?
+            match serde_json::from_slice(&bytes) {
+                Ok(v) => v,
+                // a refusal that is not the apiserver's JSON (a proxy's
+                // page) is still a refusal with its code
+                Err(_) if !status.is_success() => serde_json::json!({
+                    "message": String::from_utf8_lossy(&bytes).chars().take(200).collect::<String>(),
+                }),
+                Err(e) => {
+                    return Err(KubeError::Decode {
+                        method,
+                        path: path.to_string(),
+                        message: format!("HTTP {status}: {e}"),
+                    });
+                }
+            }
         };
         if status.is_success() {
             return Ok(value);
