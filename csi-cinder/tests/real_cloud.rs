@@ -523,33 +523,7 @@ async fn a_volume_is_detached_from_a_server_that_is_shut_off() {
     let _serial = SERIAL.lock().await;
     let mut e = real_env("shutoff").await;
     // a server of its own, booted from a volume, then shut off
-    let boot = e
-        .cinder
-        .create_volume(&CreateVolume {
-            name: unique("shutoff-boot"),
-            size_gib: 1,
-            availability_zone: Some(ZONES[0].into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    eventually("boot volume available", 60, || async {
-        e.status(&boot.id).await == "available"
-    })
-    .await;
-    e.cinder.set_bootable(&boot.id, true).await.unwrap();
-    let server = e
-        .nova
-        .create_server(&CreateServer {
-            name: unique("shutoff"),
-            flavor_ref: "test".into(),
-            boot_volume_id: boot.id.clone(),
-            availability_zone: Some(ZONES[0].into()),
-        })
-        .await
-        .unwrap()
-        .id;
-    e.server_becomes(&server, "ACTIVE").await;
+    let (server, boot) = e.boot("shutoff").await;
     let id = e.volume("on-shutoff").await;
     e.publish(&id, &server).await.unwrap();
     e.nova.stop_server(&server).await.unwrap();
@@ -558,14 +532,6 @@ async fn a_volume_is_detached_from_a_server_that_is_shut_off() {
     assert_eq!(e.status(&id).await, "available");
     assert!(!e.nova_lists(&server, &id).await);
     e.delete(&id).await;
-    e.nova.delete_server(&server).await.unwrap();
-    eventually(&format!("server {server} deleted"), 120, || async {
-        e.nova.get_server(&server).await.is_err()
-    })
-    .await;
-    eventually("boot volume released", 60, || async {
-        e.status(&boot.id).await == "available"
-    })
-    .await;
-    e.cinder.delete_volume(&boot.id).await.unwrap();
+    e.delete_server(&server).await;
+    e.delete_boot_volume(&boot).await;
 }

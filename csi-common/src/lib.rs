@@ -34,6 +34,7 @@ pub mod pre_stop;
 pub mod readiness;
 pub mod request;
 pub mod startup_taint;
+pub mod twins;
 pub mod waits;
 
 pub use errors::{Context, DriverError, DriverResult};

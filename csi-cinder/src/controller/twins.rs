@@ -8,9 +8,9 @@
 //! where `--cluster` is set) are ever settled: duplicates of a name made
 //! by anyone else stay an error naming them.
 
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::Instant;
 
-use csi_common::request::timestamp;
+use csi_common::twins::{rank, wait_past_created_second};
 use csi_common::{Context, DriverResult};
 use openstack_client::cinder::{BlockStorage, Volume, VolumeStatus};
 
@@ -18,12 +18,9 @@ use super::*;
 
 /// The volume every replica keeps of several of one name.
 fn keeper(volumes: &[Volume]) -> Option<&Volume> {
-    volumes.iter().min_by_key(|v| {
-        (
-            timestamp(v.created_at.as_deref()).map(|t| (t.seconds, t.nanos)),
-            v.id.clone(),
-        )
-    })
+    volumes
+        .iter()
+        .min_by_key(|v| rank(v.created_at.as_deref(), &v.id))
 }
 
 impl ControllerService {
@@ -72,18 +69,7 @@ impl ControllerService {
         mine: Volume,
         deadline: Instant,
     ) -> DriverResult<Volume> {
-        // Cinder's created_at in whole seconds (its database's precision):
-        // a twin made within our second would rank by id, so look only
-        // once Cinder's own clock has passed it; any twin made later then
-        // ranks after ours, and its maker yields
-        if let (Some(created), Some(read_at)) =
-            (timestamp(mine.created_at.as_deref()), mine.read_at)
-            && created.nanos == 0
-            && let Ok(secs) = u64::try_from(created.seconds + 1)
-            && let Ok(wait) = (UNIX_EPOCH + Duration::from_secs(secs)).duration_since(read_at)
-        {
-            tokio::time::sleep(wait.min(Duration::from_secs(1)) + Duration::from_millis(50)).await;
-        }
+        wait_past_created_second(mine.created_at.as_deref(), mine.read_at).await;
         let named: Vec<Volume> = block
             .volumes_named(name)
             .await

@@ -7,9 +7,9 @@
 //! provisioned are ever settled: duplicates of a name made by anyone else
 //! stay an error naming them.
 
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::Instant;
 
-use csi_common::request::timestamp;
+use csi_common::twins::{rank, wait_past_created_second};
 use csi_common::{Context, DriverResult};
 use openstack_client::manila::{Share, ShareStatus, SharedFileSystems};
 
@@ -18,12 +18,9 @@ use crate::shares::{is_gone, provisioned_here, wait_share_available};
 
 /// The share every replica keeps of several of one name.
 fn keeper(shares: &[Share]) -> Option<&Share> {
-    shares.iter().min_by_key(|s| {
-        (
-            timestamp(s.created_at.as_deref()).map(|t| (t.seconds, t.nanos)),
-            s.id.clone(),
-        )
-    })
+    shares
+        .iter()
+        .min_by_key(|s| rank(s.created_at.as_deref(), &s.id))
 }
 
 fn deleted_ok(r: openstack_client::Result<()>) -> openstack_client::Result<()> {
@@ -70,18 +67,7 @@ impl ControllerService {
         mine: &Share,
         deadline: Instant,
     ) -> DriverResult<Option<Share>> {
-        // Manila's created_at in whole seconds (its database's precision):
-        // a twin made within our second would rank by id, so look only
-        // once Manila's own clock has passed it; any twin made later then
-        // ranks after ours, and its maker yields
-        if let (Some(created), Some(read_at)) =
-            (timestamp(mine.created_at.as_deref()), mine.read_at)
-            && created.nanos == 0
-            && let Ok(secs) = u64::try_from(created.seconds + 1)
-            && let Ok(wait) = (UNIX_EPOCH + Duration::from_secs(secs)).duration_since(read_at)
-        {
-            tokio::time::sleep(wait.min(Duration::from_secs(1)) + Duration::from_millis(50)).await;
-        }
+        wait_past_created_second(mine.created_at.as_deref(), mine.read_at).await;
         let named: Vec<Share> = manila
             .list_shares_named(name)
             .await
