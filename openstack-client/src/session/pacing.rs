@@ -1,10 +1,15 @@
 //! What a session sends while a service throttles it. After a rate
 //! limiter's refusal (429), requests of that operation leave one at a
 //! time, never before the refusal's retry hint, at a pace learnt TCP's
-//! way: raised by one per second for each answer served until a request
-//! sent at that pace is refused, then halved by each such refusal and
-//! raised by about one per second, until the service takes them freely
-//! again. Every caller of the session shares the pace, so that one
+//! way: one request per wait asked at first, raised by a quarter each
+//! second (a quarter of a request per second for each answer served; by
+//! one per second while slower than one a second, so that a long
+//! suspension is soon over) until a request sent at that pace is refused,
+//! then halved by each such refusal and raised by a tenth each second (by
+//! one per second at most), until the service takes them freely again. A strict limiter
+//! refuses whatever leaves faster than its rate, so that every step past
+//! it costs a refusal: the steps are small where a step is a large part
+//! of the rate. Every caller of the session shares the pace, so that one
 //! refusal is not answered by a burst of retries, and a wave of calls
 //! costs the cloud about one call each rather than one per retry (a herd
 //! of waiters let go at once would be refused again, round after round).
@@ -99,17 +104,19 @@ impl Pacer {
         p.next = p.next.max(now + wait);
     }
 
-    /// The service served a request of `key`: faster (one request per
-    /// second more for each while probing, else for every `rate` served).
+    /// The service served a request of `key`: faster (see the module's
+    /// comment for how much).
     pub(super) fn served(&self, key: Key) {
         let mut paces = self.paces();
         let Some(p) = paces.get_mut(&key) else {
             return;
         };
-        p.rate += if p.probing {
-            1.0
-        } else {
-            1.0 / p.rate.max(1.0)
+        p.rate += match (p.probing, p.rate < 1.0) {
+            (true, true) => 1.0,
+            // `rate` answers a second: a quarter more each second
+            (true, false) => 0.25,
+            // a tenth more each second, one per second more at most
+            (false, _) => (1.0 / p.rate).min(0.1),
         };
         if p.rate >= FREE_RATE {
             paces.remove(&key);
@@ -122,6 +129,36 @@ mod tests {
     use super::*;
 
     const KEY: Key = (ServiceType::BlockStorage, "volume_get");
+
+    #[test]
+    fn slow_paces_are_raised_gently_once_the_rate_is_found_and_fast_after_a_long_suspension() {
+        let p = Pacer::default();
+        let rate = |p: &Pacer| p.paces().get(&KEY).map(|x| x.rate);
+        // a limiter of one a second: one per wait asked, then a quarter
+        // of a request per second more per answer while probing
+        let burst = Instant::now();
+        p.refused(KEY, Duration::from_secs(1), burst);
+        assert!((rate(&p).unwrap() - 1.0).abs() < 1e-9);
+        p.served(KEY);
+        assert!(
+            (rate(&p).unwrap() - 1.25).abs() < 1e-9,
+            "not twice the rate at once"
+        );
+        // refused past it: halved, then a tenth per answer (one request a
+        // second gains a tenth of a request per second each second)
+        p.refused(KEY, Duration::from_millis(200), Instant::now());
+        assert!((rate(&p).unwrap() - 0.625).abs() < 1e-9);
+        for _ in 0..3 {
+            p.served(KEY);
+        }
+        assert!((rate(&p).unwrap() - 0.925).abs() < 1e-9);
+        // a suspension of a minute: one per minute, then soon one a second
+        let q = Pacer::default();
+        q.refused(KEY, Duration::from_secs(60), Instant::now());
+        q.served(KEY);
+        let r = rate(&q).unwrap();
+        assert!(r > 1.0 && r < 1.1, "{r}");
+    }
 
     #[test]
     fn free_until_refused_then_one_at_a_time_never_before_the_hint() {
@@ -160,20 +197,20 @@ mod tests {
             p.refused(KEY, Duration::from_millis(100), burst);
         }
         assert!((rate(&p).unwrap() - 10.0).abs() < 1e-9);
-        // probing: one more per second for each answer
-        for _ in 0..4 {
+        // probing: a quarter of a request per second more for each answer
+        for _ in 0..2 {
             p.served(KEY);
         }
-        assert!((rate(&p).unwrap() - 14.0).abs() < 1e-9);
+        assert!((rate(&p).unwrap() - 10.5).abs() < 1e-9);
         // one sent at the pace and refused: halved, and raised slowly
-        // from then on
+        // from then on: about one per second more each second
         p.refused(KEY, Duration::from_millis(100), Instant::now());
-        assert!((rate(&p).unwrap() - 7.0).abs() < 1e-9);
-        for _ in 0..7 {
+        assert!((rate(&p).unwrap() - 5.25).abs() < 1e-9);
+        for _ in 0..8 {
             p.served(KEY);
         }
         let r = rate(&p).unwrap();
-        assert!(r > 7.9 && r < 8.1, "about one per second more: {r}");
+        assert!(r > 6.04 && r < 6.06, "a tenth more for each answer: {r}");
         for _ in 0..5000 {
             p.served(KEY);
         }

@@ -146,6 +146,37 @@ impl Cluster {
             .collect())
     }
 
+    /// The nodes a bound claim's volume can be used on: those whose labels
+    /// match its PV's node affinity (every node when it has none).
+    pub async fn nodes_that_reach_claim(&self, ns: &str, claim: &str) -> Result<Vec<String>> {
+        let pvc = self.get("pvc", claim, Some(ns)).await?.unwrap_or_default();
+        let pv_name = pvc["spec"]["volumeName"].as_str().unwrap_or_default();
+        let pv = self.get("pv", pv_name, None).await?.unwrap_or_default();
+        let terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let nodes = self.list("nodes", &[]).await?;
+        let matches = |node: &Value, term: &Value| {
+            term["matchExpressions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .all(|e| {
+                    let label = &node["metadata"]["labels"][e["key"].as_str().unwrap_or_default()];
+                    e["operator"] == "In"
+                        && e["values"]
+                            .as_array()
+                            .is_some_and(|vs| vs.iter().any(|v| v == label))
+                })
+        };
+        Ok(nodes
+            .iter()
+            .filter(|node| terms.is_empty() || terms.iter().any(|t| matches(node, t)))
+            .filter_map(|node| node["metadata"]["name"].as_str().map(str::to_string))
+            .collect())
+    }
+
     /// Cordons the node until the guard drops.
     pub async fn cordon(&self, node: &str) -> Result<Cordoned> {
         self.kubectl(&["cordon", node]).await?;

@@ -118,6 +118,14 @@ impl Campaign {
                     .as_str()
                     .unwrap_or("1Gi")
                     .to_string();
+                // Cinder restores only in the snapshot's zone: the pod
+                // that reads the restored volume goes to a node there
+                let readers = c.nodes_that_reach_claim(&n, &source).await?;
+                let readers: Vec<&str> = if readers.is_empty() {
+                    vec![c.node.as_str()]
+                } else {
+                    readers.iter().map(String::as_str).collect()
+                };
                 let restored = format!("restored-{step}");
                 c.apply_in(
                     &n,
@@ -133,7 +141,7 @@ impl Campaign {
                                     ..Default::default()
                                 },
                             ),
-                            &[&c.node],
+                            &readers,
                         )
                     ),
                 )
