@@ -13,12 +13,19 @@
 //! the plugin's service account may only create such pods on its own node
 //! (deploy/manila/base/mount-pods-policy.yaml).
 //!
-//! A mount pod's controller is its node (an owner reference to the Node):
-//! `kubectl drain` refuses pods without a controller unless forced, and
-//! forcing would kill ceph-fuse under the apps' last writes. Owned, it is
-//! evicted like any pod, and deploy/'s PodDisruptionBudget refuses each
+//! A mount pod's controller is the mount pod template (the PodTemplate
+//! deploy/ puts in the plugin's namespace, which the admission policy also
+//! reads): `kubectl drain` refuses pods without a controller unless forced,
+//! and forcing would kill ceph-fuse under the apps' last writes. Owned, it
+//! is evicted like any pod, and deploy/'s PodDisruptionBudget refuses each
 //! eviction: drain retries until the plugin deletes the pod itself, once
-//! the share is unstaged. The node's deletion also takes its mount pods.
+//! the share is unstaged. Not the Node: a Node object deleted and
+//! registered again (`kubectl delete node`, a cloud controller's glitch)
+//! would have the garbage collector delete every mount pod of the node at
+//! once, under the running apps, and later ones would name a uid that no
+//! longer exists. The template's uid is read for each new mount pod, so
+//! that a template made again (a reinstall) is followed; deleting it (an
+//! uninstall) ends the mount pods, as it ends the plugin.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -48,9 +55,18 @@ pub struct MountPodOptions {
     pub driver_name: String,
     /// Each mount pod's memory limit (ceph-fuse's caches live there).
     pub memory_limit: String,
-    /// This node's uid: the mount pods' controller (None: no owner, and
-    /// `kubectl drain` needs `--force` for them).
-    pub node_uid: Option<String>,
+}
+
+/// The labels of the mount pod template (deploy/manila's
+/// mount-pod-template.yaml, the admission policy's parameter).
+pub const TEMPLATE_SELECTOR: &str =
+    "app.kubernetes.io/name=manila-csi-plugin,app.kubernetes.io/component=ceph-fuse-mount-template";
+
+/// The object a mount pod names as its controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub name: String,
+    pub uid: String,
 }
 
 #[derive(Debug)]
@@ -67,6 +83,28 @@ fn api(what: &str, e: kube_api::KubeError) -> DriverError {
         Some(s) if s >= 500 || s == 429 => DriverError::Unavailable(format!("{what}: {e}")),
         None => DriverError::Unavailable(format!("{what}: {e}")),
         _ => DriverError::Internal(format!("{what}: {e}")),
+    }
+}
+
+/// The one template among those found in `ns`.
+fn the_template(ns: &str, found: &[kube_api::ObjectMeta]) -> DriverResult<Owner> {
+    match found {
+        [t] if !t.uid.is_empty() => Ok(Owner {
+            name: t.name.clone(),
+            uid: t.uid.clone(),
+        }),
+        [] | [_] => Err(DriverError::FailedPrecondition(format!(
+            "no mount pod template in namespace {ns} (a PodTemplate labelled {TEMPLATE_SELECTOR}: \
+             deploy/manila's mount-pod-template.yaml); mount pods are owned by it, and refused without it"
+        ))),
+        many => Err(DriverError::FailedPrecondition(format!(
+            "{} mount pod templates in namespace {ns} ({}): exactly one may carry the labels {TEMPLATE_SELECTOR}",
+            many.len(),
+            many.iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
     }
 }
 
@@ -130,13 +168,32 @@ impl MountPods {
         )
     }
 
-    /// The pod that runs `ceph-fuse -f <args>`.
+    /// The mount pod template of the plugin's namespace: the mount pods'
+    /// controller. None there, or more than one, is the deployment's fault
+    /// (the admission policy refuses every mount pod then too).
+    pub async fn owner(&self) -> DriverResult<Owner> {
+        let ns = &self.opts.namespace;
+        let found = self
+            .kube
+            .list_pod_templates(ns, TEMPLATE_SELECTOR)
+            .await
+            .map_err(|e| match e.status() {
+                Some(403) => DriverError::FailedPrecondition(format!(
+                    "reading the mount pod template: {e} (the node plugin's service account needs podtemplates get/list in its namespace)"
+                )),
+                _ => api("reading the mount pod template", e),
+            })?;
+        the_template(ns, &found)
+    }
+
+    /// The pod that runs `ceph-fuse -f <args>`, owned by `owner`.
     pub fn spec(
         &self,
         name: &str,
         volume_id: &str,
         staging: &Path,
         args: &[String],
+        owner: &Owner,
     ) -> serde_json::Value {
         let kubelet = self.opts.kubelet_dir.to_string_lossy();
         let mut command = vec!["ceph-fuse".to_string(), "-f".to_string()];
@@ -160,12 +217,19 @@ impl MountPods {
         if let Some(p) = &self.opts.image_pull_policy {
             container["imagePullPolicy"] = p.clone().into();
         }
-        let mut pod = serde_json::json!({
+        serde_json::json!({
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
                 "name": name,
                 "namespace": self.opts.namespace,
+                "ownerReferences": [{
+                    "apiVersion": "v1",
+                    "kind": "PodTemplate",
+                    "name": owner.name,
+                    "uid": owner.uid,
+                    "controller": true,
+                }],
                 "labels": {
                     COMPONENT_LABEL: COMPONENT,
                     MANAGED_BY_LABEL: self.opts.driver_name,
@@ -192,17 +256,7 @@ impl MountPods {
                     {"name": "fuse", "hostPath": {"path": "/dev/fuse", "type": "CharDevice"}},
                 ],
             },
-        });
-        if let Some(uid) = &self.opts.node_uid {
-            pod["metadata"]["ownerReferences"] = serde_json::json!([{
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": self.opts.node_name,
-                "uid": uid,
-                "controller": true,
-            }]);
-        }
-        pod
+        })
     }
 
     /// Creates the mount pod of `staging`, or keeps the one that runs
@@ -216,7 +270,8 @@ impl MountPods {
     ) -> DriverResult<String> {
         let ns = &self.opts.namespace;
         let name = self.name_for(staging);
-        let spec = self.spec(&name, volume_id, staging, args);
+        let owner = self.owner().await?;
+        let spec = self.spec(&name, volume_id, staging, args, &owner);
         loop {
             match self.kube.create_pod(ns, &spec).await {
                 Ok(Created::New(_)) => {
@@ -325,7 +380,6 @@ mod tests {
                 kubelet_dir: "/var/lib/kubelet".into(),
                 driver_name: "cephfs.manila.csi.openstack.org".into(),
                 memory_limit: "512Mi".into(),
-                node_uid: Some("uid-of-node-a".into()),
             },
         )
     }
@@ -352,11 +406,16 @@ mod tests {
     fn the_pod_runs_ceph_fuse_in_the_foreground_on_this_node_only() {
         let p = pods();
         let s = Path::new("/var/lib/kubelet/plugins/kubernetes.io/csi/x/globalmount");
+        let owner = Owner {
+            name: "csi-manila-mount-pod".into(),
+            uid: "uid-of-the-template".into(),
+        };
         let spec = p.spec(
             "ceph-fuse-1",
             "vol-1",
             s,
             &["--id".into(), "alice".into(), s.to_string_lossy().into()],
+            &owner,
         );
         let c = &spec["spec"]["containers"][0];
         assert_eq!(c["command"][0], "ceph-fuse");
@@ -371,32 +430,58 @@ mod tests {
         assert_eq!(c["resources"]["limits"]["memory"], "512Mi");
         assert_eq!(spec["metadata"]["labels"][COMPONENT_LABEL], COMPONENT);
         assert_eq!(spec["metadata"]["annotations"][VOLUME_ANNOTATION], "vol-1");
-        // its node is its controller: drained like any pod, taken with
-        // the node
-        let owner = &spec["metadata"]["ownerReferences"][0];
+        // the template is its controller (drained like any pod), not the
+        // node (whose deletion would take it under the apps)
+        let o = &spec["metadata"]["ownerReferences"];
+        assert_eq!(o.as_array().map(Vec::len), Some(1));
         assert_eq!(
             (
-                &owner["kind"],
-                &owner["name"],
-                &owner["uid"],
-                &owner["controller"]
+                &o[0]["apiVersion"],
+                &o[0]["kind"],
+                &o[0]["name"],
+                &o[0]["uid"],
+                &o[0]["controller"]
             ),
             (
-                &"Node".into(),
-                &"node-a".into(),
-                &"uid-of-node-a".into(),
+                &"v1".into(),
+                &"PodTemplate".into(),
+                &"csi-manila-mount-pod".into(),
+                &"uid-of-the-template".into(),
                 &true.into()
             )
-        );
-        let mut unowned = pods();
-        unowned.opts.node_uid = None;
-        assert!(
-            unowned.spec("ceph-fuse-1", "vol-1", s, &[])["metadata"]["ownerReferences"].is_null()
         );
         let text = spec.to_string();
         assert!(
             !text.contains("key ="),
             "no key in the pod: it reads the keyring file"
+        );
+    }
+
+    #[test]
+    fn exactly_one_template_owns_the_mount_pods() {
+        let meta = |name: &str, uid: &str| kube_api::ObjectMeta {
+            name: name.into(),
+            uid: uid.into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            the_template("ns", &[meta("t", "u1")]).unwrap(),
+            Owner {
+                name: "t".into(),
+                uid: "u1".into()
+            }
+        );
+        for found in [vec![], vec![meta("t", "")]] {
+            let e = the_template("ns", &found).unwrap_err();
+            assert!(
+                matches!(&e, DriverError::FailedPrecondition(m) if m.contains("no mount pod template in namespace ns")),
+                "{e:?}"
+            );
+        }
+        let e = the_template("ns", &[meta("t", "u1"), meta("u", "u2")]).unwrap_err();
+        assert!(
+            matches!(&e, DriverError::FailedPrecondition(m) if m.contains("2 mount pod templates") && m.contains("t, u")),
+            "{e:?}"
         );
     }
 }

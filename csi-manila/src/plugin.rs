@@ -195,22 +195,8 @@ async fn mount_pods(opts: &Options) -> Result<MountPods, PluginError> {
         }
     };
     let node_name = opts.node_name.clone().unwrap_or_default();
-    // the mount pods' controller; without it they still work, but a drain
-    // needs --force for them
-    let node_uid = match kube.get_node(&node_name).await {
-        Ok(Some(n)) if !n.metadata.uid.is_empty() => Some(n.metadata.uid),
-        Ok(_) => {
-            tracing::warn!(node = %node_name, "the node is unknown to the API: mount pods get no owner");
-            None
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read this node (RBAC: get nodes): mount pods get no owner, and kubectl drain needs --force for them");
-            None
-        }
-    };
     let options = MountPodOptions {
         node_name,
-        node_uid,
         namespace,
         image,
         image_pull_policy,

@@ -291,6 +291,21 @@ impl Client {
         Ok(list.items)
     }
 
+    /// The metadata of the PodTemplates of `namespace` that carry the
+    /// labels of `label_selector` (their specs are not read).
+    pub async fn list_pod_templates(
+        &self,
+        namespace: &str,
+        label_selector: &str,
+    ) -> Result<Vec<ObjectMeta>> {
+        let path = format!("api/v1/namespaces/{namespace}/podtemplates");
+        let v = self
+            .call("GET", &path, &[("labelSelector", label_selector)], None)
+            .await?;
+        let list: MetadataList = decode("GET", &path, v)?;
+        Ok(list.items.into_iter().map(|i| i.metadata).collect())
+    }
+
     /// Creates the pod; one of that name already there is
     /// [`Created::AlreadyExists`].
     pub async fn create_pod(&self, namespace: &str, pod: &serde_json::Value) -> Result<Created> {
@@ -568,6 +583,18 @@ fn tls(ca_pem: Option<&[u8]>) -> Result<rustls::ClientConfig> {
 pub enum Created {
     New(Box<Pod>),
     AlreadyExists,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct MetadataList {
+    #[serde(default)]
+    items: Vec<WithMetadata>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct WithMetadata {
+    #[serde(default)]
+    metadata: ObjectMeta,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -120,8 +120,44 @@ async fn apiserver(seen: Shared, elsewhere: String) -> String {
                 },
             ),
         )
+        .route(
+            "/api/v1/namespaces/ns/podtemplates",
+            get(
+                |State(s): State<Shared>,
+                 h: HeaderMap,
+                 Query(q): Query<HashMap<String, String>>| async move {
+                    record(&s, &h);
+                    s.lock().unwrap().queries.push(q);
+                    axum::Json(serde_json::json!({"items": [{
+                        "metadata": {"name": "tpl", "namespace": "ns", "uid": "uid-tpl"},
+                        "template": {"spec": {"containers": [{"name": "c", "image": "img:1"}]}}
+                    }]}))
+                },
+            ),
+        )
         .with_state(seen);
     serve(app).await
+}
+
+#[tokio::test]
+async fn pod_templates_are_listed_by_their_labels_for_their_uid() {
+    let seen: Shared = Default::default();
+    let url = apiserver(seen.clone(), "http://127.0.0.1:9/".into()).await;
+    let c = Client::new(url.parse().unwrap(), None, Token::Fixed("t".into())).unwrap();
+    let found = c.list_pod_templates("ns", "a=b,c=d").await.unwrap();
+    assert_eq!(
+        found
+            .iter()
+            .map(|m| (m.name.as_str(), m.uid.as_str()))
+            .collect::<Vec<_>>(),
+        [("tpl", "uid-tpl")]
+    );
+    let s = seen.lock().unwrap();
+    assert_eq!(
+        s.queries[0].get("labelSelector").map(String::as_str),
+        Some("a=b,c=d")
+    );
+    assert_eq!(s.tokens, ["Bearer t"]);
 }
 
 #[tokio::test]

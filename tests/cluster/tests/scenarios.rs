@@ -15,7 +15,7 @@ use cluster_tests::{
     Cluster, PodOptions, SUITE_NAMESPACE, claim, host_mounts_containing, pod, prober,
 };
 use openstack_client::cinder::VolumeStatus;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const MINUTE: Duration = Duration::from_secs(60);
 const NEEDS: &str =
@@ -499,6 +499,25 @@ async fn cephfs_shares_are_shared_by_pods_read_only_where_asked_and_their_key_di
         })
         .unwrap();
     assert_eq!(ours[0]["spec"]["containers"][0]["image"], plugin_image);
+    // its controller is the mount pod template, not the Node (whose
+    // deletion and registration again would take it under the apps)
+    let template = c
+        .get("podtemplate", "csi-manila-mount-pod", Some(SUITE_NAMESPACE))
+        .await
+        .unwrap()
+        .unwrap();
+    let owners = &ours[0]["metadata"]["ownerReferences"];
+    assert_eq!(
+        owners,
+        &json!([{
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "name": "csi-manila-mount-pod",
+            "uid": template["metadata"]["uid"],
+            "controller": true,
+        }]),
+        "{owners}"
+    );
 
     // the share's cephx key mounts it while the claim lives...
     let manila = c.manila().unwrap();

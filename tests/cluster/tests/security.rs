@@ -247,9 +247,33 @@ async fn a_cephfs_node_plugins_token_starts_real_mount_pods_on_its_node_and_noth
             "only on the node the plugin runs on",
         ),
         (
-            "another node as its owner",
-            |p| p["metadata"]["ownerReferences"][0]["name"] = json!("another-node"),
-            "owned by its own node only",
+            "its Node as its owner (taken with the Node's deletion)",
+            |p| {
+                let node = p["spec"]["nodeName"].clone();
+                p["metadata"]["ownerReferences"] = json!([{
+                    "apiVersion": "v1", "kind": "Node", "name": node,
+                    "uid": "6f1f1c39-5f4e-4a57-9d2b-000000000001", "controller": true,
+                }]);
+            },
+            "one owner, its controller, is the mount pod template",
+        ),
+        (
+            "a template of that name but another uid as its owner",
+            |p| {
+                p["metadata"]["ownerReferences"][0]["uid"] =
+                    json!("6f1f1c39-5f4e-4a57-9d2b-000000000002");
+            },
+            "one owner, its controller, is the mount pod template",
+        ),
+        (
+            "no owner (kubectl drain would need --force)",
+            |p| {
+                p["metadata"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("ownerReferences");
+            },
+            "one owner, its controller, is the mount pod template",
         ),
         (
             "no mount pod label",
