@@ -439,3 +439,146 @@ async fn a_node_plugins_token_lifts_only_its_own_drivers_startup_taint_of_its_ow
         "a taint added: {refused}"
     );
 }
+
+/// A service account made for a test, with bindings to the suite's own
+/// roles (removed by the guard).
+struct Renamed {
+    kubeconfig: std::path::PathBuf,
+    objects: Vec<(String, Option<String>)>,
+}
+
+impl Drop for Renamed {
+    fn drop(&mut self) {
+        for (what, namespace) in &self.objects {
+            let mut cmd = std::process::Command::new("kubectl");
+            cmd.env("KUBECONFIG", &self.kubeconfig).args([
+                "delete",
+                "--ignore-not-found",
+                "--wait=false",
+                what,
+            ]);
+            if let Some(n) = namespace {
+                cmd.args(["-n", n]);
+            }
+            let _ = cmd.output();
+        }
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn a_node_plugins_roles_confine_whoever_holds_them_under_any_name() {
+    // a namePrefix overlay or a rename gives the node plugin's roles to an
+    // account of another name: the policies confine it all the same (they
+    // match whoever holds the roles' mark, not a name)
+    let c = Cluster::from_env().unwrap();
+    let sa = "renamed-csi-manila-node-sa";
+    let subject = format!("{SUITE_NAMESPACE}:{sa}");
+    let _guard = Renamed {
+        kubeconfig: c.kubeconfig.clone(),
+        objects: vec![
+            (format!("serviceaccount/{sa}"), Some(SUITE_NAMESPACE.into())),
+            (
+                "rolebinding/renamed-mount-pods".into(),
+                Some(SUITE_NAMESPACE.into()),
+            ),
+            ("clusterrolebinding/renamed-startup-taint".into(), None),
+            ("clusterrolebinding/renamed-drain".into(), None),
+        ],
+    };
+    for args in [
+        vec!["create", "serviceaccount", sa, "-n", SUITE_NAMESPACE],
+        vec![
+            "create",
+            "rolebinding",
+            "renamed-mount-pods",
+            "-n",
+            SUITE_NAMESPACE,
+            "--role=csi-manila-node-mount-pods",
+            &format!("--serviceaccount={subject}"),
+        ],
+        vec![
+            "create",
+            "clusterrolebinding",
+            "renamed-startup-taint",
+            "--clusterrole=csi-manila-node-startup-taint",
+            &format!("--serviceaccount={subject}"),
+        ],
+        vec![
+            "create",
+            "clusterrolebinding",
+            "renamed-drain",
+            "--clusterrole=csi-manila-node-drain",
+            &format!("--serviceaccount={subject}"),
+        ],
+    ] {
+        c.kubectl(&args).await.unwrap();
+    }
+    let token = c
+        .kubectl(&[
+            "create",
+            "token",
+            sa,
+            "-n",
+            SUITE_NAMESPACE,
+            "--duration=10m",
+        ])
+        .await
+        .unwrap()
+        .trim()
+        .to_string();
+    // RBAC lets it create pods and patch nodes; the policies do not: a
+    // plain pod labelled as a mount pod, and a label on a node
+    let plain = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "renamed-account-pod",
+            "labels": {"app.kubernetes.io/component": "ceph-fuse-mount"},
+        },
+        "spec": {
+            "nodeName": c.node,
+            "containers": [{"name": "app", "image": APP_IMAGE, "command": ["true"]}],
+        },
+    });
+    let refused = create_as(&c, &token, &plain)
+        .await
+        .expect_err("a pod of the renamed account admitted");
+    assert!(refused.contains("csi-manila-mount-pods"), "{refused}");
+    let refused = c
+        .kubectl_with_token(
+            &token,
+            &[
+                "patch",
+                "node",
+                &c.node,
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"labels":{"example.com/by-a-renamed-account":"x"}}}"#,
+                "--dry-run=server",
+            ],
+            None,
+        )
+        .await
+        .expect_err("a node labelled by the renamed account")
+        .to_string();
+    assert!(
+        refused.contains("csi-manila-node-startup-taint"),
+        "{refused}"
+    );
+    // an administrator (every verb, so also the mark's `exempt`) is not
+    // confined
+    c.kubectl_with_input(
+        &[
+            "create",
+            "--dry-run=server",
+            "-n",
+            SUITE_NAMESPACE,
+            "-f",
+            "-",
+        ],
+        Some(&plain.to_string()),
+    )
+    .await
+    .expect("the administrator's pod refused");
+}
