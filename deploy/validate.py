@@ -247,12 +247,18 @@ def pre_stop_rules(pod):
         if pod.get("automountServiceAccountToken") is not True \
                 and "/var/run/secrets/kubernetes.io/serviceaccount" not in mounts:
             yield f"container {c['name']}: the pre-stop hook needs a service account token"
-        port = next((a.rsplit(":", 1)[1] for a in args if a.startswith("--http-endpoint=")), None)
+        local = next((a.split("=", 1)[1] for a in args if a.startswith("--pre-stop-endpoint=")), None)
+        host, port = local.rsplit(":", 1) if local else (None, None)
         registrar = next((r for r in pod["containers"] if r["name"] == "node-driver-registrar"), None)
         get = (((registrar or {}).get("lifecycle") or {}).get("preStop") or {}).get("httpGet") or {}
-        if registrar and (get.get("path") != "/pre-stop" or str(get.get("port")) != str(port)):
+        if registrar and (get.get("path") != "/pre-stop" or str(get.get("port")) != str(port)
+                          or get.get("host") != host):
             yield ("node-driver-registrar: its preStop must wait on the plugin's /pre-stop (httpGet to the "
-                   "--http-endpoint port): told to stop, it deregisters the driver and kubelet unmounts nothing")
+                   "--pre-stop-endpoint host and port): told to stop, it deregisters the driver and kubelet "
+                   "unmounts nothing")
+        if local and host not in ("127.0.0.1", "[::1]"):
+            yield f"container {c['name']}: --pre-stop-endpoint on the node's loopback only, not {local}"
+
         if pod.get("terminationGracePeriodSeconds", 30) < 30:
             yield "a node plugin's grace period bounds the pre-stop hook's wait: 30 s at least"
 
@@ -382,7 +388,11 @@ BROKEN = [
     ("node plugin without the pre-stop hook", _daemonset("csi-cinder-nodeplugin", "cinder-csi-plugin", [],
                                                          pre_stop=None)),
     ("registrar leaving before the plugin", _with_registrar(_daemonset("csi-cinder-nodeplugin", "cinder-csi-plugin",
-                                                                      ["--http-endpoint=:9829"]))),
+                                                                      ["--pre-stop-endpoint=127.0.0.1:9849"]))),
+    ("registrar asking the metrics port", _with_registrar(
+        _daemonset("csi-cinder-nodeplugin", "cinder-csi-plugin",
+                   ["--http-endpoint=:9829", "--pre-stop-endpoint=127.0.0.1:9849"]),
+        {"httpGet": {"host": "127.0.0.1", "path": "/pre-stop", "port": 9829}})),
     ("pre-stop hook waiting for another driver", _daemonset("csi-manila-nfs-nodeplugin", "manila-csi-plugin", [
         "--drivername=nfs.manila.csi.openstack.org", "--share-protocol-selector=NFS"],
         pre_stop="cephfs.manila.csi.openstack.org")),

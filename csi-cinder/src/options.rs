@@ -46,6 +46,12 @@ pub struct Options {
     /// writes it, means every interface).
     #[arg(long, value_parser = plugin_runtime::parse_listen_address)]
     pub http_endpoint: Option<SocketAddr>,
+    /// Node: serve `/pre-stop` (the node-driver-registrar's preStop hook,
+    /// which waits while a drained node still holds the driver's volumes)
+    /// on this loopback address only, e.g. `127.0.0.1:9849`: kubelet asks
+    /// it from the node, and nobody else may (each ask reads the API).
+    #[arg(long, value_parser = plugin_runtime::parse_loopback_address)]
+    pub pre_stop_endpoint: Option<SocketAddr>,
     /// Node: where udev links block devices by serial.
     #[arg(long, default_value = "/dev/disk/by-id")]
     pub by_id_dir: PathBuf,
@@ -120,6 +126,27 @@ impl Options {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn the_pre_stop_endpoint_is_a_loopback_address_only() {
+        let parse = |a: &str| {
+            Options::try_parse_from([
+                "cinder-csi-plugin",
+                "--endpoint=unix:///csi/csi.sock",
+                &format!("--pre-stop-endpoint={a}"),
+            ])
+            .map(|o| o.pre_stop_endpoint)
+        };
+        assert_eq!(parse("127.0.0.1:9849").unwrap().unwrap().port(), 9849);
+        assert!(parse("[::1]:9849").is_ok());
+        for outside in ["0.0.0.0:9849", ":9849", "10.0.0.5:9849", "[::]:9849"] {
+            let e = parse(outside).unwrap_err().to_string();
+            assert!(
+                e.contains("loopback") || e.contains("not an address"),
+                "{outside}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn upstream_style_flags_parse() {

@@ -116,7 +116,12 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
             Readiness::node_identity(conf.metadata.clone(), opts.metadata_url.clone());
         parts.push(r);
         if let Some(root) = opts.services.path_roots().first() {
-            server = csi_common::pre_stop::serve_on(server, &opts.driver_name, root);
+            server = csi_common::pre_stop::serve_on(
+                server,
+                &opts.driver_name,
+                root,
+                opts.pre_stop_endpoint,
+            );
         }
         // the node's attach limit is part of what the scheduler must know
         // before the taint goes

@@ -230,14 +230,21 @@ pub fn http_handler(
     })
 }
 
-/// Adds the `/pre-stop` route to a node plugin's server when it runs in a
-/// pod that can ask the API (NODE_NAME and a service account token);
-/// otherwise says why not and leaves the server as it is.
+/// Adds the `/pre-stop` route to a node plugin's server, on `addr` (its
+/// `--pre-stop-endpoint`, a loopback address: kubelet asks from the node,
+/// and nobody else may make the plugin read the API or learn the drain
+/// state), when it runs in a pod that can ask the API (NODE_NAME and a
+/// service account token); otherwise says why not and leaves the server
+/// as it is.
 pub fn serve_on(
     server: plugin_runtime::PluginServer,
     driver: &str,
     path_root: &Path,
+    addr: Option<std::net::SocketAddr>,
 ) -> plugin_runtime::PluginServer {
+    let Some(addr) = addr else {
+        return server;
+    };
     let Ok(node_name) = std::env::var("NODE_NAME") else {
         tracing::info!("NODE_NAME is not set: no {HTTP_PATH} endpoint");
         return server;
@@ -256,7 +263,11 @@ pub fn serve_on(
         poll_interval_ms: 1000,
         log: plugin_runtime::LogArgs::default(),
     };
-    server.http_route(HTTP_PATH, http_handler(client, args, driver.to_string()))
+    server.local_route(
+        addr,
+        HTTP_PATH,
+        http_handler(client, args, driver.to_string()),
+    )
 }
 
 fn draining(node: &kube_api::Node) -> bool {

@@ -51,6 +51,12 @@ pub struct Options {
     /// interface).
     #[arg(long, value_parser = plugin_runtime::parse_listen_address)]
     pub http_endpoint: Option<SocketAddr>,
+    /// Node: serve `/pre-stop` (the node-driver-registrar's preStop hook,
+    /// which waits while a drained node still holds the driver's volumes)
+    /// on this loopback address only, e.g. `127.0.0.1:9849`: kubelet asks
+    /// it from the node, and nobody else may (each ask reads the API).
+    #[arg(long, value_parser = plugin_runtime::parse_loopback_address)]
+    pub pre_stop_endpoint: Option<SocketAddr>,
     /// cloud.conf files (as the Cinder plugin's): the plugin's own
     /// credentials, used when a call carries no secrets, and `[Metadata]`.
     #[arg(long = "cloud-config", env = "CLOUD_CONFIG", value_delimiter = ',')]

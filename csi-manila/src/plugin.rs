@@ -132,7 +132,12 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
             Readiness::node_identity(conf.metadata.clone(), opts.metadata_url.clone());
         parts.push(r);
         if let Some(root) = opts.services.path_roots().first() {
-            server = csi_common::pre_stop::serve_on(server, &opts.driver_name, root);
+            server = csi_common::pre_stop::serve_on(
+                server,
+                &opts.driver_name,
+                root,
+                opts.pre_stop_endpoint,
+            );
         }
         // shares have no attach limit: registered is enough
         csi_common::startup_taint::spawn(&opts.driver_name, false);

@@ -60,21 +60,11 @@ async fn healthz(State(s): State<HttpState>) -> impl IntoResponse {
     }
 }
 
-/// Binds `addr` and serves until `shutdown` resolves. Returns the bound
-/// address (port 0 picks one).
-pub async fn serve(
-    addr: SocketAddr,
-    registry: Arc<Mutex<Registry>>,
-    health: HealthCheck,
-    extra: Vec<(&'static str, HttpHandler)>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    let mut app = axum::Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz));
-    for (path, handler) in extra {
+fn add_routes<S: Clone + Send + Sync + 'static>(
+    mut app: axum::Router<S>,
+    routes: Vec<(&'static str, HttpHandler)>,
+) -> axum::Router<S> {
+    for (path, handler) in routes {
         app = app.route(
             path,
             get(move || {
@@ -89,7 +79,54 @@ pub async fn serve(
             }),
         );
     }
-    let app = app.with_state(HttpState { registry, health });
+    app
+}
+
+/// Binds `addr` (a loopback address: see [`parse_loopback_address`]) and
+/// serves only `routes` on it until `shutdown` resolves: what only a
+/// process of this host may ask. Returns the bound address.
+pub async fn serve_local(
+    addr: SocketAddr,
+    routes: Vec<(&'static str, HttpHandler)>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    if !addr.ip().is_loopback() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{addr} is not a loopback address"),
+        ));
+    }
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let paths: Vec<&str> = routes.iter().map(|(p, _)| *p).collect();
+    let app = add_routes(axum::Router::new(), routes);
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!(error = %e, "the local endpoint failed");
+        }
+    });
+    tracing::info!(address = %bound, paths = ?paths, "serving on loopback");
+    Ok((bound, task))
+}
+
+/// Binds `addr` and serves until `shutdown` resolves. Returns the bound
+/// address (port 0 picks one).
+pub async fn serve(
+    addr: SocketAddr,
+    registry: Arc<Mutex<Registry>>,
+    health: HealthCheck,
+    extra: Vec<(&'static str, HttpHandler)>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = axum::Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz));
+    let app = add_routes(app, extra).with_state(HttpState { registry, health });
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
@@ -100,6 +137,20 @@ pub async fn serve(
     });
     tracing::info!(address = %bound, "serving /metrics and /healthz");
     Ok((bound, task))
+}
+
+/// An address only this host reaches: `127.0.0.1:9849`, `[::1]:9849`.
+pub fn parse_loopback_address(s: &str) -> Result<SocketAddr, String> {
+    let a: SocketAddr = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not an address like 127.0.0.1:9849: {e}"))?;
+    if a.ip().is_loopback() {
+        Ok(a)
+    } else {
+        Err(format!(
+            "{s:?} is not a loopback address: only this host's processes may reach it"
+        ))
+    }
 }
 
 /// `--http-endpoint` as upstream writes it: `127.0.0.1:8080`, or `:8080`

@@ -22,7 +22,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 
 pub use endpoint::{Endpoint, EndpointError};
 pub use grpc::{GrpcMetrics, ObserveLayer};
-pub use http_endpoint::{HealthCheck, parse_listen_address};
+pub use http_endpoint::{HealthCheck, parse_listen_address, parse_loopback_address};
 pub use logging::{LogArgs, LogFormat};
 
 /// Default socket mode of the CSI plugins (kubelet and sidecars share a
@@ -52,6 +52,7 @@ pub struct PluginServer {
     grpc_metrics: GrpcMetrics,
     health: HealthCheck,
     http_routes: Vec<(&'static str, http_endpoint::HttpHandler)>,
+    local: Option<(SocketAddr, Vec<(&'static str, http_endpoint::HttpHandler)>)>,
     grace: Duration,
     bound_http: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
 }
@@ -78,6 +79,7 @@ impl PluginServer {
             grpc_metrics,
             health: Arc::new(|| Box::pin(async { Ok(None) })),
             http_routes: Vec::new(),
+            local: None,
             grace: Duration::from_secs(30),
             bound_http: None,
         }
@@ -96,6 +98,21 @@ impl PluginServer {
     /// A further GET route of the HTTP endpoint (when it is served).
     pub fn http_route(mut self, path: &'static str, handler: http_endpoint::HttpHandler) -> Self {
         self.http_routes.push((path, handler));
+        self
+    }
+
+    /// A GET route served only on `addr`, a loopback address of its own
+    /// (never on the HTTP endpoint): what only this host's processes may
+    /// ask. Routes of one server share that address.
+    pub fn local_route(
+        mut self,
+        addr: SocketAddr,
+        path: &'static str,
+        handler: http_endpoint::HttpHandler,
+    ) -> Self {
+        let local = self.local.get_or_insert_with(|| (addr, Vec::new()));
+        local.0 = addr;
+        local.1.push((path, handler));
         self
     }
 
@@ -153,6 +170,18 @@ impl PluginServer {
             }
             None => None,
         };
+        let local_task = match self.local.take() {
+            Some((addr, routes)) => {
+                let mut rx = stop_rx.clone();
+                let (_, task) = http_endpoint::serve_local(addr, routes, async move {
+                    let _ = rx.wait_for(|stop| *stop).await;
+                })
+                .await
+                .map_err(|source| RuntimeError::Http { addr, source })?;
+                Some(task)
+            }
+            None => None,
+        };
         tracing::info!(endpoint = %self.endpoint, mode = format!("{:o}", self.socket_mode), "serving gRPC");
         let mut drain_rx = stop_rx.clone();
         let server = tonic::transport::Server::builder()
@@ -193,7 +222,7 @@ impl PluginServer {
         };
         let _ = stop_tx.send(true);
         endpoint::remove_socket(&self.endpoint);
-        if let Some(t) = http_task {
+        for t in [http_task, local_task].into_iter().flatten() {
             let _ = t.await;
         }
         tracing::info!("stopped");

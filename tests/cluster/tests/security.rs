@@ -582,3 +582,77 @@ async fn a_node_plugins_roles_confine_whoever_holds_them_under_any_name() {
     .await
     .expect("the administrator's pod refused");
 }
+
+/// A GET of `path` on `addr` over plain HTTP: its status code and body,
+/// or why no answer came.
+async fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| format!("{addr}: no connection within 5 s"))?
+        .map_err(|e| format!("{addr}: {e}"))?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_string(&mut answer))
+        .await
+        .map_err(|_| format!("{addr}{path}: no answer within 30 s"))?
+        .map_err(|e| e.to_string())?;
+    let code = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("{addr}{path}: not HTTP: {answer:?}"))?;
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn the_pre_stop_route_answers_on_the_nodes_loopback_only() {
+    // each ask reads the API under the account all nodes share, and tells
+    // the drain state: only the node's own kubelet may ask (the
+    // registrar's preStop), never whoever reaches the metrics port
+    let c = Cluster::from_env().unwrap();
+    for (metrics, local) in [(9829, 9849), (9830, 9850), (9831, 9851)] {
+        // node A runs in this host's namespaces: its loopback is ours
+        let (code, body) = http_get(&format!("127.0.0.1:{local}"), "/pre-stop")
+            .await
+            .unwrap();
+        assert_eq!((code, body.trim()), (200, "NotDraining"), "port {local}");
+        let (code, _) = http_get(&format!("127.0.0.1:{metrics}"), "/pre-stop")
+            .await
+            .unwrap();
+        assert_eq!(code, 404, "/pre-stop on the metrics port {metrics}");
+    }
+    // node B from outside it: its metrics answer, its hook does not
+    let nodes = c.nodes().await.unwrap();
+    let b = nodes.iter().find(|n| **n != c.node).unwrap();
+    let node = c.get("node", b, None).await.unwrap().unwrap();
+    let ip = node["status"]["addresses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["type"] == "InternalIP")
+        .and_then(|a| a["address"].as_str())
+        .unwrap()
+        .to_string();
+    for (metrics, local) in [(9829, 9849), (9830, 9850), (9831, 9851)] {
+        let (code, _) = http_get(&format!("{ip}:{metrics}"), "/metrics")
+            .await
+            .unwrap();
+        assert_eq!(code, 200, "{b}'s metrics on {ip}:{metrics}");
+        let (code, _) = http_get(&format!("{ip}:{metrics}"), "/pre-stop")
+            .await
+            .unwrap();
+        assert_eq!(code, 404, "{b}'s /pre-stop on its metrics port {metrics}");
+        let e = http_get(&format!("{ip}:{local}"), "/pre-stop")
+            .await
+            .expect_err("node B's hook reached from outside it");
+        assert!(e.contains("refused"), "{e}");
+    }
+}
