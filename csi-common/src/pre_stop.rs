@@ -23,9 +23,15 @@ pub const SUBCOMMAND: &str = "pre-stop-hook";
 /// Karpenter's.
 const DRAIN_TAINTS: [&str; 3] = [
     "node.kubernetes.io/unschedulable",
-    "ToBeDeletedByClusterAutoscaler",
-    "karpenter.sh/disrupted",
+    REMOVAL_TAINTS[0],
+    REMOVAL_TAINTS[1],
 ];
+
+/// Taints that mean the node is going away for good (the cluster
+/// autoscaler's and Karpenter's), not merely cordoned: a cordon alone is
+/// also what a node under maintenance carries for hours, on which a
+/// plugin rollout must not wait for volumes that are not leaving.
+const REMOVAL_TAINTS: [&str; 2] = ["ToBeDeletedByClusterAutoscaler", "karpenter.sh/disrupted"];
 
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
@@ -46,6 +52,13 @@ pub struct PreStopArgs {
     /// How often to look again, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub poll_interval_ms: u64,
+    /// On a node only cordoned (no autoscaler's or Karpenter's taint),
+    /// stop once none of the driver's volumes has left for this long, in
+    /// seconds: a drain keeps the plugin while its volumes keep leaving,
+    /// and a plugin rolled out on a node cordoned for maintenance waits
+    /// this long rather than its whole grace period.
+    #[arg(long, default_value_t = 30)]
+    pub cordoned_idle_secs: u64,
     #[command(flatten)]
     pub log: plugin_runtime::LogArgs,
 }
@@ -67,6 +80,9 @@ pub enum Outcome {
     NoSuchNode,
     /// Drained: nothing of the driver was left on the node after `waited`.
     Released { waited: Duration },
+    /// Cordoned only, and none of the driver's volumes left it for
+    /// `--cordoned-idle-secs` (a node under maintenance, not a drain).
+    CordonedIdle { waited: Duration },
 }
 
 /// Whether this process was started as the hook.
@@ -121,7 +137,10 @@ pub async fn run(
         return Ok(Outcome::NotDraining);
     }
     let started = Instant::now();
+    let idle_limit = Duration::from_secs(args.cordoned_idle_secs);
+    let mut removal = being_removed(&node);
     let mut last: Option<(BTreeSet<String>, BTreeSet<PathBuf>)> = None;
+    let mut last_change = Instant::now();
     loop {
         let attachments = match client.list_volume_attachments().await {
             Ok(list) => list
@@ -145,6 +164,29 @@ pub async fn run(
             });
         }
         let now = (attachments, mounts);
+        if last.as_ref().is_some_and(|l| *l != now) {
+            last_change = Instant::now();
+        }
+        if !removal && last_change.elapsed() >= idle_limit {
+            // an autoscaler may have begun to remove the node meanwhile
+            match client.get_node(&args.node_name).await {
+                Ok(Some(n)) if being_removed(&n) => removal = true,
+                Ok(Some(n)) if draining(&n) => {
+                    tracing::info!(
+                        node = %args.node_name,
+                        idle_s = idle_limit.as_secs(),
+                        "node cordoned, but none of the driver's volumes left it meanwhile: stopping"
+                    );
+                    return Ok(Outcome::CordonedIdle {
+                        waited: started.elapsed(),
+                    });
+                }
+                Ok(_) => return Ok(Outcome::NotDraining),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the node; trying again");
+                }
+            }
+        }
         if last.as_ref() != Some(&now) {
             tracing::info!(
                 node = %args.node_name,
@@ -261,6 +303,7 @@ pub fn serve_on(
         driver_name: Some(driver.to_string()),
         path_root: path_root.to_path_buf(),
         poll_interval_ms: 1000,
+        cordoned_idle_secs: 30,
         log: plugin_runtime::LogArgs::default(),
     };
     server.local_route(
@@ -268,6 +311,13 @@ pub fn serve_on(
         HTTP_PATH,
         http_handler(client, args, driver.to_string()),
     )
+}
+
+fn being_removed(node: &kube_api::Node) -> bool {
+    node.spec
+        .taints
+        .iter()
+        .any(|t| REMOVAL_TAINTS.contains(&t.key.as_str()))
 }
 
 fn draining(node: &kube_api::Node) -> bool {

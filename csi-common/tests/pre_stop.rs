@@ -26,6 +26,8 @@ const DRIVER: &str = "cinder.csi.openstack.org";
 #[derive(Default)]
 struct Cluster {
     unschedulable: bool,
+    /// the keys of the node's NoSchedule taints
+    taints: Vec<String>,
     /// (name, attacher, node)
     attachments: Vec<(String, String, String)>,
     /// answer the next N lists with 500
@@ -52,7 +54,10 @@ async fn node(State(s): State<Shared>) -> Response {
     }
     axum::Json(serde_json::json!({
         "metadata": {"name": "node-1"},
-        "spec": {"unschedulable": c.unschedulable}
+        "spec": {
+            "unschedulable": c.unschedulable,
+            "taints": c.taints.iter().map(|k| serde_json::json!({"key": k, "effect": "NoSchedule"})).collect::<Vec<_>>(),
+        }
     }))
     .into_response()
 }
@@ -300,4 +305,96 @@ async fn a_flood_of_http_asks_costs_one_node_read_per_interval() {
         "{reads} reads of the node for {answers} asks in 1 s"
     );
     assert!(answers >= 5, "every ask answered: {answers}");
+}
+
+fn args_idle(root: &Path, idle_secs: u64) -> PreStopArgs {
+    use clap::Parser;
+    PreStopArgs::parse_from([
+        "pre-stop-hook",
+        "--node-name=node-1",
+        &format!("--path-root={}", root.display()),
+        "--poll-interval-ms=100",
+        &format!("--cordoned-idle-secs={idle_secs}"),
+    ])
+}
+
+/// A node cordoned for maintenance (no drain under way): a plugin rolled
+/// out there stops once none of its volumes left for the idle time, not
+/// after its whole grace period; a node the autoscaler removes keeps it
+/// until its volumes are gone.
+#[tokio::test]
+async fn a_cordoned_node_whose_volumes_stay_lets_the_plugin_go_after_the_idle_time() {
+    let state = Shared::default();
+    {
+        let mut c = state.lock().unwrap();
+        c.unschedulable = true;
+        c.attachments = vec![("va-1".into(), DRIVER.into(), "node-1".into())];
+    }
+    let client = apiserver(state.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        run(&client, &args_idle(dir.path(), 1), DRIVER),
+    )
+    .await
+    .expect("a cordoned node held the plugin past its idle time")
+    .unwrap();
+    assert!(
+        matches!(out, Outcome::CordonedIdle { waited } if waited >= Duration::from_secs(1)),
+        "{out:?}"
+    );
+
+    // the autoscaler's taint: the node goes away, its volumes must leave
+    state.lock().unwrap().taints = vec!["ToBeDeletedByClusterAutoscaler".into()];
+    let waiting = tokio::spawn({
+        let (client, root) = (client.clone(), dir.path().to_path_buf());
+        async move { run(&client, &args_idle(&root, 1), DRIVER).await }
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !waiting.is_finished(),
+        "left a node being removed before its volumes"
+    );
+    state.lock().unwrap().attachments.clear();
+    let out = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(matches!(out, Outcome::Released { .. }), "{out:?}");
+}
+
+/// A cordoned node whose volumes keep leaving is being drained: each
+/// volume that leaves starts the idle time again.
+#[tokio::test]
+async fn a_cordoned_node_whose_volumes_keep_leaving_keeps_the_plugin_until_the_last() {
+    let state = Shared::default();
+    {
+        let mut c = state.lock().unwrap();
+        c.unschedulable = true;
+        c.attachments = (1..=4)
+            .map(|i| (format!("va-{i}"), DRIVER.to_string(), "node-1".to_string()))
+            .collect();
+    }
+    let client = apiserver(state.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let waiting = tokio::spawn({
+        let (client, root) = (client.clone(), dir.path().to_path_buf());
+        async move { run(&client, &args_idle(&root, 3), DRIVER).await }
+    });
+    // one leaves every 1.5 s: 6 s in all, twice the idle time
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(!waiting.is_finished(), "left while volumes were leaving");
+        state.lock().unwrap().attachments.pop();
+    }
+    let out = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(out, Outcome::Released { waited } if waited >= Duration::from_secs(5)),
+        "{out:?}"
+    );
 }
