@@ -27,6 +27,7 @@ pub mod capabilities;
 pub mod controller;
 pub mod daemons;
 pub mod errors;
+pub mod mount_pod_hook;
 pub mod mount_pods;
 pub mod mount_target;
 pub mod mounts;

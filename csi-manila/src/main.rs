@@ -8,6 +8,10 @@ async fn main() -> anyhow::Result<()> {
         csi_common::pre_stop::main(csi_manila::DEFAULT_DRIVER_NAME).await?;
         return Ok(());
     }
+    if csi_manila::mount_pod_hook::invoked() {
+        csi_manila::mount_pod_hook::main().await?;
+        return Ok(());
+    }
     if csi_common::orphans::invoked() {
         print!("{}", csi_manila::orphans::main().await?);
         return Ok(());

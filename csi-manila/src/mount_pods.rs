@@ -17,9 +17,10 @@
 //! deploy/ puts in the plugin's namespace, which the admission policy also
 //! reads): `kubectl drain` refuses pods without a controller unless forced,
 //! and forcing would kill ceph-fuse under the apps' last writes. Owned, it
-//! is evicted like any pod, and deploy/'s PodDisruptionBudget refuses each
-//! eviction: drain retries until the plugin deletes the pod itself, once
-//! the share is unstaged. Not the Node: a Node object deleted and
+//! is evicted like any pod; its preStop hook ([`crate::mount_pod_hook`])
+//! keeps ceph-fuse running until no pod uses the share, for at most its
+//! grace period, so that the apps' last writes go through and a drain
+//! never waits forever on it. Not the Node: a Node object deleted and
 //! registered again (`kubectl delete node`, a cloud controller's glitch)
 //! would have the garbage collector delete every mount pod of the node at
 //! once, under the running apps, and later ones would name a uid that no
@@ -39,6 +40,11 @@ pub const COMPONENT: &str = "ceph-fuse-mount";
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const VOLUME_ANNOTATION: &str = "manila.csi.openstack.org/volume-id";
 pub const STAGING_ANNOTATION: &str = "manila.csi.openstack.org/staging-path";
+/// The plugin's binary in its image: a mount pod's preStop runs it.
+pub const BINARY_IN_IMAGE: &str = "/usr/local/bin/manila-csi-plugin";
+/// How long an evicted mount pod may wait for the apps using its share
+/// (its preStop, [`crate::mount_pod_hook`]) before ceph-fuse is stopped.
+pub const GRACE_SECONDS: u32 = 120;
 
 #[derive(Debug, Clone)]
 pub struct MountPodOptions {
@@ -204,6 +210,12 @@ impl MountPods {
             "command": command,
             // ceph-fuse's last words, when it fails to mount
             "terminationMessagePolicy": "FallbackToLogsOnError",
+            // evicted (a drain), it outlives the apps that use its share
+            "lifecycle": {"preStop": {"exec": {"command": [
+                BINARY_IN_IMAGE,
+                crate::mount_pod_hook::SUBCOMMAND,
+                format!("--staging-path={}", staging.display()),
+            ]}}},
             "securityContext": {"privileged": true, "readOnlyRootFilesystem": true},
             "resources": {
                 "requests": {"cpu": "10m", "memory": "32Mi"},
@@ -249,7 +261,7 @@ impl MountPods {
                 "tolerations": [{"operator": "Exists"}],
                 "automountServiceAccountToken": false,
                 "enableServiceLinks": false,
-                "terminationGracePeriodSeconds": 10,
+                "terminationGracePeriodSeconds": GRACE_SECONDS,
                 "containers": [container],
                 "volumes": [
                     {"name": "kubelet-dir", "hostPath": {"path": kubelet, "type": "Directory"}},

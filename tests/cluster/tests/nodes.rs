@@ -645,9 +645,9 @@ async fn a_drained_node_keeps_its_plugins_until_its_volumes_have_left() {
     let ns = c.namespace("drain").await.unwrap();
     let n = ns.name.clone();
     // three Cinder apps and a CephFS one on B (A cordoned meanwhile); the
-    // CephFS share's mount pod on B is owned by B and guarded by a
-    // disruption budget: drain needs no --force, and waits for the plugin
-    // to end it
+    // CephFS share's mount pod on B is owned by the mount pod template:
+    // drain needs no --force, and the evicted mount pod's preStop keeps
+    // ceph-fuse until the app's mount is gone
     let cordon_a = c.cordon(a).await.unwrap();
     let apps = ["cinder-1", "cinder-2", "cinder-3", "cephfs"];
     let mut docs = Vec::new();

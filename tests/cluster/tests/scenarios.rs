@@ -688,6 +688,91 @@ async fn a_node_plugin_restart_never_breaks_a_mounted_volume() {
 
 #[tokio::test]
 #[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn an_evicted_mount_pod_keeps_its_share_until_the_pods_using_it_are_gone() {
+    // a drain evicts a share's mount pod beside the apps that use it:
+    // ceph-fuse must serve their last writes, and then end by itself
+    let (c, ns, n) = scenario("evict").await;
+    c.apply_in(
+        &n,
+        &[
+            claim("fs", "csi-manila-cephfs", "1Gi", "ReadWriteMany", false),
+            prober("probe-cephfs", "fs"),
+        ]
+        .join("---\n"),
+    )
+    .await
+    .unwrap();
+    c.wait_running(&n, "probe-cephfs", 3 * MINUTE)
+        .await
+        .unwrap();
+    let pv = c.volume_of(&n, "fs", MINUTE).await.unwrap();
+    let (pv_name, share_id) = (name(&pv), handle(&pv));
+    let mount_pod = || async {
+        c.mount_pods().await.unwrap().into_iter().find(|p| {
+            p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"] == share_id.as_str()
+        })
+    };
+    let mp = name(&mount_pod().await.expect("the share's mount pod"));
+    let writes = || async { c.probe_report(&n, "probe-cephfs").await.1 };
+    let before = writes().await;
+
+    // deleted as an eviction deletes (its grace period)
+    c.kubectl(&["delete", "pod", "-n", SUITE_NAMESPACE, &mp, "--wait=false"])
+        .await
+        .unwrap();
+    let evicted = Instant::now();
+    c.wait_for(
+        "30 more writes through the evicted mount pod",
+        MINUTE,
+        || async {
+            let now = writes().await;
+            Ok(if now >= before + 30 {
+                Ok(())
+            } else {
+                Err(format!("{now} writes"))
+            })
+        },
+    )
+    .await
+    .unwrap();
+    let (_, _, fails) = c.probe_report(&n, "probe-cephfs").await;
+    assert_eq!(
+        fails, 0,
+        "writes failed while the mount pod was being evicted"
+    );
+    let still = mount_pod()
+        .await
+        .expect("the evicted mount pod ended under its app");
+    assert!(
+        still["metadata"]["deletionTimestamp"].is_string(),
+        "the mount pod is being deleted: {still}"
+    );
+
+    // the app gone, the mount pod ends of itself, long before its grace
+    // period
+    c.delete("pod", "probe-cephfs", Some(&n)).await.unwrap();
+    c.wait_for(
+        "the evicted mount pod gone once its app is",
+        MINUTE,
+        || async {
+            Ok(match mount_pod().await {
+                None => Ok(()),
+                Some(p) => Err(format!("{} still there", name(&p))),
+            })
+        },
+    )
+    .await
+    .unwrap();
+    println!(
+        "evicted mount pod served its app, and ended {:?} after its eviction once the app was gone",
+        evicted.elapsed()
+    );
+    wait_released(&c, &pv_name, None).await;
+    ns.close().await.unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
 async fn after_a_kubelet_restart_deleting_the_pods_releases_every_volume() {
     let (c, ns, n) = scenario("kubelet").await;
     start_probers(&c, &n).await;

@@ -153,7 +153,23 @@ async fn a_cephfs_node_plugins_token_starts_real_mount_pods_on_its_node_and_noth
                 p["spec"]["containers"][0]["lifecycle"] =
                     json!({"postStart": {"exec": {"command": ["sh"]}}})
             },
-            "container sets no lifecycle",
+            "one hook is its preStop waiting for its share's users",
+        ),
+        (
+            "a preStop hook of its own",
+            |p| {
+                p["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] =
+                    json!(["sh", "-c", "cat /var/lib/kubelet/pki/*"])
+            },
+            "one hook is its preStop waiting for its share's users",
+        ),
+        (
+            "the plugin's hook beside a hook of its own",
+            |p| {
+                p["spec"]["containers"][0]["lifecycle"]["postStart"] =
+                    json!({"exec": {"command": ["sh"]}})
+            },
+            "one hook is its preStop waiting for its share's users",
         ),
         (
             "a second container",
