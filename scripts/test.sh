@@ -299,7 +299,7 @@ tests "Manila NFS conformance (real Manila + NFS-Ganesha)" \
   run_tests csi-sanity drivers --ignored manila_nfs_conforms_on_the_real_cloud --nocapture
 await_background
 tests "preflight of the real cloud (suite-walk)" \
-  target/debug/suite-walk --cloud-config .openstack-cloud/cloud-admin.conf \
+  target/debug/suite-walk --cloud-config .openstack-cloud/cloud-member.conf \
   --server "$(cat .openstack-cloud/test-server-id)" --share-type default
 unset OPENSTACK_TEST_BACKEND
 

@@ -41,8 +41,10 @@ struct RealEnv {
     nova: Compute,
 }
 
+/// The plugin as production runs it: a member of the project `demo`,
+/// whose the test server is.
 async fn real_env(test: &str) -> RealEnv {
-    real_env_as(test, "cloud-admin.conf").await
+    real_env_as(test, "cloud-member.conf").await
 }
 
 /// The plugin and the test's own Cinder and Nova with the credentials of
@@ -401,8 +403,9 @@ async fn volumes_held_by_a_server_that_is_gone_are_released() {
     e.delete_boot_volume(&boot).await;
 }
 
-/// The plugin as a project member, as production runs it. Real Nova
-/// answers it 404 for the admin project's live server exactly as for a
+/// The plugin as a project member, as production runs it (as in every
+/// test here). Real Nova answers it 404 for the admin project's live
+/// server exactly as for a
 /// deleted one: a volume an operator attached to such a server is never
 /// released from it (one writer), while a server of the member's own
 /// project that was deleted is told apart by Nova's record of its
@@ -411,9 +414,11 @@ async fn volumes_held_by_a_server_that_is_gone_are_released() {
 #[ignore = "needs the real test cloud (tests/openstack/cloud.py up block)"]
 async fn as_a_member_a_server_of_another_project_keeps_its_volume_and_a_deleted_one_releases_it() {
     let _serial = SERIAL.lock().await;
-    let mut e = real_env_as("member-servers", "cloud-member.conf").await;
+    let mut e = real_env("member-servers").await;
     let admin = real_env_admin_nova();
-    let operators_server = e.h.node_id.clone();
+    // a server of the admin project (an operator's rescue VM)
+    let operator = real_env_as("member-servers-operator", "cloud-admin.conf").await;
+    let (operators_server, operators_boot) = operator.boot("operators-server").await;
     let (node, node_boot) = e.boot("member-node").await;
 
     // an operator attaches the member's volume to a server of the admin
@@ -482,6 +487,8 @@ async fn as_a_member_a_server_of_another_project_keeps_its_volume_and_a_deleted_
     for boot in [&node_boot, &old_boot] {
         e.delete_boot_volume(boot).await;
     }
+    operator.delete_server(&operators_server).await;
+    operator.delete_boot_volume(&operators_boot).await;
 }
 
 /// Nova as the test cloud's admin (an operator) sees it.

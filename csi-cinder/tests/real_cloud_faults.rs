@@ -48,7 +48,7 @@ async fn env(test: &str) -> Env {
     let dir = real_cloud_dir();
     let proxy = real_cloud_fault_proxy().unwrap();
     proxy.clear_faults().await.unwrap();
-    let via_proxy = std::fs::read_to_string(dir.join("cloud-admin-via-proxy.conf")).unwrap();
+    let via_proxy = std::fs::read_to_string(dir.join("cloud-member-via-proxy.conf")).unwrap();
     let h = CinderOnRealCloud::start_with(
         Path::new(BIN),
         &dir,
@@ -62,7 +62,7 @@ async fn env(test: &str) -> Env {
         .await
         .unwrap();
     let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
-    let direct = std::fs::read_to_string(dir.join("cloud-admin.conf")).unwrap();
+    let direct = std::fs::read_to_string(dir.join("cloud-member.conf")).unwrap();
     let conf = CloudConf::from_texts(&[("c".into(), direct)], ConfigEnv::default()).unwrap();
     let session = Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap();
     Env {

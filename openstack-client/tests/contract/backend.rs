@@ -144,6 +144,25 @@ impl Backend {
                 .control()
                 .create_server("admin", "contract-node", ZONE)
                 .unwrap(),
+            // the test server is the member's (the drivers run as it)
+            Backend::Real { dir, .. } => std::fs::read_to_string(dir.join("admin-server-id"))
+                .unwrap()
+                .trim()
+                .to_string(),
+        }
+    }
+}
+
+impl Backend {
+    /// A server of the member's project whose attached volumes become
+    /// block devices on this machine (the real cloud's test server, which
+    /// its hypervisor agent follows).
+    pub fn device_server(&self) -> String {
+        match self {
+            Backend::Emulator(e) => e
+                .control()
+                .create_server("demo", "contract-device-node", ZONE)
+                .unwrap(),
             Backend::Real { dir, .. } => std::fs::read_to_string(dir.join("test-server-id"))
                 .unwrap()
                 .trim()

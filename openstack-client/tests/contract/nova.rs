@@ -244,10 +244,10 @@ async fn attached_volumes_become_block_devices() {
         Backend::Emulator(_) => scratch.path().join("by-id"),
         Backend::Real { dir, .. } => dir.join("by-id"),
     };
-    let s = b.session(User::Admin);
+    let s = b.session(User::Member);
     let c = BlockStorage::new(s.clone());
     let nova = Compute::new(s);
-    let server = b.server();
+    let server = b.device_server();
     let v = new_volume(&c, &unique("contract-dev"), 1).await;
     let link = by_id.join(openstack_emulator::hypervisor::by_id_name(&v.id));
     let name = b.name();

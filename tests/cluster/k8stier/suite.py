@@ -37,17 +37,17 @@ def write_overlay_inputs():
         # the disks Nova lets the server take, its root included: the
         # controller's and the node's cloud.conf agree on it
         limit = f"node-volume-attach-limit = {int((CLOUD / 'max-disk-devices').read_text())}\n"
-    # Cinder's controller attaches to the node's server: the test cloud
-    # made it in the admin project; Manila's shares belong to the member.
-    # Both reach the cloud through its fault proxy (whose Keystone names
+    # Both controllers run as the project member `demo`, as production
+    # does (the node servers are the member's); both reach the cloud
+    # through its fault proxy (whose Keystone names
     # the proxy for every service), where the tests throttle, delay or
     # lose the cloud's answers
     via_proxy = {who: CLOUD / f"cloud-{who}-via-proxy.conf" for who in ("admin", "member")}
     for f in via_proxy.values():
         if not f.exists():
             raise ClusterError(f"{f} is missing: the test cloud predates its fault proxy (run cloud.py up again)")
-    admin = via_proxy["admin"].read_text()
-    (gen / "cinder-cloud.conf").write_text(f"{admin}\n[BlockStorage]\nignore-volume-az = false\n{limit}")
+    member = via_proxy["member"].read_text()
+    (gen / "cinder-cloud.conf").write_text(f"{member}\n[BlockStorage]\nignore-volume-az = false\n{limit}")
     (gen / "manila-cloud.conf").write_text(via_proxy["member"].read_text())
     (gen / "node-cloud.conf").write_text(
         f"[Metadata]\nsearch-order = configDrive,metadataService\n\n[BlockStorage]\n{limit}")

@@ -462,14 +462,17 @@ impl Cluster {
             .map_err(|e| ClusterError::Other(e.to_string()))
     }
 
-    /// Cinder as the admin (the test server's project) sees it.
+    /// Cinder as the drivers' project member sees it.
     pub fn cinder(&self) -> Result<BlockStorage> {
-        Ok(BlockStorage::new(self.session("admin")?))
+        Ok(BlockStorage::new(self.session("member")?))
     }
 
-    /// Nova as the admin (the test server's project) sees it.
+    /// Nova as the drivers' project member (whose the node servers are)
+    /// sees it.
     pub fn nova(&self) -> Result<openstack_client::nova::Compute> {
-        Ok(openstack_client::nova::Compute::new(self.session("admin")?))
+        Ok(openstack_client::nova::Compute::new(
+            self.session("member")?,
+        ))
     }
 
     /// The Nova server the node is (its metadata service's answer).

@@ -33,11 +33,12 @@ from .config import (
     process_alive,
     run,
     start,
+    stop,
     venv_bin,
     wait_until,
     write_wsgi,
 )
-from .identity import Api, Keystone, keystone_authtoken, keystone_url, reported_since_start
+from .identity import Api, Keystone, keystone_authtoken, keystone_url, member_api, reported_since_start
 from .infra import db_url, rabbit_url
 
 
@@ -288,11 +289,24 @@ def configure_block():
         wait_until(process, lambda: reported_since_start(process, [
             s for s in api.call("GET", nova + "/os-services?binary=nova-compute")["services"]
             if s["host"] == COMPUTE_HOSTS[zone]]), 120, STATE / "logs" / f"{process}-app.log")
+    # the test server is the member's (the drivers run as the member, and
+    # attach to it); one left by an earlier cloud in the admin project is
+    # replaced
+    member = member_api()
+    member_cinder = f"http://{HOST}:{PORTS['cinder']}/v3/{member.project_id}"
+    admin_file = STATE / "admin-server-id"
     if server_file.exists():
         sid = server_file.read_text().strip()
-        if http("GET", f"{nova}/servers/{sid}", None, {"X-Auth-Token": api.token})[0] == 200:
-            smoke_attach(api, cinder, nova, sid)
+        if owned_by(api, nova, sid, member.project_id):
+            ensure_admin_server(api, cinder, nova, admin_file)
+            smoke_attach(member, member_cinder, nova, sid)
             return
+        # an earlier cloud's, of the admin project: the admin's server now
+        if owned_by(api, nova, sid, api.project_id) and not admin_file.exists():
+            admin_file.write_text(sid)
+        else:
+            delete_server(api, nova, sid)
+        server_file.unlink()
     # map the host to its cell now rather than leave it to a periodic task;
     # os-hypervisors lists a node only once it is mapped
     d = STATE / "nova"
@@ -308,10 +322,36 @@ def configure_block():
     wait_until("the compute hosts' cell mapping", mapped, 90, STATE / "logs" / "nova-compute-app.log",
                process="nova-compute")
     zone_aggregates(api, nova)
-    server = boot_server(api, cinder, nova, "test-server", ZONES[0])
+    server = boot_server(member, member_cinder, nova, "test-server", ZONES[0])
     server_file.write_text(server["id"])
-    log(f"test server {server['id']} is ACTIVE")
-    smoke_attach(api, cinder, nova, server["id"])
+    log(f"test server {server['id']} is ACTIVE (project demo)")
+    ensure_admin_server(api, cinder, nova, admin_file)
+    smoke_attach(member, member_cinder, nova, server["id"])
+
+
+def ensure_admin_server(api, cinder, nova, admin_file):
+    """A server of the admin project (`admin-server-id`): what the
+    contract tests attach the admin's volumes to, and another project's
+    server as the member sees it."""
+    if admin_file.exists() and owned_by(api, nova, admin_file.read_text().strip(), api.project_id):
+        return
+    server = boot_server(api, cinder, nova, "admin-server", ZONES[0])
+    admin_file.write_text(server["id"])
+    log(f"admin server {server['id']} is ACTIVE (project admin)")
+
+
+def owned_by(api, nova, server_id, project_id):
+    """Whether the server exists (as the admin sees it) in `project_id`."""
+    code, _, body = http("GET", f"{nova}/servers/{server_id}", None, {"X-Auth-Token": api.token})
+    return code == 200 and body["server"].get("tenant_id") == project_id
+
+
+def delete_server(api, nova, server_id):
+    """Deletes the server (as the admin) and waits until it is gone."""
+    api.call("DELETE", f"{nova}/servers/{server_id}", ok=(204, 404))
+    wait_until(f"server {server_id} deleted", lambda: http(
+        "GET", f"{nova}/servers/{server_id}", None, {"X-Auth-Token": api.token})[0] == 404, 120,
+        STATE / "logs" / "nova-compute-app.log")
 
 
 def compute_process(zone):
@@ -404,16 +444,17 @@ def cmd_node_server(rest):
     name, by_id_dir = rest[:2]
     zone = rest[2] if len(rest) == 3 else ZONES[0]
     api = Api()
-    cinder = f"http://{HOST}:{PORTS['cinder']}/v3/{api.project_id}"
+    # the member's, as the test server (the Cinder driver runs as the member)
+    member = member_api()
+    cinder = f"http://{HOST}:{PORTS['cinder']}/v3/{member.project_id}"
     nova = f"http://{HOST}:{PORTS['nova']}/v2.1"
     known = node_servers().get(name)
-    if (known and known.get("zone") == zone
-            and http("GET", f"{nova}/servers/{known['id']}", None, {"X-Auth-Token": api.token})[0] == 200):
+    if known and known.get("zone") == zone and owned_by(api, nova, known["id"], member.project_id):
         server_id = known["id"]
     else:
         if known:
             cmd_node_server_delete([name])
-        server_id = boot_server(api, cinder, nova, name, zone)["id"]
+        server_id = boot_server(member, cinder, nova, name, zone)["id"]
         log(f"node server {name} {server_id} is ACTIVE in {zone}")
     # several nodes' servers are booted at once: the list is updated under
     # a lock, after the (slow) boot
@@ -530,11 +571,16 @@ def start_hypervisor_agent():
     under STATE/by-id, so that node-side tests get real block devices, and
     in /dev/disk/by-id, where the guest's udev would link it (node plugins
     in containers, the cluster tier, see it there)."""
+    server = (STATE / "test-server-id").read_text().strip()
+    followed = STATE / "hypervisor-agent.server"
     if process_alive("hypervisor-agent"):
-        return
+        if followed.exists() and followed.read_text().strip() == server:
+            return
+        # it follows an earlier test server (one replaced by `up`)
+        stop("hypervisor-agent")
     target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
     run(["cargo", "build", "--locked", "--quiet", "-p", "hypervisor-agent"], cwd=str(REPO), timeout=1800)
-    server = (STATE / "test-server-id").read_text().strip()
+    followed.write_text(server)
     start("hypervisor-agent", [target / "debug" / "hypervisor-agent", "--cloud-config", STATE / "cloud-admin.conf",
                                "--server", server, "--by-id-dir", STATE / "by-id",
                                "--also-link-in", "/dev/disk/by-id", "--node-servers", NODE_SERVERS,

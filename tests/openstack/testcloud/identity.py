@@ -233,6 +233,12 @@ def reported_since_start(process, services):
     return False
 
 
+def member_api():
+    """The project member `demo`: the drivers' credentials, as production
+    runs them; the test server and the cluster's node servers are its."""
+    return Api("demo", MEMBER_PASSWORD, "demo")
+
+
 class Api:
     """Calls OpenStack APIs as one user, with the catalog from Keystone."""
 

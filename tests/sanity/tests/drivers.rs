@@ -434,12 +434,12 @@ async fn manila_nfs_conforms_on_the_real_cloud() {
 }
 
 /// A `[Global]` section authenticating with an application credential of
-/// the real cloud's admin.
+/// the real cloud's user whose session `owner` is.
 fn app_cred_global(
-    admin: &openstack_client::Session,
+    owner: &openstack_client::Session,
     cred: &openstack_client::identity::ApplicationCredential,
 ) -> String {
-    let cfg = admin.config();
+    let cfg = owner.config();
     format!(
         "[Global]\nauth-url = \"{}\"\napplication-credential-id = \"{}\"\napplication-credential-secret = \"{}\"\n{}\n",
         cfg.auth_url,
@@ -473,18 +473,20 @@ async fn cinder_credentials_rotate_on_the_real_cloud() {
                 "/../../.openstack-cloud"
             ))
         });
-    let admin_text = std::fs::read_to_string(cloud_dir.join("cloud-admin.conf")).unwrap();
+    // a project member's application credential, as most operators deploy
+    // the driver (the member creates its own)
+    let member_text = std::fs::read_to_string(cloud_dir.join("cloud-member.conf")).unwrap();
     let conf = openstack_client::config::CloudConf::from_texts(
-        &[(PathBuf::from("admin.conf"), admin_text)],
+        &[(PathBuf::from("member.conf"), member_text)],
         openstack_client::config::ConfigEnv::default(),
     )
     .unwrap();
-    let admin = openstack_client::Session::new(
+    let member = openstack_client::Session::new(
         conf.cloud("").unwrap(),
         openstack_client::SessionOptions::default(),
     )
     .unwrap();
-    let identity = openstack_client::identity::Identity::new(admin.clone());
+    let identity = openstack_client::identity::Identity::new(member.clone());
     let tag = std::process::id();
     let first = identity
         .create_application_credential(&format!("csi-rotation-{tag}"))
@@ -494,7 +496,7 @@ async fn cinder_credentials_rotate_on_the_real_cloud() {
     let h = csi_sanity::harness::CinderOnRealCloud::start_with_credentials(
         &binaries().join("cinder-csi-plugin"),
         &cloud_dir,
-        &app_cred_global(&admin, &first),
+        &app_cred_global(&member, &first),
         Some(log.clone()),
     )
     .await
@@ -525,7 +527,7 @@ async fn cinder_credentials_rotate_on_the_real_cloud() {
         .create_application_credential(&format!("csi-rotation-{tag}-2"))
         .await
         .unwrap();
-    h.update_credentials(&app_cred_global(&admin, &second))
+    h.update_credentials(&app_cred_global(&member, &second))
         .unwrap();
     identity
         .delete_application_credential(&first.id)

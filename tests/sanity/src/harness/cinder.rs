@@ -287,7 +287,7 @@ impl CinderOnRealCloud {
         cloud_dir: &Path,
         log_file: Option<PathBuf>,
     ) -> Result<Self, HarnessError> {
-        let global = std::fs::read_to_string(cloud_dir.join("cloud-admin.conf"))?;
+        let global = std::fs::read_to_string(cloud_dir.join("cloud-member.conf"))?;
         Self::start_with_credentials(plugin_binary, cloud_dir, &global, log_file).await
     }
 
