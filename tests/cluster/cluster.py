@@ -28,6 +28,10 @@ metadata and `topology.kubernetes.io/zone` label).
                         server ACTIVE, containerd and kubelet started (until
                         Ready); --as-new: its Node deleted first, so that it
                         registers anew, as a replacement machine does
+    cluster.py cut-node NAME cloud|apiserver  a node (not A) cut off from
+                        the cloud (its APIs, Ceph) or from the apiservers:
+                        what it sends there is dropped, until mend-node
+    cluster.py mend-node NAME    every cut of the node ends
     cluster.py kubectl ARGS...   kubectl against the cluster
 
 Needs root, and the real test cloud up (tests/openstack/cloud.py up all):
@@ -99,7 +103,14 @@ from k8stier.control_plane import (
     start_etcd,
     wait_apiserver,
 )
-from k8stier.faults import cmd_kill_node, cmd_restart_apiservers, cmd_restart_kubelet, cmd_revive_node
+from k8stier.faults import (
+    cmd_cut_node,
+    cmd_kill_node,
+    cmd_mend_node,
+    cmd_restart_apiservers,
+    cmd_restart_kubelet,
+    cmd_revive_node,
+)
 from k8stier.host import prepare_host, refuse_if_a_kubelet_runs, restore_host, unmount_below
 from k8stier.images import import_images
 from k8stier.nodes import (
@@ -287,6 +298,8 @@ def main(argv):
         "restart-apiservers": cmd_restart_apiservers,
         "kill-node": cmd_kill_node,
         "revive-node": cmd_revive_node,
+        "cut-node": cmd_cut_node,
+        "mend-node": cmd_mend_node,
         "kubectl": lambda rest: subprocess.run(
             ["kubectl", f"--kubeconfig={STATE / 'admin.kubeconfig'}", *rest]).returncode,
     }, "cluster", {Skipped: ("SKIPPED", 3), ClusterError: ("ERROR", 1)})

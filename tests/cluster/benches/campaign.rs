@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 use cluster_tests::campaign::{Campaign, Plan, seed_from_env};
 use cluster_tests::{bench_cluster, bench_quick};
 
+/// How long a node stays cut off (the longer cut; the test runs
+/// the 20 s one).
+const CUT_SECS: u64 = 100;
+
 #[tokio::main]
 async fn main() {
     let Some(c) = bench_cluster() else {
@@ -38,6 +42,7 @@ async fn main() {
         faults_per_step: 3,
         window: Duration::from_secs(20),
         converge_bound: Duration::from_secs(300),
+        cut: Duration::from_secs(CUT_SECS),
     };
     let started = Instant::now();
     let mut campaign = Campaign::start(&c).await.unwrap();

@@ -1,5 +1,6 @@
 """What the tests do to the cluster: restart kubelet or the apiservers, kill a
-node as a machine losing power and bring it back."""
+node as a machine losing power and bring it back, cut a node off from the
+cloud or the apiservers and mend it."""
 
 import json
 import os
@@ -8,7 +9,20 @@ import subprocess
 import sys
 import time
 
-from .config import ClusterError, KUBELET_DIR, NODE, REPO, SERVICES, binary, log, namespaced_nodes, nodes, run
+from .config import (
+    CLOUD_PORT_BASE,
+    KUBELET_DIR,
+    NODE,
+    PORTS,
+    REPO,
+    SERVICES,
+    ClusterError,
+    binary,
+    log,
+    namespaced_nodes,
+    nodes,
+    run,
+)
 from .control_plane import start_apiserver, wait_apiserver
 from .nodes import start_containerd, start_kubelet, wait_node_ready
 from .pki import kubectl
@@ -161,3 +175,49 @@ def cmd_revive_node(rest):
     start_kubelet(node)
     wait_node_ready(node)
     log(f"{node.name} back and Ready in {time.time() - t:.1f}s" + (" (registered anew)" if len(rest) == 2 else ""))
+
+
+# a node's cut, in its own network namespace: a chain of the filter table
+# that OUTPUT jumps to, dropping what the node sends to the host's
+# listeners it reaches by DNAT (the destination is the gateway once DNAT
+# has run); dropped, not refused, as a cut cable or a partitioned switch
+# does (callers wait for their timeouts)
+CUT_CHAIN = "K8STEST-CUT"
+
+
+def cut_ports(what):
+    """The host ports a node is cut off from: the cloud (its services, the
+    fault proxy's listeners, Ceph's monitors and NFS) or the apiservers."""
+    if what == "cloud":
+        return (f"{CLOUD_PORT_BASE}:{CLOUD_PORT_BASE + 199},{CLOUD_PORT_BASE + 500}:{CLOUD_PORT_BASE + 599},"
+                "3300,6789,2049")
+    if what == "apiserver":
+        return f"{PORTS['apiserver']},{PORTS['apiserver-b']}"
+    raise ClusterError(f"cut-node: {what!r} is neither cloud nor apiserver")
+
+
+def cmd_cut_node(rest):
+    """`cut-node NAME cloud|apiserver`: the node (not A, which is this
+    host) loses its network to the cloud, or to the apiservers, until
+    `mend-node NAME`; its processes run on."""
+    if len(rest) != 2:
+        raise ClusterError("usage: cluster.py cut-node NAME cloud|apiserver")
+    node = namespaced_node(rest[0])
+    ports = cut_ports(rest[1])
+    ns = ["ip", "netns", "exec", node.netns, "iptables"]
+    if subprocess.run([*ns, "-S", CUT_CHAIN], capture_output=True).returncode != 0:
+        run([*ns, "-N", CUT_CHAIN])
+        run([*ns, "-I", "OUTPUT", "-j", CUT_CHAIN])
+    run([*ns, "-A", CUT_CHAIN, "-d", node.gateway, "-p", "tcp", "-m", "multiport", "--dports", ports, "-j", "DROP"])
+    log(f"{node.name} cut off from the {rest[1]}")
+
+
+def cmd_mend_node(rest):
+    """`mend-node NAME`: every cut of the node ends."""
+    if len(rest) != 1:
+        raise ClusterError("usage: cluster.py mend-node NAME")
+    node = namespaced_node(rest[0])
+    ns = ["ip", "netns", "exec", node.netns, "iptables"]
+    if subprocess.run([*ns, "-S", CUT_CHAIN], capture_output=True).returncode == 0:
+        run([*ns, "-F", CUT_CHAIN])
+    log(f"{node.name} mended")

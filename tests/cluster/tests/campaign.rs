@@ -15,6 +15,10 @@ use std::time::Duration;
 use cluster_tests::Cluster;
 use cluster_tests::campaign::{Campaign, FaultClass, Plan, seed_from_env};
 
+/// How long a node stays cut off from the cloud or the apiservers: the
+/// issue's shorter cut (the bench runs the 100 s one).
+const CUT_SECS: u64 = 20;
+
 #[tokio::test]
 #[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
 async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_they_guard() {
@@ -27,6 +31,7 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
         faults_per_step: 3,
         window: Duration::from_secs(10),
         converge_bound: Duration::from_secs(300),
+        cut: Duration::from_secs(CUT_SECS),
     };
     let mut campaign = Campaign::start(&c).await.unwrap();
     let report = campaign.run(&plan).await.unwrap();

@@ -1,5 +1,7 @@
 //! The campaign's faults: what starts each class and what ends it.
 
+use std::time::{Duration, Instant};
+
 use openstack_emulator::{FaultAction, FaultRule, RetryHint};
 
 use super::{Campaign, FaultClass};
@@ -13,8 +15,60 @@ impl Campaign {
             .map_err(ClusterError::Other)
     }
 
+    /// A node other than A (this host, which cannot be cut off): the
+    /// first writer's, else the first of the others.
+    async fn node_to_cut(&self) -> Result<String> {
+        let writer = self
+            .pods("writer")
+            .await?
+            .first()
+            .and_then(|p| p["spec"]["nodeName"].as_str().map(str::to_string));
+        match writer {
+            Some(n) if n != self.c.node => Ok(n),
+            _ => self
+                .c
+                .nodes()
+                .await?
+                .into_iter()
+                .find(|n| *n != self.c.node)
+                .ok_or_else(|| ClusterError::Other("no node but A to cut off".into())),
+        }
+    }
+
+    /// Cuts a node off from `what` (cloud, apiserver) for `length`.
+    async fn cut_node(&self, what: &str, length: Duration) -> Result<()> {
+        let node = {
+            let known = self
+                .cut
+                .lock()
+                .ok()
+                .and_then(|c| c.as_ref().map(|c| c.0.clone()));
+            match known {
+                Some(n) => n,
+                None => self.node_to_cut().await?,
+            }
+        };
+        self.c.cluster_py(&["cut-node", &node, what]).await?;
+        if let Ok(mut c) = self.cut.lock()
+            && c.is_none()
+        {
+            *c = Some((node, Instant::now(), length));
+        }
+        Ok(())
+    }
+
+    /// Ends a node's cuts once they lasted their length.
+    async fn mend_node(&self) -> Result<()> {
+        let cut = self.cut.lock().ok().and_then(|mut c| c.take());
+        if let Some((node, since, length)) = cut {
+            tokio::time::sleep(length.saturating_sub(since.elapsed())).await;
+            self.c.cluster_py(&["mend-node", &node]).await?;
+        }
+        Ok(())
+    }
+
     /// Starts a fault; what ends it when its window is over.
-    pub(super) async fn inject(&self, class: FaultClass) -> Result<()> {
+    pub(super) async fn inject(&self, class: FaultClass, cut: Duration) -> Result<()> {
         let busy = FaultAction::Status {
             status: 409,
             message: Some(
@@ -106,6 +160,8 @@ impl Campaign {
             FaultClass::KubeletRestarted => {
                 self.c.cluster_py(&["restart-kubelet"]).await?;
             }
+            FaultClass::NodeCutFromCloud => self.cut_node("cloud", cut).await?,
+            FaultClass::NodeCutFromApiserver => self.cut_node("apiserver", cut).await?,
         }
         Ok(())
     }
@@ -114,6 +170,9 @@ impl Campaign {
         match class {
             FaultClass::CinderOutage => self.outage("start", "cinder").await,
             FaultClass::KeystoneOutage => self.outage("start", "keystone").await,
+            FaultClass::NodeCutFromCloud | FaultClass::NodeCutFromApiserver => {
+                self.mend_node().await
+            }
             _ => Ok(()),
         }
     }

@@ -88,10 +88,15 @@ pub enum FaultClass {
     NodePluginRestarted,
     /// Kubelet of node A stopped and started again.
     KubeletRestarted,
+    /// A writer's node (B or C) cut off from the cloud (its APIs and
+    /// Ceph) for the plan's cut length: its packets dropped.
+    NodeCutFromCloud,
+    /// The same node cut off from both apiservers.
+    NodeCutFromApiserver,
 }
 
 impl FaultClass {
-    pub const ALL: [FaultClass; 9] = [
+    pub const ALL: [FaultClass; 11] = [
         FaultClass::CloudThrottled,
         FaultClass::NovaBusy,
         FaultClass::AnswersLost,
@@ -101,6 +106,8 @@ impl FaultClass {
         FaultClass::ControllerKilled,
         FaultClass::NodePluginRestarted,
         FaultClass::KubeletRestarted,
+        FaultClass::NodeCutFromCloud,
+        FaultClass::NodeCutFromApiserver,
     ];
 
     /// What users of the upstream drivers see in the same case.
@@ -123,6 +130,12 @@ impl FaultClass {
                 "a claim deleted while the provisioner is down between CreateVolume and the PV leaks its volume for good (external-provisioner #486); nobody reports it"
             }
             FaultClass::NodePluginRestarted | FaultClass::KubeletRestarted => "as here",
+            FaultClass::NodeCutFromCloud => {
+                "the node's mounts of CephFS shares stall while it is cut and resume after (ceph-fuse reconnects); no cloud call comes from a node"
+            }
+            FaultClass::NodeCutFromApiserver => {
+                "the node's pods run on; past the node monitor's grace the node is NotReady, and its pods stay until their toleration ends"
+            }
         }
     }
 }
@@ -168,6 +181,9 @@ pub struct Plan {
     /// The bound within which everything must have converged after a
     /// step's faults ended.
     pub converge_bound: Duration,
+    /// How long a node stays cut off (the node cuts end at least this
+    /// long after they began, past the window if need be).
+    pub cut: Duration,
 }
 
 /// One step's record.
@@ -260,6 +276,8 @@ pub struct Campaign {
     samples: Arc<Mutex<usize>>,
     step: Arc<Mutex<String>>,
     sampler: Option<tokio::task::JoinHandle<()>>,
+    /// The node cut off, when, and for how long.
+    cut: Arc<Mutex<Option<(String, Instant, Duration)>>>,
 }
 
 impl Drop for Campaign {
@@ -278,6 +296,13 @@ impl Drop for Campaign {
             }
         })
         .join();
+        // nor a node's cut
+        if let Some((node, _, _)) = self.cut.lock().ok().and_then(|mut c| c.take()) {
+            let _ = std::process::Command::new("python3")
+                .arg(crate::repo().join("tests/cluster/cluster.py"))
+                .args(["mend-node", &node])
+                .output();
+        }
         // (its words captured: the test harness's own lines must stay whole)
         for service in ["cinder", "keystone"] {
             let _ = std::process::Command::new("python3")
@@ -312,6 +337,7 @@ impl Campaign {
             samples: Arc::default(),
             step: Arc::new(Mutex::new("setting up".into())),
             sampler: None,
+            cut: Arc::default(),
         };
         campaign.converged(3 * MINUTE).await?;
         campaign.sampler = Some(campaign.sample_holders());
@@ -354,7 +380,7 @@ impl Campaign {
                 .await
                 .map_err(ClusterError::Other)?;
             for f in &faults {
-                self.inject(*f).await?;
+                self.inject(*f, plan.cut).await?;
             }
             let operation = self.operate(op, step, pick);
             let window = tokio::time::sleep(plan.window);
