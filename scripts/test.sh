@@ -34,6 +34,12 @@ cluster_started=
 cleanup() {
   [[ -n ${background_pid:-} ]] && kill -- "$background_pid" 2>/dev/null
   if [[ -n $cluster_started ]]; then
+    # the cluster's containers' logs (every plugin, sidecar and mount pod
+    # still there, and each container's previous run), which `down`
+    # removes with the pods: kept with the plugins' logs of a failed run
+    if ((${#failed_phases[@]})); then
+      keep_cluster_logs "$work/logs/cluster" || true
+    fi
     python3 tests/cluster/cluster.py down || true
   fi
   if [[ -n $cloud_started ]]; then
@@ -45,6 +51,16 @@ cleanup() {
     echo "the plugins' logs of this failed run: target/test-logs"
   fi
   rm -rf "$work"
+}
+# keep_cluster_logs DIR: kubelet's container logs of every node (its
+# podLogsDir, <namespace>_<pod>_<uid>/<container>/<restart>.log)
+keep_cluster_logs() {
+  local dir=$1 state=${K8S_TEST_CLUSTER_DIR:-.k8s-cluster} logs node
+  while IFS= read -r logs; do
+    node=$(basename "$(dirname "$logs")")
+    [[ $logs == "$state/pod-logs" ]] && node=a
+    mkdir -p "$dir/$node" && cp -rL "$logs/." "$dir/$node/" 2>/dev/null
+  done < <(find "$state" -maxdepth 3 -type d -name pod-logs 2>/dev/null)
 }
 trap cleanup EXIT
 failed_phases=()
