@@ -114,10 +114,16 @@ def port_open(port, host=HOST):
 
 
 def gunicorn(name, module, port, env, workers=1, threads=4):
-    """Serves a WSGI app through a wrapper module (gotchas 1-3)."""
+    """Serves a WSGI app through a wrapper module (gotchas 1-3). Idle
+    keep-alive connections are closed after 75 s, not gunicorn's 2 s: the
+    services' clients (Nova's of Cinder among them) keep pooled
+    connections, and one reused as the server closes it fails the call
+    ("Remote end closed connection without response"; a server's boot
+    failed so, once, under load)."""
     start(name, [
         venv_bin("gunicorn"), "--bind", f"{HOST}:{port}", "--workers", str(workers), "--threads", str(threads),
-        "--timeout", "120", "--no-control-socket", "--pythonpath", str(STATE / "wsgi"), f"{module}:application",
+        "--timeout", "120", "--keep-alive", "75", "--no-control-socket", "--pythonpath", str(STATE / "wsgi"),
+        f"{module}:application",
     ], env=env, cwd=str(STATE))
 
 
