@@ -89,13 +89,8 @@ async fn apiserver(state: Shared) -> Client {
 }
 
 fn args(root: &Path) -> PreStopArgs {
-    use clap::Parser;
-    PreStopArgs::parse_from([
-        "pre-stop-hook",
-        "--node-name=node-1",
-        &format!("--path-root={}", root.display()),
-        "--poll-interval-ms=100",
-    ])
+    // the hook's default idle time on a cordoned node
+    args_idle(root, 30)
 }
 
 fn is_root() -> bool {

@@ -33,21 +33,22 @@ async fn suite_pod_on_a(c: &Cluster, prefix: &str) -> Value {
 }
 
 /// `kubectl create --dry-run=server` of `pod` in the suite's namespace as
-/// the holder of `token`: Ok, or the apiserver's refusal.
-async fn create_as(c: &Cluster, token: &str, pod: &Value) -> Result<(), String> {
-    c.kubectl_with_token(
-        token,
-        &[
-            "create",
-            "--dry-run=server",
-            "-n",
-            SUITE_NAMESPACE,
-            "-f",
-            "-",
-        ],
-        Some(&pod.to_string()),
-    )
-    .await
+/// the holder of `token` (None: the administrator): Ok, or the
+/// apiserver's refusal.
+async fn create_as(c: &Cluster, token: Option<&str>, pod: &Value) -> Result<(), String> {
+    let args = [
+        "create",
+        "--dry-run=server",
+        "-n",
+        SUITE_NAMESPACE,
+        "-f",
+        "-",
+    ];
+    let input = Some(pod.to_string());
+    match token {
+        Some(t) => c.kubectl_with_token(t, &args, input.as_deref()).await,
+        None => c.kubectl_with_input(&args, input.as_deref()).await,
+    }
     .map(|_| ())
     .map_err(|e| e.to_string())
 }
@@ -109,7 +110,7 @@ async fn a_cephfs_node_plugins_token_starts_real_mount_pods_on_its_node_and_noth
         })
         .expect("the share's mount pod");
     let real = replay_of(&mount_pod);
-    create_as(&c, &token, &real)
+    create_as(&c, Some(&token), &real)
         .await
         .unwrap_or_else(|e| panic!("the plugin's own mount pod, made again, is refused: {e}"));
 
@@ -306,7 +307,7 @@ async fn a_cephfs_node_plugins_token_starts_real_mount_pods_on_its_node_and_noth
     for (what, change, refusal) in escapes {
         let mut p = real.clone();
         change(&mut p);
-        match create_as(&c, &token, &p).await {
+        match create_as(&c, Some(&token), &p).await {
             Ok(()) => admitted.push(format!("{what}: admitted")),
             Err(e) if e.contains(refusal) => println!("refused, {what}: {refusal}"),
             Err(e) => admitted.push(format!("{what}: refused for another reason: {e}")),
@@ -327,7 +328,7 @@ async fn a_cephfs_node_plugins_token_starts_real_mount_pods_on_its_node_and_noth
     ])
     .await
     .unwrap();
-    let without = create_as(&c, &token, &real).await;
+    let without = create_as(&c, Some(&token), &real).await;
     // and only the plugin's namespace is looked at: the apiserver looks
     // for the parameter before anything else, and a binding for every
     // namespace would refuse every pod of the cluster meanwhile
@@ -350,7 +351,7 @@ async fn a_cephfs_node_plugins_token_starts_real_mount_pods_on_its_node_and_noth
     let refused = without.expect_err("a mount pod admitted without the template");
     assert!(refused.contains("csi-manila-mount-pods"), "{refused}");
     elsewhere.expect("a pod of another namespace refused while the template was missing");
-    create_as(&c, &token, &real)
+    create_as(&c, Some(&token), &real)
         .await
         .expect("admitted again with the template back");
 
@@ -557,7 +558,7 @@ async fn a_node_plugins_roles_confine_whoever_holds_them_under_any_name() {
             "containers": [{"name": "app", "image": APP_IMAGE, "command": ["true"]}],
         },
     });
-    let refused = create_as(&c, &token, &plain)
+    let refused = create_as(&c, Some(&token), &plain)
         .await
         .expect_err("a pod of the renamed account admitted");
     assert!(refused.contains("csi-manila-mount-pods"), "{refused}");
@@ -584,19 +585,9 @@ async fn a_node_plugins_roles_confine_whoever_holds_them_under_any_name() {
     );
     // an administrator (every verb, so also the mark's `exempt`) is not
     // confined
-    c.kubectl_with_input(
-        &[
-            "create",
-            "--dry-run=server",
-            "-n",
-            SUITE_NAMESPACE,
-            "-f",
-            "-",
-        ],
-        Some(&plain.to_string()),
-    )
-    .await
-    .expect("the administrator's pod refused");
+    create_as(&c, None, &plain)
+        .await
+        .expect("the administrator's pod refused");
 }
 
 /// A GET of `path` on `addr` over plain HTTP: its status code and body,

@@ -15,15 +15,19 @@ impl Campaign {
             .map_err(ClusterError::Other)
     }
 
-    /// A node other than A (this host, which cannot be cut off): the
-    /// first writer's, else the first of the others.
-    async fn node_to_cut(&self) -> Result<String> {
-        let writer = self
+    /// The node the first writer runs on, if it runs.
+    async fn first_writers_node(&self) -> Result<Option<String>> {
+        Ok(self
             .pods("writer")
             .await?
             .first()
-            .and_then(|p| p["spec"]["nodeName"].as_str().map(str::to_string));
-        match writer {
+            .and_then(|p| p["spec"]["nodeName"].as_str().map(str::to_string)))
+    }
+
+    /// A node other than A (this host, which cannot be cut off): the
+    /// first writer's, else the first of the others.
+    async fn node_to_cut(&self) -> Result<String> {
+        match self.first_writers_node().await? {
             Some(n) if n != self.c.node => Ok(n),
             _ => self
                 .c
@@ -138,10 +142,8 @@ impl Campaign {
             }
             FaultClass::NodePluginRestarted => {
                 let node = self
-                    .pods("writer")
+                    .first_writers_node()
                     .await?
-                    .first()
-                    .and_then(|p| p["spec"]["nodeName"].as_str().map(str::to_string))
                     .unwrap_or_else(|| self.c.node.clone());
                 self.c
                     .kubectl(&[
