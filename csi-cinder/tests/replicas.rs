@@ -126,6 +126,84 @@ async fn two_replicas_creating_the_same_volumes_settle_on_one_each() {
     assert_eq!(creates, 8, "both replicas created each volume");
 }
 
+/// The same race for snapshots: both replicas of a CreateSnapshot look
+/// the name up, find nothing and ask Cinder, which takes both. They must
+/// answer the same snapshot, and the other must be gone (a
+/// VolumeSnapshotContent names one; the other would be billed forever).
+#[tokio::test]
+async fn two_replicas_taking_the_same_snapshots_settle_on_one_each() {
+    if !root() {
+        return;
+    }
+    let h = CinderOnEmulator::start(HarnessOptions::new(BIN))
+        .await
+        .unwrap();
+    csi_sanity::harness::wait_until_ready(&h.socket)
+        .await
+        .unwrap();
+    let mut first = ControllerClient::new(plugin_runtime::connect_unix(&h.socket).await.unwrap());
+    let (_replica, mut second) = second_replica(&h).await;
+    let cinder = cinder_of(&h);
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let source = first
+        .create_volume(create_req("pvc-snapshot-source", cap, 1))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    h.emulator.control().add_fault(FaultRule::new(
+        Some("POST"),
+        "/snapshots",
+        FaultAction::Delay { millis: 400 },
+    ));
+    for i in 0..3 {
+        let name = format!("snapshot-twin-{i}");
+        let (a, b) = tokio::join!(
+            first.create_snapshot(snapshot_req(&source, &name, &[])),
+            second.create_snapshot(snapshot_req(&source, &name, &[])),
+        );
+        let (a, b) = (
+            a.unwrap().into_inner().snapshot.unwrap().snapshot_id,
+            b.unwrap().into_inner().snapshot.unwrap().snapshot_id,
+        );
+        assert_eq!(a, b, "{name}: both replicas answer the same snapshot");
+        let mut left = Vec::new();
+        for _ in 0..100 {
+            left = cinder
+                .list_snapshots(&openstack_client::cinder::ListSnapshots {
+                    name: Some(name.clone()),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|s| s.status.as_str() != "deleting")
+                .map(|s| s.id)
+                .collect::<Vec<_>>();
+            if left.len() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            left,
+            vec![a.clone()],
+            "{name}: one snapshot left, the one answered"
+        );
+    }
+    let creates = h
+        .emulator
+        .control()
+        .calls()
+        .iter()
+        .filter(|c| c.method == "POST" && c.path.ends_with("/snapshots"))
+        .count();
+    assert_eq!(creates, 6, "both replicas created each snapshot");
+}
+
 /// A replica killed between its create and its yield leaves its twin
 /// behind: the next call of that name keeps the older and deletes the
 /// other. Volumes of one name that this driver did not both make (one

@@ -171,6 +171,12 @@ pub struct ShareSnapshot {
     pub size: u64,
     #[serde(default)]
     pub created_at: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Manila's clock when it answered with this snapshot (its `Date`),
+    /// as for [`Share::read_at`]. None from a list.
+    #[serde(skip)]
+    pub read_at: Option<std::time::SystemTime>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -668,12 +674,10 @@ impl SharedFileSystems {
                 "share_snapshot_get",
             )
             .await?;
-        Ok(self
-            .session
-            .send(req)
-            .await?
-            .json::<SnapshotEnvelope>()?
-            .snapshot)
+        let resp = self.session.send(req).await?;
+        let mut snapshot = resp.json::<SnapshotEnvelope>()?.snapshot;
+        snapshot.read_at = resp.date;
+        Ok(snapshot)
     }
 
     pub async fn list_snapshots_named(&self, name: &str) -> Result<Vec<ShareSnapshot>> {

@@ -25,6 +25,14 @@ use crate::parameters::{SnapshotKind, SnapshotParameters};
 /// `ready_to_use: false` (the snapshotter then polls).
 const SNAPSHOT_WAIT: Duration = Duration::from_secs(30);
 
+/// The name is a snapshot's of another volume.
+fn taken_name(s: &Snapshot, name: &str, source: &str) -> DriverError {
+    DriverError::AlreadyExists(format!(
+        "snapshot {} named {name} exists for volume {}, not {source}",
+        s.id, s.volume_id
+    ))
+}
+
 /// What a snapshot id names.
 pub(super) enum Found {
     Snapshot(Snapshot),
@@ -96,13 +104,10 @@ impl ControllerService {
             .into_iter()
             .filter(|s| s.name == name && s.status != SnapshotStatus::Deleting)
             .collect::<Vec<_>>();
+        let existing = self.settle_snapshot_twins(block, name, existing).await?;
+        let mut created_here = false;
         let snap = match at_most_one(existing, "snapshots", name, |s| &s.id)? {
-            Some(s) if s.volume_id != source => {
-                return Err(DriverError::AlreadyExists(format!(
-                    "snapshot {} named {name} exists for volume {}, not {source}",
-                    s.id, s.volume_id
-                )));
-            }
+            Some(s) if s.volume_id != source => return Err(taken_name(&s, name, source)),
             Some(s) if s.status.is_error() => {
                 not_found_ok(block.delete_snapshot(&s.id).await)
                     .context(format!("deleting failed snapshot {}", s.id))?;
@@ -123,6 +128,7 @@ impl ControllerService {
                         v.attached_servers().collect::<Vec<_>>()
                     )));
                 }
+                created_here = true;
                 created(
                     block
                         .create_snapshot(&CreateSnapshot {
@@ -162,7 +168,15 @@ impl ControllerService {
                     s.id
                 )))
             }
+            Ok(s) if created_here => {
+                let kept = self.yield_to_an_older_snapshot(block, name, s).await?;
+                if kept.volume_id != source {
+                    return Err(taken_name(&kept, name, source));
+                }
+                Ok(kept)
+            }
             Ok(s) => Ok(s),
+            // a twin made meanwhile is settled by the next call
             Err(DriverError::DeadlineExceeded(_)) => Ok(snap),
             Err(e) => Err(e),
         }

@@ -35,6 +35,14 @@ fn csi_snapshot(s: &ShareSnapshot) -> csi::Snapshot {
     }
 }
 
+/// The name is a snapshot's of another volume.
+fn taken_name(s: &ShareSnapshot, name: &str, source: &str) -> DriverError {
+    DriverError::AlreadyExists(format!(
+        "snapshot {} named {name} exists for volume {}, not {source}",
+        s.id, s.share_id
+    ))
+}
+
 fn failed(s: &ShareSnapshotStatus) -> bool {
     s.as_str().contains("error")
 }
@@ -73,13 +81,10 @@ impl ControllerService {
             .into_iter()
             .filter(|s| s.status != ShareSnapshotStatus::Deleting)
             .collect();
+        let existing = self.settle_snapshot_twins(&manila, &name, existing).await?;
+        let mut created_here = false;
         let snap = match at_most_one(existing, "snapshots", &name, |s| &s.id)? {
-            Some(s) if s.share_id != source => {
-                return Err(DriverError::AlreadyExists(format!(
-                    "snapshot {} named {name} exists for volume {}, not {source}",
-                    s.id, s.share_id
-                )));
-            }
+            Some(s) if s.share_id != source => return Err(taken_name(&s, &name, &source)),
             Some(s) if failed(&s.status) => {
                 let messages = manila.list_user_messages(&s.id).await.unwrap_or_default();
                 let _ = manila.delete_snapshot(&s.id).await;
@@ -109,6 +114,7 @@ impl ControllerService {
                         t.name
                     )));
                 }
+                created_here = true;
                 created(
                     manila
                         .create_snapshot(&source, &name, Some(DESCRIPTION))
@@ -144,8 +150,16 @@ impl ControllerService {
                     &messages,
                 ));
             }
+            Ok(s) if created_here => {
+                let kept = self.yield_to_an_older_snapshot(&manila, &name, s).await?;
+                if kept.share_id != source {
+                    return Err(taken_name(&kept, &name, &source));
+                }
+                kept
+            }
             Ok(s) => s,
             // still creating: ready_to_use false, the snapshotter polls
+            // (a twin made meanwhile is settled by the next call)
             Err(DriverError::DeadlineExceeded(_)) => snap,
             Err(e) => return Err(e),
         };

@@ -1,26 +1,67 @@
-//! Shares of one name made twice: two controller replicas acting at once
-//! (leader election off, or a lease that briefly allows two), each of
-//! which looked the name up, found nothing and created one. Every replica
-//! settles on the same one, the oldest by Manila's `created_at` (then by
-//! id), and the replica that made another deletes its own; a later call
-//! deletes whatever a killed replica left. Only shares this driver
-//! provisioned are ever settled: duplicates of a name made by anyone else
-//! stay an error naming them.
+//! Shares and snapshots of one name made twice: two controller replicas
+//! acting at once (leader election off, or a lease that briefly allows
+//! two), each of which looked the name up, found nothing and created one.
+//! Every replica settles on the same one, the oldest by Manila's
+//! `created_at` (then by id), and the replica that made another deletes
+//! its own; a later call deletes whatever a killed replica left. Only what
+//! this driver provisioned is ever settled: duplicates of a name made by
+//! anyone else stay an error naming them.
 
 use std::time::Instant;
 
 use csi_common::twins::{rank, wait_past_created_second};
 use csi_common::{Context, DriverResult};
-use openstack_client::manila::{Share, ShareStatus, SharedFileSystems};
+use openstack_client::manila::{
+    Share, ShareSnapshot, ShareSnapshotStatus, ShareStatus, SharedFileSystems,
+};
 
 use super::ControllerService;
-use crate::shares::{is_gone, provisioned_here, wait_share_available};
+use crate::shares::{DESCRIPTION, is_gone, provisioned_here, wait_share_available};
 
-/// The share every replica keeps of several of one name.
-fn keeper(shares: &[Share]) -> Option<&Share> {
-    shares
-        .iter()
-        .min_by_key(|s| rank(s.created_at.as_deref(), &s.id))
+/// What twins are told apart and settled by.
+trait Twin {
+    fn id(&self) -> &str;
+    fn created_at(&self) -> Option<&str>;
+    /// Whether this driver provisioned it.
+    fn made_here(&self) -> bool;
+    /// Whether Manila deletes it as it is now (not while being made).
+    fn deletable(&self) -> bool;
+}
+
+impl Twin for Share {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn created_at(&self) -> Option<&str> {
+        self.created_at.as_deref()
+    }
+    fn made_here(&self) -> bool {
+        provisioned_here(self)
+    }
+    fn deletable(&self) -> bool {
+        matches!(self.status, ShareStatus::Available) || self.status.is_error()
+    }
+}
+
+impl Twin for ShareSnapshot {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn created_at(&self) -> Option<&str> {
+        self.created_at.as_deref()
+    }
+    fn made_here(&self) -> bool {
+        self.description.as_deref() == Some(DESCRIPTION)
+    }
+    fn deletable(&self) -> bool {
+        matches!(self.status, ShareSnapshotStatus::Available)
+            || self.status.as_str().contains("error")
+    }
+}
+
+/// The one every replica keeps of several of one name.
+fn keeper<T: Twin>(twins: &[T]) -> Option<&T> {
+    twins.iter().min_by_key(|t| rank(t.created_at(), t.id()))
 }
 
 fn deleted_ok(r: openstack_client::Result<()>) -> openstack_client::Result<()> {
@@ -30,31 +71,61 @@ fn deleted_ok(r: openstack_client::Result<()>) -> openstack_client::Result<()> {
     }
 }
 
+/// Of what a lookup by name found: the one to keep, alone, once the
+/// others (twins this driver made) are deleted where Manila lets them be
+/// (a twin still being made is its maker's to delete, or the next
+/// call's). Anything else is answered as found.
+async fn settle<T, F, Fut>(what: &str, name: &str, found: Vec<T>, delete: F) -> DriverResult<Vec<T>>
+where
+    T: Twin + Clone,
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = openstack_client::Result<()>>,
+{
+    if found.len() < 2 || !found.iter().all(Twin::made_here) {
+        return Ok(found);
+    }
+    let Some(keep) = keeper(&found).cloned() else {
+        return Ok(found);
+    };
+    for twin in found
+        .iter()
+        .filter(|t| t.id() != keep.id() && t.deletable())
+    {
+        deleted_ok(delete(twin.id().to_string()).await).context(format!(
+            "deleting {what} {}, a twin of {}",
+            twin.id(),
+            keep.id()
+        ))?;
+        tracing::warn!(twin = %twin.id(), kept = %keep.id(), name, "a second {what} of this name, made by another replica at the same time, deleted");
+    }
+    Ok(vec![keep])
+}
+
 impl ControllerService {
-    /// Of the shares named alike that a lookup found: the one to keep,
-    /// alone, once the others (twins this driver made) are deleted where
-    /// Manila lets them be (a twin still being created is its maker's to
-    /// delete, or the next call's). Anything else is answered as found.
+    /// Shares named alike, settled (see [`settle`]).
     pub(super) async fn settle_twins(
         &self,
         manila: &SharedFileSystems,
         name: &str,
         found: Vec<Share>,
     ) -> DriverResult<Vec<Share>> {
-        if found.len() < 2 || !found.iter().all(provisioned_here) {
-            return Ok(found);
-        }
-        let Some(keep) = keeper(&found).cloned() else {
-            return Ok(found);
-        };
-        for twin in found.iter().filter(|s| s.id != keep.id) {
-            if matches!(twin.status, ShareStatus::Available) || twin.status.is_error() {
-                deleted_ok(manila.delete_share(&twin.id).await)
-                    .context(format!("deleting share {}, a twin of {}", twin.id, keep.id))?;
-                tracing::warn!(share_id = %twin.id, kept = %keep.id, name, "a second share of this name, made by another replica at the same time, deleted");
-            }
-        }
-        Ok(vec![keep])
+        settle("share", name, found, |id| async move {
+            manila.delete_share(&id).await
+        })
+        .await
+    }
+
+    /// Snapshots named alike, settled (see [`settle`]).
+    pub(super) async fn settle_snapshot_twins(
+        &self,
+        manila: &SharedFileSystems,
+        name: &str,
+        found: Vec<ShareSnapshot>,
+    ) -> DriverResult<Vec<ShareSnapshot>> {
+        settle("snapshot", name, found, |id| async move {
+            manila.delete_snapshot(&id).await
+        })
+        .await
     }
 
     /// After this call created `mine` and it became available: if another
@@ -84,5 +155,33 @@ impl ControllerService {
         wait_share_available(manila, &keep.id, deadline, |_| true)
             .await
             .map(Some)
+    }
+
+    /// The same for a snapshot this call created and saw available: the
+    /// older twin is the answer (as it is: `ready_to_use` tells the
+    /// snapshotter whether to poll), and `mine` is deleted.
+    pub(super) async fn yield_to_an_older_snapshot(
+        &self,
+        manila: &SharedFileSystems,
+        name: &str,
+        mine: ShareSnapshot,
+    ) -> DriverResult<ShareSnapshot> {
+        wait_past_created_second(mine.created_at.as_deref(), mine.read_at).await;
+        let named: Vec<ShareSnapshot> = manila
+            .list_snapshots_named(name)
+            .await
+            .context(format!("looking up snapshots named {name}"))?
+            .into_iter()
+            .filter(|s| s.status != ShareSnapshotStatus::Deleting && s.made_here())
+            .collect();
+        let Some(keep) = keeper(&named).filter(|k| k.id != mine.id).cloned() else {
+            return Ok(mine);
+        };
+        deleted_ok(manila.delete_snapshot(&mine.id).await).context(format!(
+            "deleting snapshot {}, a twin of {}",
+            mine.id, keep.id
+        ))?;
+        tracing::warn!(snapshot_id = %mine.id, kept = %keep.id, name, "another replica made this snapshot first: ours deleted, theirs answered");
+        Ok(keep)
     }
 }

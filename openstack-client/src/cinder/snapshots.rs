@@ -46,6 +46,10 @@ pub struct Snapshot {
     /// The group snapshot this snapshot is a member of (3.14).
     #[serde(default)]
     pub group_snapshot_id: Option<String>,
+    /// Cinder's clock when it answered with this snapshot (its `Date`),
+    /// as for [`Volume::read_at`]. None from a list.
+    #[serde(skip)]
+    pub read_at: Option<std::time::SystemTime>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -100,7 +104,9 @@ impl BlockStorage {
                 MV_GROUP_SNAPSHOTS,
             ))
             .await?;
-        Ok(resp.json::<SnapshotEnvelope>()?.snapshot)
+        let mut s = resp.json::<SnapshotEnvelope>()?.snapshot;
+        s.read_at = resp.date;
+        Ok(s)
     }
 
     pub async fn list_snapshots(&self, q: &ListSnapshots) -> Result<Page<Snapshot>> {
