@@ -62,20 +62,11 @@ fn calls(e: &Env, method: &str, path: &str) -> usize {
         .count()
 }
 
-/// gcp-pd-csi-driver #965: a detach whose RPC timed out while the cloud
-/// still had it landed after a newer attach to the same server and took
-/// the fresh disk away. Here the detach waits 3 s before Nova sees it,
-/// its caller gives up after 1 s and publishes again at once: the publish
-/// may answer only once the detach is done, and the volume stays attached.
-#[tokio::test]
-async fn a_detach_still_on_its_way_never_undoes_a_newer_attach() {
-    if !root() {
-        return;
-    }
-    let mut e = env().await;
-    let v = e.create("late-detach", cap(), 1).await;
-    let id = v.volume_id.clone();
-    e.publish(&id, cap()).await;
+/// A detach of `id` from the node that waits 3 s before Nova sees it,
+/// whose caller gives up after 1 s and publishes again at once, as the
+/// attacher does (the same request after each retryable answer): the
+/// publish may answer only once the detach is done.
+async fn detach_late_then_publish_again(e: &mut Env, id: &str, cap: &csi::VolumeCapability) {
     e.h.emulator.control().add_fault(
         FaultRule::new(
             Some("DELETE"),
@@ -85,21 +76,21 @@ async fn a_detach_still_on_its_way_never_undoes_a_newer_attach() {
         .times(1),
     );
     let gave_up =
-        e.c.controller_unpublish_volume(timed(unpublish_req(&e, &id), Duration::from_secs(1)))
+        e.c.controller_unpublish_volume(timed(unpublish_req(e, id), Duration::from_secs(1)))
             .await
             .unwrap_err();
     assert!(
         matches!(gave_up.code(), Code::DeadlineExceeded | Code::Cancelled),
         "{gave_up:?}"
     );
-    // as the attacher does: the same request again after a retryable
-    // answer
     let started = Instant::now();
     let mut answers = Vec::new();
+    let mut publish = publish_req(e, id);
+    publish.volume_capability = Some(cap.clone());
     loop {
         match e
             .c
-            .controller_publish_volume(timed(publish_req(&e, &id), Duration::from_secs(60)))
+            .controller_publish_volume(timed(publish.clone(), Duration::from_secs(60)))
             .await
         {
             Ok(_) => break,
@@ -120,11 +111,68 @@ async fn a_detach_still_on_its_way_never_undoes_a_newer_attach() {
     // past the moment the late detach reached Nova, and its work
     tokio::time::sleep(Duration::from_secs(4).saturating_sub(started.elapsed())).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+/// gcp-pd-csi-driver #965: a detach whose RPC timed out while the cloud
+/// still had it landed after a newer attach to the same server and took
+/// the fresh disk away. The volume must stay attached.
+#[tokio::test]
+async fn a_detach_still_on_its_way_never_undoes_a_newer_attach() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let v = e.create("late-detach", cap(), 1).await;
+    let id = v.volume_id.clone();
+    e.publish(&id, cap()).await;
+    detach_late_then_publish_again(&mut e, &id, &cap()).await;
     let (servers, status) = holders(&e, &id).await;
     assert_eq!(
         (servers, status.as_str()),
         (vec![e.h.node_id.clone()], "in-use"),
         "the publish answered OK, so the volume must stay attached to the node"
+    );
+}
+
+/// The same for a multiattach volume, also attached to another server:
+/// the late detach takes neither the node's newer attachment nor the
+/// other server's.
+#[tokio::test]
+async fn a_late_detach_of_a_multiattach_volume_undoes_neither_a_newer_attach_nor_another_servers() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let shared = block_cap(Mode::MultiNodeMultiWriter);
+    let mut r = create_req("late-detach-shared", shared.clone(), 1);
+    r.parameters.insert("type".into(), "multiattach".into());
+    let id =
+        e.c.create_volume(r)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id;
+    let other =
+        e.h.emulator
+            .control()
+            .create_server(e.h.project(), "other-reader", "nova")
+            .unwrap();
+    e.publish(&id, shared.clone()).await;
+    let mut elsewhere = publish_req(&e, &id);
+    elsewhere.node_id = other.clone();
+    elsewhere.volume_capability = Some(shared.clone());
+    e.c.controller_publish_volume(elsewhere).await.unwrap();
+    detach_late_then_publish_again(&mut e, &id, &shared).await;
+    let (mut servers, status) = holders(&e, &id).await;
+    servers.sort();
+    let mut expected = vec![e.h.node_id.clone(), other];
+    expected.sort();
+    assert_eq!(
+        (servers, status.as_str()),
+        (expected, "in-use"),
+        "both publishes answered OK, so the volume must stay attached to both servers"
     );
 }
 
