@@ -19,6 +19,11 @@ metadata and `topology.kubernetes.io/zone` label).
                         remove containers, network devices and host changes
     cluster.py env      print the variables the tests read
     cluster.py restart-kubelet   stop kubelet and start it again (its pods run on)
+    cluster.py stop-kubelet NAME   a node's kubelet stopped (its pods run on),
+                        until start-kubelet NAME (until it reported Ready)
+    cluster.py restart-cluster   every kubelet, the controllers, both
+                        apiservers and etcd stopped and started again
+                        (etcd on its data), until every node is Ready
     cluster.py restart-apiservers [--live]  stop both apiservers and start them
                         again (until ready; --live: until they serve)
     cluster.py kill-node NAME    a node (not A) dies as a machine losing power:
@@ -108,8 +113,11 @@ from k8stier.faults import (
     cmd_kill_node,
     cmd_mend_node,
     cmd_restart_apiservers,
+    cmd_restart_cluster,
     cmd_restart_kubelet,
     cmd_revive_node,
+    cmd_start_kubelet,
+    cmd_stop_kubelet,
 )
 from k8stier.host import prepare_host, refuse_if_a_kubelet_runs, restore_host, unmount_below
 from k8stier.images import import_images
@@ -295,6 +303,9 @@ def main(argv):
         "down": lambda rest: cmd_down(),
         "env": lambda rest: cmd_env(),
         "restart-kubelet": lambda rest: cmd_restart_kubelet(),
+        "stop-kubelet": cmd_stop_kubelet,
+        "start-kubelet": cmd_start_kubelet,
+        "restart-cluster": lambda rest: cmd_restart_cluster(),
         "restart-apiservers": cmd_restart_apiservers,
         "kill-node": cmd_kill_node,
         "revive-node": cmd_revive_node,

@@ -1,6 +1,7 @@
 //! The long campaign of production faults (`cluster_tests::campaign`):
-//! `CAMPAIGN_STEPS` steps (default 70) of three faults each (every class
-//! once before any twice, drawn by the seed), each while an operation
+//! `CAMPAIGN_STEPS` steps (default 70) of `CAMPAIGN_FAULTS_PER_STEP`
+//! faults at once (default 3; every class once before any twice, drawn
+//! by the seed), each while an operation
 //! that needs the cloud runs, with every invariant checked after each
 //! step. Prints, never asserts: faults injected by class, the operations
 //! done, the invariant violations (there must be none), the time to
@@ -35,11 +36,17 @@ async fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(70)
     };
-    println!("campaign seed {seed}, {steps} steps of 3 faults (CAMPAIGN_SEED={seed} replays it)");
+    let faults_per_step = std::env::var("CAMPAIGN_FAULTS_PER_STEP")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    println!(
+        "campaign seed {seed}, {steps} steps of {faults_per_step} faults (CAMPAIGN_SEED={seed} replays it)"
+    );
     let plan = Plan {
         seed,
         steps,
-        faults_per_step: 3,
+        faults_per_step,
         window: Duration::from_secs(20),
         converge_bound: Duration::from_secs(300),
         cut: Duration::from_secs(CUT_SECS),

@@ -27,10 +27,12 @@ from .config import (
 from .pki import api_ready
 
 
-def start_etcd():
+def start_etcd(fresh=True):
+    """etcd; `fresh`: on new data unless it runs (a cluster's restart
+    keeps its data)."""
     data = STATE / "etcd"
     # a fresh cluster each run: nothing a previous run wrote can leak in
-    if not SERVICES.alive("etcd"):
+    if fresh and not SERVICES.alive("etcd"):
         shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True, exist_ok=True)
     data.chmod(0o700)

@@ -1,4 +1,5 @@
-"""What the tests do to the cluster: restart kubelet or the apiservers, kill a
+"""What the tests do to the cluster: restart kubelet or the apiservers, stop
+a node's kubelet and start it again, restart the whole cluster, kill a
 node as a machine losing power and bring it back, cut a node off from the
 cloud or the apiservers and mend it."""
 
@@ -12,7 +13,6 @@ import time
 from .config import (
     CLOUD_PORT_BASE,
     KUBELET_DIR,
-    NODE,
     PORTS,
     REPO,
     SERVICES,
@@ -23,11 +23,29 @@ from .config import (
     nodes,
     run,
 )
-from .control_plane import start_apiserver, wait_apiserver
+from .control_plane import start_apiserver, start_controllers, start_etcd, wait_apiserver
 from .nodes import start_containerd, start_kubelet, wait_node_ready
 from .pki import kubectl
 from .processes import shim_pids
 from .teardown import pod_processes
+
+
+def reported_since(node, t):
+    """The node's kubelet has sent a Ready heartbeat since `t`: a kubelet
+    started at `t` has synced its pods."""
+    r = kubectl("get", "node", node.name, "-o", "json", check=False)
+    if r.returncode != 0:
+        return False
+    for c in json.loads(r.stdout)["status"].get("conditions", []):
+        if c["type"] == "Ready" and c["status"] == "True":
+            beat = time.mktime(time.strptime(c["lastHeartbeatTime"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+            return beat >= int(t)
+    return False
+
+
+def start_kubelet_until_reported(node, t):
+    start_kubelet(node)
+    SERVICES.wait_until(node.service("kubelet"), lambda: reported_since(node, t), 120)
 
 
 def cmd_restart_kubelet():
@@ -36,20 +54,71 @@ def cmd_restart_kubelet():
     binary("kubelet")  # before anything stops: a missing input stops nothing
     SERVICES.stop("kubelet")
     t = time.time()
-    start_kubelet(nodes()[0])
-
-    def reported_since():
-        # a Ready heartbeat of the new kubelet: it has synced its pods
-        r = kubectl("get", "node", NODE, "-o", "json", check=False)
-        if r.returncode != 0:
-            return False
-        for c in json.loads(r.stdout)["status"].get("conditions", []):
-            if c["type"] == "Ready" and c["status"] == "True":
-                beat = time.mktime(time.strptime(c["lastHeartbeatTime"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
-                return beat >= int(t)
-        return False
-    SERVICES.wait_until("kubelet", reported_since, 120)
+    start_kubelet_until_reported(nodes()[0], t)
     log(f"kubelet restarted; node Ready again after {time.time() - t:.1f}s")
+
+
+def node_named(name):
+    for node in nodes():
+        if node.name == name:
+            return node
+    raise ClusterError(f"no node {name!r}: {', '.join(n.name for n in nodes())}")
+
+
+def cmd_stop_kubelet(rest):
+    """`stop-kubelet NAME`: the node's kubelet stopped, as a crashed
+    service that nothing restarts, until `start-kubelet NAME`. Its pods run
+    on, unwatched: past the node monitor's grace the node is NotReady,
+    and pods whose toleration of that ends are evicted (they stay
+    Terminating until the kubelet is back, or are force-deleted)."""
+    if len(rest) != 1:
+        raise ClusterError("usage: cluster.py stop-kubelet NAME")
+    node = node_named(rest[0])
+    binary("kubelet")  # the start that follows needs it: a missing input stops nothing
+    SERVICES.stop(node.service("kubelet"))
+    log(f"{node.name}'s kubelet stopped")
+
+
+def cmd_start_kubelet(rest):
+    """`start-kubelet NAME`: the node's kubelet started again, until it
+    reported Ready."""
+    if len(rest) != 1:
+        raise ClusterError("usage: cluster.py start-kubelet NAME")
+    node = node_named(rest[0])
+    t = time.time()
+    if SERVICES.alive(node.service("kubelet")):
+        raise ClusterError(f"{node.name}'s kubelet runs: stop-kubelet it first")
+    start_kubelet_until_reported(node, t)
+    log(f"{node.name}'s kubelet started; Ready after {time.time() - t:.1f}s")
+
+
+def cmd_restart_cluster():
+    """The whole cluster restarted, as after a power cut of its control
+    plane and a restart of every node's kubelet: every kubelet, the
+    scheduler, the controller-manager, both apiservers and etcd stopped
+    (abruptly), then started again in order, etcd on its data of before;
+    until every node reported Ready since. The pods' containers (each
+    node's containerd, and the KMS plugins the apiservers need) run on
+    meanwhile, writing to their volumes."""
+    binary("kubelet")  # before anything stops: a missing input stops nothing
+    binary("kube-apiserver")
+    all_nodes = nodes()
+    t = time.time()
+    SERVICES.stop_all([n.service("kubelet") for n in all_nodes], grace=3)
+    SERVICES.stop_all(["kube-scheduler", "kube-controller-manager", "kube-apiserver", "kube-apiserver-b"], grace=3)
+    SERVICES.stop("etcd", grace=3)
+    down = time.time()
+    start_etcd(fresh=False)
+    for name in ("kube-apiserver", "kube-apiserver-b"):
+        start_apiserver(name, wait=False)
+    for name in ("kube-apiserver", "kube-apiserver-b"):
+        wait_apiserver(name)
+    start_controllers()
+    for node in all_nodes:
+        start_kubelet(node)
+    for node in all_nodes:
+        SERVICES.wait_until(node.service("kubelet"), lambda node=node: reported_since(node, down), 120)
+    log(f"cluster restarted: down {down - t:.1f}s, every node Ready again after {time.time() - t:.1f}s")
 
 
 def cmd_restart_apiservers(rest):

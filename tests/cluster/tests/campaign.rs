@@ -1,5 +1,5 @@
 //! The quick campaign of production faults (`cluster_tests::campaign`):
-//! every fault class once, three at a time, each while an operation that
+//! every fault class at least once, four at a time, each while an operation that
 //! needs the cloud runs, with every invariant checked after each step;
 //! then the checks shown to see what they guard against.
 //! The seed is printed; `CAMPAIGN_SEED=<seed>` replays a campaign. The
@@ -27,8 +27,8 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
     println!("campaign seed {seed} (CAMPAIGN_SEED={seed} replays it)");
     let plan = Plan {
         seed,
-        steps: FaultClass::ALL.len().div_ceil(3),
-        faults_per_step: 3,
+        steps: FaultClass::ALL.len().div_ceil(4),
+        faults_per_step: 4,
         window: Duration::from_secs(10),
         converge_bound: Duration::from_secs(300),
         cut: Duration::from_secs(CUT_SECS),

@@ -114,15 +114,17 @@ def port_open(port, host=HOST):
 
 
 def gunicorn(name, module, port, env, workers=1, threads=4):
-    """Serves a WSGI app through a wrapper module (gotchas 1-3). Idle
-    keep-alive connections are closed after 75 s, not gunicorn's 2 s: the
-    services' clients (Nova's of Cinder among them) keep pooled
-    connections, and one reused as the server closes it fails the call
-    ("Remote end closed connection without response"; a server's boot
-    failed so, once, under load)."""
+    """Serves a WSGI app through a wrapper module (gotchas 1-3). Without
+    keep-alive: every answer says `Connection: close`, so the services'
+    pooled clients never reuse a connection. Kept alive, connections
+    failed calls twice under load: one reused as gunicorn's 2 s idle
+    timer closed it ("Remote end closed connection without response",
+    Nova's of Cinder), and, with a 75 s timer, Nova's scheduler read an
+    earlier answer's body from a pooled connection to Placement
+    (BadStatusLine, a node server's boot ended in NoValidHost)."""
     start(name, [
         venv_bin("gunicorn"), "--bind", f"{HOST}:{port}", "--workers", str(workers), "--threads", str(threads),
-        "--timeout", "120", "--keep-alive", "75", "--no-control-socket", "--pythonpath", str(STATE / "wsgi"),
+        "--timeout", "120", "--keep-alive", "0", "--no-control-socket", "--pythonpath", str(STATE / "wsgi"),
         f"{module}:application",
     ], env=env, cwd=str(STATE))
 

@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use openstack_emulator::{FaultAction, FaultRule, RetryHint};
 
+use super::MINUTE;
 use super::{Campaign, FaultClass};
 use crate::{ClusterError, Result, SUITE_NAMESPACE};
 
@@ -164,8 +165,104 @@ impl Campaign {
             }
             FaultClass::NodeCutFromCloud => self.cut_node("cloud", cut).await?,
             FaultClass::NodeCutFromApiserver => self.cut_node("apiserver", cut).await?,
+            FaultClass::KubeletStoppedPastEviction => {
+                let node = self.node_to_cut().await?;
+                self.c.cluster_py(&["stop-kubelet", &node]).await?;
+                if let Ok(mut k) = self.kubelet_stopped.lock() {
+                    *k = Some(node);
+                }
+            }
+            FaultClass::ClusterRestarted => {
+                self.c.cluster_py(&["restart-cluster"]).await?;
+            }
+            FaultClass::SidecarPodsDeleted => {
+                for (namespace, app) in [
+                    (SUITE_NAMESPACE, "csi-cinder-controllerplugin"),
+                    (SUITE_NAMESPACE, "csi-manila-cephfs-controllerplugin"),
+                    ("kube-system", "snapshot-controller"),
+                ] {
+                    self.c
+                        .kubectl(&[
+                            "delete",
+                            "pod",
+                            "-n",
+                            namespace,
+                            "-l",
+                            &format!("app={app}"),
+                            "--wait=false",
+                        ])
+                        .await?;
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Ends a kubelet's stop once it lasted past the eviction timeout:
+    /// the node is unreachable and the workload's pods there evicted;
+    /// those are force-deleted (their containers still run, unwatched),
+    /// and the kubelet starts again only after their replacements have
+    /// waited a while on the volumes still attached to the node.
+    async fn start_stopped_kubelet(&self) -> Result<()> {
+        let Some(node) = self.kubelet_stopped.lock().ok().and_then(|mut k| k.take()) else {
+            return Ok(());
+        };
+        let n = self.n().to_string();
+        let workload = ["-n", &n, "-l", "app in (writer,sharer)", "--field-selector"];
+        let on_node = format!("spec.nodeName={node}");
+        let evicted = self
+            .c
+            .wait_for(
+                &format!("{node} unreachable and the workload's pods there evicted"),
+                3 * MINUTE,
+                || async {
+                    let taints = self.c.get("node", &node, None).await?.unwrap_or_default()["spec"]
+                        ["taints"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default();
+                    let unreachable = taints
+                        .iter()
+                        .any(|t| t["key"] == "node.kubernetes.io/unreachable");
+                    let mut args = workload.to_vec();
+                    args.push(&on_node);
+                    let pods = self.c.list("pods", &args).await?;
+                    let waiting = pods
+                        .iter()
+                        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                        .count();
+                    Ok(if unreachable && waiting == 0 {
+                        Ok(pods.len())
+                    } else {
+                        Err(format!(
+                            "unreachable: {unreachable}; {waiting} pods not evicted yet"
+                        ))
+                    })
+                },
+            )
+            .await;
+        // the kubelet starts again whatever happened: a fault never
+        // outlives its step
+        if let Ok(pods) = &evicted {
+            eprintln!(
+                "{node}'s kubelet stopped: the node unreachable, {pods} workload pods there evicted and force-deleted"
+            );
+        }
+        let forced = match evicted {
+            Ok(0) => Ok(()),
+            Ok(_) => {
+                let mut args = vec!["delete", "pod"];
+                args.extend_from_slice(&workload);
+                args.extend_from_slice(&[&on_node, "--grace-period=0", "--force", "--wait=false"]);
+                self.c.kubectl(&args).await.map(|_| ())
+            }
+            Err(e) => Err(e),
+        };
+        if forced.is_ok() {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+        self.c.cluster_py(&["start-kubelet", &node]).await?;
+        forced
     }
 
     pub(super) async fn end(&self, class: FaultClass) -> Result<()> {
@@ -175,6 +272,7 @@ impl Campaign {
             FaultClass::NodeCutFromCloud | FaultClass::NodeCutFromApiserver => {
                 self.mend_node().await
             }
+            FaultClass::KubeletStoppedPastEviction => self.start_stopped_kubelet().await,
             _ => Ok(()),
         }
     }

@@ -93,10 +93,23 @@ pub enum FaultClass {
     NodeCutFromCloud,
     /// The same node cut off from both apiservers.
     NodeCutFromApiserver,
+    /// A writer's node's kubelet stopped past the eviction timeout: its
+    /// node NotReady, its workload pods evicted and then force-deleted
+    /// (as an operator does to get them rescheduled), and the kubelet
+    /// started again only after their replacements waited on volumes
+    /// still attached there.
+    KubeletStoppedPastEviction,
+    /// Every kubelet, the controllers, both apiservers and etcd stopped
+    /// and started again, with the volumes in use.
+    ClusterRestarted,
+    /// The pods of the controllers' sidecars (Cinder's and Manila's
+    /// controllers) and of the snapshot controller deleted gracefully, as
+    /// a rollout or a node drain does, while an operation is in flight.
+    SidecarPodsDeleted,
 }
 
 impl FaultClass {
-    pub const ALL: [FaultClass; 11] = [
+    pub const ALL: [FaultClass; 14] = [
         FaultClass::CloudThrottled,
         FaultClass::NovaBusy,
         FaultClass::AnswersLost,
@@ -108,6 +121,9 @@ impl FaultClass {
         FaultClass::KubeletRestarted,
         FaultClass::NodeCutFromCloud,
         FaultClass::NodeCutFromApiserver,
+        FaultClass::KubeletStoppedPastEviction,
+        FaultClass::ClusterRestarted,
+        FaultClass::SidecarPodsDeleted,
     ];
 
     /// What users of the upstream drivers see in the same case.
@@ -135,6 +151,15 @@ impl FaultClass {
             }
             FaultClass::NodeCutFromApiserver => {
                 "the node's pods run on; past the node monitor's grace the node is NotReady, and its pods stay until their toleration ends"
+            }
+            FaultClass::KubeletStoppedPastEviction => {
+                "the replacement of a force-deleted pod waits on its volume (Multi-Attach error) until the node's kubelet is back and unstages it"
+            }
+            FaultClass::ClusterRestarted => {
+                "as here: the plugins keep serving the mounts; the sidecars reconnect to the apiservers"
+            }
+            FaultClass::SidecarPodsDeleted => {
+                "a sidecar stopped mid-call leaves the call to the next leader, which repeats it (idempotent by name)"
             }
         }
     }
@@ -278,6 +303,8 @@ pub struct Campaign {
     sampler: Option<tokio::task::JoinHandle<()>>,
     /// The node cut off, when, and for how long.
     cut: Arc<Mutex<Option<(String, Instant, Duration)>>>,
+    /// The node whose kubelet is stopped.
+    kubelet_stopped: Arc<Mutex<Option<String>>>,
 }
 
 impl Drop for Campaign {
@@ -301,6 +328,13 @@ impl Drop for Campaign {
             let _ = std::process::Command::new("python3")
                 .arg(crate::repo().join("tests/cluster/cluster.py"))
                 .args(["mend-node", &node])
+                .output();
+        }
+        // nor a stopped kubelet
+        if let Some(node) = self.kubelet_stopped.lock().ok().and_then(|mut k| k.take()) {
+            let _ = std::process::Command::new("python3")
+                .arg(crate::repo().join("tests/cluster/cluster.py"))
+                .args(["start-kubelet", &node])
                 .output();
         }
         // (its words captured: the test harness's own lines must stay whole)
@@ -338,6 +372,7 @@ impl Campaign {
             step: Arc::new(Mutex::new("setting up".into())),
             sampler: None,
             cut: Arc::default(),
+            kubelet_stopped: Arc::default(),
         };
         campaign.converged(3 * MINUTE).await?;
         campaign.sampler = Some(campaign.sample_holders());
@@ -368,6 +403,9 @@ impl Campaign {
                     deck.push(f);
                 }
             }
+            // a whole cluster's restart first: it starts every kubelet,
+            // a stopped one too, and is over before the operation begins
+            faults.sort_by_key(|f| *f != FaultClass::ClusterRestarted);
             let op = Operation::ALL[rng.below(Operation::ALL.len())];
             let pick = rng.below(WRITERS);
             let label = format!("step {step} ({faults:?} during {op:?}, seed {})", plan.seed);

@@ -4,10 +4,31 @@
 use super::{Campaign, MINUTE, Operation, SHARERS, WRITERS};
 use crate::{Cluster, MULTI_NODE_TAINT_KEY, PodOptions, Result, claim, pod};
 
-fn writers_manifest() -> String {
-    let tolerate = format!(
+/// How long the workload's pods stay on an unreachable or NotReady node
+/// before they are evicted: 15 s, not the default 300 s, as operators of
+/// stateful apps shorten it, so that a kubelet stopped past it fits a
+/// campaign's step.
+const EVICTED_AFTER_SECS: u32 = 15;
+
+/// The workload's tolerations: of the test nodes' own taint, and of an
+/// unreachable or NotReady node for [`EVICTED_AFTER_SECS`].
+fn tolerations() -> String {
+    let mut t = format!(
         "      tolerations:\n      - key: {MULTI_NODE_TAINT_KEY}\n        operator: Exists\n        effect: NoSchedule\n"
     );
+    for key in [
+        "node.kubernetes.io/unreachable",
+        "node.kubernetes.io/not-ready",
+    ] {
+        t.push_str(&format!(
+            "      - key: {key}\n        operator: Exists\n        effect: NoExecute\n        tolerationSeconds: {EVICTED_AFTER_SECS}\n"
+        ));
+    }
+    t
+}
+
+fn writers_manifest() -> String {
+    let tolerate = tolerations();
     format!(
         "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: writer\nspec:\n  replicas: {WRITERS}\n  podManagementPolicy: Parallel\n  serviceName: writer\n  selector:\n    matchLabels: {{app: writer}}\n  template:\n    metadata:\n      labels: {{app: writer}}\n    spec:\n      terminationGracePeriodSeconds: 2\n{tolerate}      containers:\n      - name: app\n        image: {}\n        command: [sh, -c, 'i=$(tail -n 1 /data/seq 2>/dev/null); i=${{i:-0}}; while true; do i=$((i+1)); echo $i >> /data/seq && (fsync /data/seq 2>/dev/null || sync); sleep 0.2; done']\n        volumeMounts:\n        - {{name: data, mountPath: /data}}\n  volumeClaimTemplates:\n  - metadata:\n      name: data\n    spec:\n      accessModes: [ReadWriteOnce]\n      storageClassName: csi-cinder-sc-xfs\n      resources:\n        requests:\n          storage: 1Gi\n",
         crate::APP_IMAGE
@@ -16,7 +37,8 @@ fn writers_manifest() -> String {
 
 fn sharers_manifest() -> String {
     format!(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: sharer\nspec:\n  replicas: {SHARERS}\n  selector:\n    matchLabels: {{app: sharer}}\n  template:\n    metadata:\n      labels: {{app: sharer}}\n    spec:\n      terminationGracePeriodSeconds: 2\n      tolerations:\n      - key: {MULTI_NODE_TAINT_KEY}\n        operator: Exists\n        effect: NoSchedule\n      containers:\n      - name: app\n        image: {}\n        command: [sh, -c, 'i=0; while true; do i=$((i+1)); echo $i >> /data/$HOSTNAME && (fsync /data/$HOSTNAME 2>/dev/null || sync); sleep 0.2; done']\n        volumeMounts:\n        - {{name: data, mountPath: /data}}\n      volumes:\n      - name: data\n        persistentVolumeClaim: {{claimName: shared}}\n",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: sharer\nspec:\n  replicas: {SHARERS}\n  selector:\n    matchLabels: {{app: sharer}}\n  template:\n    metadata:\n      labels: {{app: sharer}}\n    spec:\n      terminationGracePeriodSeconds: 2\n{}      containers:\n      - name: app\n        image: {}\n        command: [sh, -c, 'i=0; while true; do i=$((i+1)); echo $i >> /data/$HOSTNAME && (fsync /data/$HOSTNAME 2>/dev/null || sync); sleep 0.2; done']\n        volumeMounts:\n        - {{name: data, mountPath: /data}}\n      volumes:\n      - name: data\n        persistentVolumeClaim: {{claimName: shared}}\n",
+        tolerations(),
         crate::APP_IMAGE
     )
 }
