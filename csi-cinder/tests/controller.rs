@@ -1237,21 +1237,6 @@ async fn volumes_of_a_server_that_is_gone_are_released_not_held_forever() {
 }
 
 /// Nova as the admin (an operator) sees it: every project's servers.
-fn admin_nova(e: &Env) -> openstack_client::nova::Compute {
-    let conf = openstack_client::config::CloudConf::from_texts(
-        &[("c".into(), e.h.emulator.cloud_conf())],
-        openstack_client::config::ConfigEnv::default(),
-    )
-    .unwrap();
-    openstack_client::nova::Compute::new(
-        openstack_client::Session::new(
-            conf.cloud("").unwrap(),
-            openstack_client::SessionOptions::default(),
-        )
-        .unwrap(),
-    )
-}
-
 /// Which servers Nova (the admin's view) lists the volume on.
 async fn nova_holders(
     nova: &openstack_client::nova::Compute,
@@ -1295,7 +1280,7 @@ async fn a_server_the_plugin_cannot_see_keeps_its_volume_never_two_writers() {
     );
     let cap = mount_cap("ext4", Mode::SingleNodeWriter);
     let ctl = e.h.emulator.control();
-    let admin = admin_nova(&e);
+    let admin = admin_nova(&e.h);
     let node = e.h.node_id.clone();
     let rescue = ctl
         .create_server("admin", "operators-rescue-vm", "nova")

@@ -15,9 +15,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use csi_sanity::harness::crash::{Subject, killed_after_each_call};
-use openstack_client::config::{CloudConf, ConfigEnv};
-use openstack_client::nova::Compute;
-use openstack_client::{Session, SessionOptions};
 use proto::csi::v1 as csi;
 use proto::csi::v1::controller_client::ControllerClient;
 use proto::csi::v1::volume_capability::access_mode::Mode;
@@ -45,15 +42,6 @@ struct Target {
 
 fn cap() -> csi::VolumeCapability {
     mount_cap("ext4", Mode::SingleNodeWriter)
-}
-
-fn nova(e: &Env) -> Compute {
-    let conf = CloudConf::from_texts(
-        &[("c".into(), e.h.emulator.cloud_conf())],
-        ConfigEnv::default(),
-    )
-    .unwrap();
-    Compute::new(Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap())
 }
 
 /// A fresh volume in the state `rpc` starts from.
@@ -146,7 +134,7 @@ async fn left_as_one_call_leaves(e: &Env, rpc: Rpc, t: &Target) -> Result<(), St
     let node = e.h.node_id.clone();
     let volume = t.volume.as_deref().unwrap_or_default();
     let attached_to_node = |id: &str| {
-        let nova = nova(e);
+        let nova = admin_nova(&e.h);
         let (id, node) = (id.to_string(), node.clone());
         async move {
             nova.list_volume_attachments(&node)

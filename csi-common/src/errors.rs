@@ -157,6 +157,45 @@ mod tests {
     }
 }
 
+/// A delete's answer, with "not found" read as done.
+pub fn not_found_ok(answer: Result<(), CloudError>) -> Result<(), CloudError> {
+    match answer {
+        Err(e) if e.is_not_found() => Ok(()),
+        other => other,
+    }
+}
+
+/// The answer of a call that failed after it made `what` (a volume, a
+/// share, a snapshot), once it tried to delete it (`cleanup`: the
+/// delete's answer). The failure as it is when the delete went through.
+/// Otherwise Unavailable, whatever the failure was: a final answer would
+/// leave `what` for good (the provisioner forgets a CreateVolume whose
+/// claim is deleted meanwhile, the snapshotter a CreateSnapshot), while
+/// the caller's retry finds it by name and deletes it.
+pub fn unless_left_behind(
+    failure: DriverError,
+    cleanup: Result<(), CloudError>,
+    what: &str,
+) -> DriverError {
+    match not_found_ok(cleanup) {
+        Ok(()) => failure,
+        Err(e) => DriverError::Unavailable(format!(
+            "{failure}; deleting {what} failed too, a retry deletes it: {e}"
+        )),
+    }
+}
+
+/// Deleting `what`, failed and left by an earlier attempt, before this
+/// call tries anew: a refusal is answered Unavailable (the retry deletes
+/// it), never with the refusal's final code, which would leave it.
+pub fn remove_left(cleanup: Result<(), CloudError>, what: &str) -> DriverResult<()> {
+    not_found_ok(cleanup).map_err(|e| {
+        DriverError::Unavailable(format!(
+            "{what}, failed in an earlier attempt, is left: deleting it failed, a retry deletes it: {e}"
+        ))
+    })
+}
+
 /// What an OpenStack delete call answered, as both drivers read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deletion {

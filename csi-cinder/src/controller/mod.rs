@@ -20,6 +20,7 @@ mod unanswered;
 mod volumes;
 mod zones;
 
+use csi_common::errors::not_found_ok;
 use std::collections::HashMap;
 
 use csi_common::request::GIB;
@@ -76,13 +77,6 @@ pub struct ControllerService {
 
 fn volume_gone(s: &VolumeStatus) -> bool {
     matches!(s, VolumeStatus::Deleting) || s.as_str() == "deleted"
-}
-
-fn not_found_ok(r: Result<(), openstack_client::Error>) -> Result<(), openstack_client::Error> {
-    match r {
-        Err(e) if e.is_not_found() => Ok(()),
-        other => other,
-    }
 }
 
 impl ControllerService {

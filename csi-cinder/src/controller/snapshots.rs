@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use csi_common::errors::{at_most_one, created};
+use csi_common::errors::{at_most_one, created, remove_left, unless_left_behind};
 use csi_common::paging::{marker_from_token, page_limit};
 use csi_common::request::{GIB, is_uuid, require, timestamp};
 use csi_common::waits::{delete_and_wait_gone, wait_until};
@@ -109,8 +109,10 @@ impl ControllerService {
         let snap = match at_most_one(existing, "snapshots", name, |s| &s.id)? {
             Some(s) if s.volume_id != source => return Err(taken_name(&s, name, source)),
             Some(s) if s.status.is_error() => {
-                not_found_ok(block.delete_snapshot(&s.id).await)
-                    .context(format!("deleting failed snapshot {}", s.id))?;
+                remove_left(
+                    block.delete_snapshot(&s.id).await,
+                    &format!("snapshot {}", s.id),
+                )?;
                 return Err(DriverError::Internal(format!(
                     "snapshot {} of volume {source} failed in Cinder; deleted it, a retry creates it anew",
                     s.id
@@ -161,13 +163,14 @@ impl ControllerService {
         )
         .await;
         match waited {
-            Ok(s) if s.status.is_error() => {
-                let _ = block.delete_snapshot(&s.id).await;
-                Err(DriverError::Internal(format!(
-                    "Cinder failed snapshot {} of volume {source}; deleted it",
+            Ok(s) if s.status.is_error() => Err(unless_left_behind(
+                DriverError::Internal(format!(
+                    "Cinder failed snapshot {} of volume {source}; it is deleted",
                     s.id
-                )))
-            }
+                )),
+                block.delete_snapshot(&s.id).await,
+                &format!("failed snapshot {}", s.id),
+            )),
             Ok(s) if created_here => {
                 let kept = self.yield_to_an_older_snapshot(block, name, s).await?;
                 if kept.volume_id != source {

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use csi_common::errors::{Deletion, at_most_one, deletion};
+use csi_common::errors::{Deletion, at_most_one, deletion, remove_left, unless_left_behind};
 use csi_common::request::{GIB, expansion_gib, is_uuid, require, size_fits, size_gib};
 use csi_common::waits::wait_until;
 use csi_common::{Context, DriverError, DriverResult};
@@ -64,8 +64,10 @@ impl ControllerService {
         if let Some(v) = at_most_one(existing, "Cinder volumes", name, |v| &v.id)? {
             if v.status.is_error() {
                 tracing::warn!(volume_id = %v.id, status = %v.status, "an earlier attempt failed; deleting it and creating anew");
-                not_found_ok(block.delete_volume(&v.id).await)
-                    .context(format!("deleting failed volume {}", v.id))?;
+                remove_left(
+                    block.delete_volume(&v.id).await,
+                    &format!("volume {}", v.id),
+                )?;
             } else {
                 self.check_compatible(&block, &v, &r, volume_type.as_deref(), &requested, &caps)
                     .await?;
@@ -249,17 +251,14 @@ impl ControllerService {
         .await?;
         match result {
             Ok(v) => Ok(v),
-            Err(v) => {
-                let deleted = not_found_ok(block.delete_volume(id).await);
-                Err(DriverError::Internal(format!(
-                    "Cinder could not create volume {id} (status {}; usually no backend with enough capacity for the type and zone){}",
-                    v.status,
-                    match deleted {
-                        Ok(()) => "; the failed volume was deleted".to_string(),
-                        Err(e) => format!("; deleting the failed volume failed too: {e}"),
-                    }
-                )))
-            }
+            Err(v) => Err(unless_left_behind(
+                DriverError::Internal(format!(
+                    "Cinder could not create volume {id} (status {}; usually no backend with enough capacity for the type and zone); the failed volume is deleted",
+                    v.status
+                )),
+                block.delete_volume(id).await,
+                &format!("failed volume {id}"),
+            )),
         }
     }
 

@@ -51,6 +51,18 @@ pub async fn env_with(extra_args: &[&str]) -> Env {
 }
 
 /// Cinder of the emulator, as the plugin's credentials see it.
+/// Nova as the emulator's admin sees it (every project's servers).
+pub fn admin_nova(h: &CinderOnEmulator) -> openstack_client::nova::Compute {
+    let conf = CloudConf::from_texts(
+        &[("c".into(), h.emulator.cloud_conf())],
+        ConfigEnv::default(),
+    )
+    .unwrap();
+    openstack_client::nova::Compute::new(
+        Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap(),
+    )
+}
+
 pub fn cinder_of(h: &CinderOnEmulator) -> BlockStorage {
     let conf = CloudConf::from_texts(
         &[("c".into(), h.cloud_conf_text().unwrap())],

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use csi_common::errors::{at_most_one, created};
+use csi_common::errors::{at_most_one, created, unless_left_behind};
 use csi_common::paging::{offset_from_token, offset_token, page_limit};
 use csi_common::request::{GIB, is_uuid, require, timestamp};
 use csi_common::waits::{delete_and_wait_gone, wait_until};
@@ -87,13 +87,16 @@ impl ControllerService {
             Some(s) if s.share_id != source => return Err(taken_name(&s, &name, &source)),
             Some(s) if failed(&s.status) => {
                 let messages = manila.list_user_messages(&s.id).await.unwrap_or_default();
-                let _ = manila.delete_snapshot(&s.id).await;
-                return Err(failure_from_messages(
-                    &format!(
-                        "snapshot {} of volume {source} (deleted; a retry creates it anew)",
-                        s.id
+                return Err(unless_left_behind(
+                    failure_from_messages(
+                        &format!(
+                            "snapshot {} of volume {source} (deleted; a retry creates it anew)",
+                            s.id
+                        ),
+                        &messages,
                     ),
-                    &messages,
+                    manila.delete_snapshot(&s.id).await,
+                    &format!("failed snapshot {}", s.id),
                 ));
             }
             Some(s) => s,
@@ -144,10 +147,13 @@ impl ControllerService {
         let snap = match settled {
             Ok(s) if failed(&s.status) => {
                 let messages = manila.list_user_messages(&s.id).await.unwrap_or_default();
-                let _ = manila.delete_snapshot(&s.id).await;
-                return Err(failure_from_messages(
-                    &format!("snapshot {} of volume {source} (deleted)", s.id),
-                    &messages,
+                return Err(unless_left_behind(
+                    failure_from_messages(
+                        &format!("snapshot {} of volume {source} (deleted)", s.id),
+                        &messages,
+                    ),
+                    manila.delete_snapshot(&s.id).await,
+                    &format!("failed snapshot {}", s.id),
                 ));
             }
             Ok(s) if created_here => {

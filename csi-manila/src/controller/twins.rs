@@ -9,6 +9,7 @@
 
 use std::time::Instant;
 
+use csi_common::errors::not_found_ok;
 use csi_common::twins::{rank, wait_past_created_second};
 use csi_common::{Context, DriverResult};
 use openstack_client::manila::{
@@ -64,13 +65,6 @@ fn keeper<T: Twin>(twins: &[T]) -> Option<&T> {
     twins.iter().min_by_key(|t| rank(t.created_at(), t.id()))
 }
 
-fn deleted_ok(r: openstack_client::Result<()>) -> openstack_client::Result<()> {
-    match r {
-        Err(e) if e.is_not_found() => Ok(()),
-        other => other,
-    }
-}
-
 /// Of what a lookup by name found: the one to keep, alone, once the
 /// others (twins this driver made) are deleted where Manila lets them be
 /// (a twin still being made is its maker's to delete, or the next
@@ -91,7 +85,7 @@ where
         .iter()
         .filter(|t| t.id() != keep.id() && t.deletable())
     {
-        deleted_ok(delete(twin.id().to_string()).await).context(format!(
+        not_found_ok(delete(twin.id().to_string()).await).context(format!(
             "deleting {what} {}, a twin of {}",
             twin.id(),
             keep.id()
@@ -149,7 +143,7 @@ impl ControllerService {
         let Some(keep) = keeper(&named).filter(|k| k.id != mine.id).cloned() else {
             return Ok(None);
         };
-        deleted_ok(manila.delete_share(&mine.id).await)
+        not_found_ok(manila.delete_share(&mine.id).await)
             .context(format!("deleting share {}, a twin of {}", mine.id, keep.id))?;
         tracing::warn!(share_id = %mine.id, kept = %keep.id, name, "another replica made this share first: ours deleted, theirs answered");
         wait_share_available(manila, &keep.id, deadline, |_| true)
@@ -177,7 +171,7 @@ impl ControllerService {
         let Some(keep) = keeper(&named).filter(|k| k.id != mine.id).cloned() else {
             return Ok(mine);
         };
-        deleted_ok(manila.delete_snapshot(&mine.id).await).context(format!(
+        not_found_ok(manila.delete_snapshot(&mine.id).await).context(format!(
             "deleting snapshot {}, a twin of {}",
             mine.id, keep.id
         ))?;

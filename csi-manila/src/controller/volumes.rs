@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use csi_common::errors::at_most_one;
+use csi_common::errors::{at_most_one, not_found_ok, remove_left, unless_left_behind};
 use csi_common::request::{Capability, GIB, expansion_gib, is_uuid, require, size_fits, size_gib};
 use csi_common::waits::{delete_and_wait_gone, wait_gone, wait_until};
 use csi_common::{Context, DriverError, DriverResult};
@@ -108,13 +108,6 @@ pub(super) fn check_snapshot_capable(t: &ShareType, what: &str) -> DriverResult<
     Ok(())
 }
 
-fn not_found_ok(r: openstack_client::Result<()>) -> openstack_client::Result<()> {
-    match r {
-        Err(e) if e.is_not_found() => Ok(()),
-        other => other,
-    }
-}
-
 impl ControllerService {
     pub(super) async fn create_volume(
         &self,
@@ -150,8 +143,7 @@ impl ControllerService {
             None => None,
             Some(s) if s.status.is_error() && provisioned_here(&s) => {
                 tracing::warn!(share_id = %s.id, status = %s.status, "an earlier attempt failed; deleting it and creating anew");
-                not_found_ok(manila.delete_share(&s.id).await)
-                    .context(format!("deleting failed share {}", s.id))?;
+                remove_left(manila.delete_share(&s.id).await, &format!("share {}", s.id))?;
                 wait_gone(
                     "share_delete",
                     deadline,
@@ -466,7 +458,13 @@ impl ControllerService {
                     )
                     .await;
                 }
-                Err((e, again && deleted.is_ok()))
+                match deleted {
+                    Ok(()) => Err((e, again)),
+                    Err(d) => Err((
+                        unless_left_behind(e, Err(d), &format!("failed share {}", share.id)),
+                        false,
+                    )),
+                }
             }
         }
     }
