@@ -37,6 +37,8 @@ metadata and `topology.kubernetes.io/zone` label).
                         the cloud (its APIs, Ceph) or from the apiservers:
                         what it sends there is dropped, until mend-node
     cluster.py mend-node NAME    every cut of the node ends
+    cluster.py csi-mounts NAME   the node's CSI staging and publish mounts,
+                        with the volume kubelet recorded for each (JSON)
     cluster.py kubectl ARGS...   kubectl against the cluster
 
 Needs root, and the real test cloud up (tests/openstack/cloud.py up all):
@@ -109,6 +111,7 @@ from k8stier.control_plane import (
     wait_apiserver,
 )
 from k8stier.faults import (
+    cmd_csi_mounts,
     cmd_cut_node,
     cmd_kill_node,
     cmd_mend_node,
@@ -311,6 +314,7 @@ def main(argv):
         "revive-node": cmd_revive_node,
         "cut-node": cmd_cut_node,
         "mend-node": cmd_mend_node,
+        "csi-mounts": cmd_csi_mounts,
         "kubectl": lambda rest: subprocess.run(
             ["kubectl", f"--kubeconfig={STATE / 'admin.kubeconfig'}", *rest]).returncode,
     }, "cluster", {Skipped: ("SKIPPED", 3), ClusterError: ("ERROR", 1)})

@@ -246,6 +246,45 @@ def cmd_revive_node(rest):
     log(f"{node.name} back and Ready in {time.time() - t:.1f}s" + (" (registered anew)" if len(rest) == 2 else ""))
 
 
+# what csi-mounts runs in a node's mount namespace: the CSI mounts below
+# the kubelet directory, each with what kubelet recorded of it
+CSI_MOUNTS_SCRIPT = r"""
+import json, os, sys
+root = sys.argv[1]
+found = []
+for line in open("/proc/self/mountinfo"):
+    target = line.split(" ")[4].encode().decode("unicode_escape")
+    parts = target[len(root):].split("/") if target.startswith(root + "/") else []
+    if parts[1:2] == ["plugins"] and parts[-1] == "globalmount" and parts[2:4] == ["kubernetes.io", "csi"]:
+        kind, pod = "staging", None
+    elif parts[1:2] == ["pods"] and parts[3:5] == ["volumes", "kubernetes.io~csi"] and parts[-1] == "mount":
+        kind, pod = "publish", parts[2]
+    else:
+        continue
+    try:
+        data = json.load(open(os.path.join(os.path.dirname(target), "vol_data.json")))
+    except (OSError, ValueError):
+        data = {}
+    found.append({"target": target, "kind": kind, "pod_uid": pod, "driver": data.get("driverName"),
+                  "volume_handle": data.get("volumeHandle"), "pv": data.get("specVolID")})
+print(json.dumps(found))
+"""
+
+
+def cmd_csi_mounts(rest):
+    """`csi-mounts NAME`: the node's CSI mounts (staging and publish) below
+    the kubelet directory, as JSON: each one's path, kind, pod uid (of a
+    publish), and the driver, volume handle and PV kubelet recorded."""
+    if len(rest) != 1:
+        raise ClusterError("usage: cluster.py csi-mounts NAME")
+    node = node_named(rest[0])
+    r = subprocess.run([*node.enter(), sys.executable, "-c", CSI_MOUNTS_SCRIPT, str(KUBELET_DIR)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ClusterError(f"{node.name}: cannot list its mounts: {r.stderr.strip()}")
+    print(r.stdout.strip())
+
+
 # a node's cut, in its own network namespace: a chain of the filter table
 # that OUTPUT jumps to, dropping what the node sends to the host's
 # listeners it reaches by DNAT (the destination is the gateway once DNAT

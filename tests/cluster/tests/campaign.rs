@@ -15,6 +15,48 @@ use std::time::Duration;
 use cluster_tests::Cluster;
 use cluster_tests::campaign::{Campaign, FaultClass, Plan, seed_from_env};
 
+/// A tmpfs mounted where kubelet puts a pod's CSI volume, of a pod that
+/// does not exist (node A's kubelet directory); unmounted and removed
+/// when dropped.
+struct LeftMount {
+    pod_dir: std::path::PathBuf,
+    target: String,
+}
+
+impl LeftMount {
+    fn new() -> Self {
+        let pod_dir =
+            std::path::PathBuf::from("/var/lib/kubelet/pods/00000000-0000-0000-0000-1eftbe41nd00");
+        let volume = pod_dir.join("volumes/kubernetes.io~csi/pvc-left-behind");
+        let target = volume.join("mount");
+        std::fs::create_dir_all(&target).unwrap();
+        std::fs::write(
+            volume.join("vol_data.json"),
+            r#"{"driverName":"cinder.csi.openstack.org","volumeHandle":"left-behind","specVolID":"pvc-left-behind"}"#,
+        )
+        .unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "left-behind"])
+            .arg(&target)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        Self {
+            pod_dir,
+            target: target.to_string_lossy().into_owned(),
+        }
+    }
+}
+
+impl Drop for LeftMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(&self.target)
+            .status();
+        let _ = std::fs::remove_dir_all(&self.pod_dir);
+    }
+}
+
 /// How long a node stays cut off from the cloud or the apiservers: the
 /// issue's shorter cut (the bench runs the 100 s one).
 const CUT_SECS: u64 = 20;
@@ -126,6 +168,17 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
         lost.iter().any(|l| l.starts_with("writer-0")),
         "the lost write is seen: {lost:?}"
     );
+
+    // a mount nothing owns: a publish mount of a pod that does not
+    // exist, as a NodePublish answered with a final error after it
+    // mounted would leave
+    let left = LeftMount::new();
+    let found = campaign.left_behind().await.unwrap();
+    assert!(
+        found.iter().any(|f| f.contains(&left.target)),
+        "the mount left behind is seen: {found:?}"
+    );
+    drop(left);
 
     // a claim that never binds
     c.apply_in(

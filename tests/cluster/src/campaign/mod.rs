@@ -16,8 +16,10 @@
 //! Bound, every pod Running) within a bound; no acknowledged write is
 //! lost; a single-attach volume is never attached to two servers (sampled
 //! every 2 s, in Cinder and in Nova, throughout); nothing leaked (the
-//! controllers' own orphan report, for what the campaign made); the calls
-//! to the cloud per operation stay bounded. A violation names the
+//! controllers' own orphan report, for what the campaign made); nothing
+//! left behind (every CSI mount on a node and every attachment of the
+//! cluster's volumes to a node's server owned by a pod or a
+//! VolumeAttachment); the calls to the cloud per operation stay bounded. A violation names the
 //! invariant, the step and the seed, and the campaign replays from it.
 
 use std::collections::BTreeMap;
@@ -30,9 +32,11 @@ use crate::{Cluster, ClusterError, Result, TestNamespace};
 
 mod checks;
 mod faults;
+mod leftovers;
 mod operations;
 
 pub use checks::{Acknowledged, two_writers, write_lost};
+pub use leftovers::{CsiMount, Owners, unowned};
 
 /// A small, seedable generator (splitmix64): the same seed, the same
 /// campaign.
@@ -190,6 +194,7 @@ pub enum Invariant {
     NoAcknowledgedWriteLost,
     NeverTwoWriters,
     NothingLeaked,
+    NothingLeftBehind,
     BoundedPressure,
 }
 
@@ -462,6 +467,14 @@ impl Campaign {
                 report.violations.push(format!(
                     "{:?} at {label}: {lost}",
                     Invariant::NoAcknowledgedWriteLost
+                ));
+            }
+            // what was unmounted, detached or deleted for good is gone
+            // from the nodes and their servers once the cluster caught up
+            for left in self.wait_nothing_left_behind(2 * MINUTE).await? {
+                report.violations.push(format!(
+                    "{:?} at {label}: {left}",
+                    Invariant::NothingLeftBehind
                 ));
             }
             let cloud_calls = self.cloud_calls().await;
