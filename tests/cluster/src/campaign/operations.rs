@@ -58,6 +58,28 @@ pub(super) async fn apply_workload(c: &Cluster, n: &str) -> Result<()> {
 }
 
 impl Campaign {
+    /// A writer that can move: one whose node's zone has another node
+    /// (the first writer when none can).
+    pub(super) async fn movable_writer(&self) -> Result<usize> {
+        let zones = self.c.node_zones().await?;
+        for i in 0..WRITERS {
+            let p = self
+                .c
+                .get("pod", &format!("writer-{i}"), Some(self.n()))
+                .await?
+                .unwrap_or_default();
+            let from = p["spec"]["nodeName"].as_str().unwrap_or_default();
+            let zone = zones.get(from);
+            if zones
+                .iter()
+                .any(|(node, z)| Some(z) == zone && node != from)
+            {
+                return Ok(i);
+            }
+        }
+        Ok(0)
+    }
+
     /// Runs an operation to its end (each sidecar retries what the faults
     /// refuse; the bound is generous).
     pub(super) async fn operate(&self, op: Operation, step: usize, rng_pick: usize) -> Result<()> {
