@@ -510,7 +510,11 @@ impl Campaign {
                 .clear_faults()
                 .await
                 .map_err(ClusterError::Other)?;
-            for f in &faults {
+            // a stopped kubelet last: it starts only on a node that can
+            // reach the apiservers again, once a cut of the same node ended
+            let mut ending = faults.clone();
+            ending.sort_by_key(|f| *f == FaultClass::KubeletStoppedPastEviction);
+            for f in &ending {
                 self.end(*f).await?;
             }
             // from here, the cloud and the cluster are whole again: how long
