@@ -744,6 +744,76 @@ async fn the_attach_limit_holds_without_nova_and_the_node_reports_what_is_left()
     .unwrap();
 }
 
+/// Publishes to one server at once, more than its limit takes, while
+/// Nova answers each call late (so that every publish counts the server's
+/// disks while the others' attaches are on their way): exactly as many as
+/// fit are attached, the others refused, never one more.
+#[tokio::test]
+async fn publishes_to_one_server_at_once_never_pass_its_limit() {
+    if !root() {
+        return;
+    }
+    let mut o = HarnessOptions::new(BIN);
+    o.extra_cloud_conf = "\n[BlockStorage]\nnode-volume-attach-limit = 6\n".into();
+    let h = CinderOnEmulator::start(o).await.unwrap();
+    let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
+    csi_sanity::harness::wait_until_ready(&h.socket)
+        .await
+        .unwrap();
+    let c = ControllerClient::new(ch);
+    let own = csi_sanity::harness::cinder::own_disks_of_this_machine() as usize;
+    let fits = 6 - own;
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let mut ids = Vec::new();
+    for i in 0..fits + 4 {
+        ids.push(
+            c.clone()
+                .create_volume(create_req(&format!("burst-{i}"), cap.clone(), 1))
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap()
+                .volume_id,
+        );
+    }
+    h.emulator.control().add_fault(FaultRule::new(
+        None,
+        "/servers/",
+        FaultAction::Delay { millis: 100 },
+    ));
+    let mut publishes = tokio::task::JoinSet::new();
+    for id in &ids {
+        let mut c = c.clone();
+        let r = csi::ControllerPublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: h.node_id.clone(),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        };
+        publishes.spawn(async move { c.controller_publish_volume(r).await.map(drop) });
+    }
+    let answers = publishes.join_all().await;
+    let ok = answers.iter().filter(|a| a.is_ok()).count();
+    let refused: Vec<&tonic::Status> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+    assert!(
+        refused.iter().all(|s| s.code() == Code::ResourceExhausted),
+        "{refused:?}"
+    );
+    let cinder = cinder_of(&h);
+    let mut attached = 0;
+    for id in &ids {
+        if !cinder.get_volume(id).await.unwrap().attachments.is_empty() {
+            attached += 1;
+        }
+    }
+    assert_eq!(
+        (ok, attached),
+        (fits, fits),
+        "as many publishes answered OK and volumes attached as fit"
+    );
+}
+
 #[tokio::test]
 async fn publishing_past_novas_disk_limit_is_resource_exhausted_and_attaches_nothing() {
     if !root() {

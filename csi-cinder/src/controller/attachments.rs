@@ -62,43 +62,35 @@ impl ControllerService {
                     "volume {id} is attached to {others:?} and its type does not allow multi-attach"
                 )));
             }
-            // one publish at a time per server: what it holds is counted
-            // and the attach requested before the next one counts
-            let _server_guard = self.locks.lock(&format!("server/{node}"), deadline).await?;
-            let server = compute
-                .get_server(node)
-                .await
-                .context(format!("node {node}"))?;
-            let attached = compute
-                .list_volume_attachments(node)
-                .await
-                .context(format!("volume attachments of node {node}"))?
-                .iter()
-                .filter(|a| a.volume_id != id)
-                .count() as i64;
-            let disks = attached + i64::from(server.local_disks());
-            if disks >= self.opts.attach_limit {
-                return Err(DriverError::ResourceExhausted(format!(
-                    "node {node} has {disks} disks ({attached} volumes and {} of its own) of the {} it takes ([BlockStorage] node-volume-attach-limit): volume {id} is not attached",
-                    server.local_disks(),
-                    self.opts.attach_limit
-                )));
-            }
+            // a slot of the server's attach limit, taken before the
+            // attach is asked for (see [`super::slots`])
+            let slot = self
+                .slots
+                .take(&compute, node, id, self.opts.attach_limit)
+                .await?;
             match v.status {
                 VolumeStatus::Available | VolumeStatus::InUse => {
                     match compute.attach_volume(node, id, v.multiattach).await {
                         Ok(a) => {
+                            slot.requested();
                             tracing::info!(volume_id = id, node, device = ?a.device, "attach requested")
                         }
                         // attaching already (a retry of an earlier call)
                         Err(openstack_client::Error::Conflict(e)) => {
+                            slot.requested();
                             tracing::info!(volume_id = id, node, error = %e, "attach in progress")
                         }
-                        Err(e) => return Err(attach_error(e, id, node)),
+                        Err(e) => {
+                            // an attach that got no answer may have been done
+                            if e.unanswered() {
+                                slot.requested();
+                            }
+                            return Err(attach_error(e, id, node));
+                        }
                     }
                 }
                 // an earlier attempt's attach is still under way
-                VolumeStatus::Attaching | VolumeStatus::Reserved => {}
+                VolumeStatus::Attaching | VolumeStatus::Reserved => slot.requested(),
                 ref s => {
                     return Err(DriverError::FailedPrecondition(format!(
                         "volume {id} is {s}; cannot attach"

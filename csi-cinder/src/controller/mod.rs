@@ -14,6 +14,7 @@ mod backups;
 mod groups;
 mod inventory;
 mod repairs;
+mod slots;
 mod snapshots;
 mod twins;
 mod unanswered;
@@ -73,6 +74,7 @@ pub struct ControllerService {
     locks: KeyedLocks,
     metrics: AttachmentMetrics,
     unanswered: unanswered::UnansweredDetaches,
+    slots: slots::AttachSlots,
 }
 
 fn volume_gone(s: &VolumeStatus) -> bool {
@@ -87,6 +89,7 @@ impl ControllerService {
             locks: KeyedLocks::default(),
             metrics: AttachmentMetrics::default(),
             unanswered: unanswered::UnansweredDetaches::default(),
+            slots: slots::AttachSlots::default(),
         }
     }
 

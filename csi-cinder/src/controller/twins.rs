@@ -140,16 +140,15 @@ impl ControllerService {
         .await
     }
 
-    /// After this call created `mine` and it became available: if another
-    /// replica made an older volume of the same name meanwhile, that one
-    /// is the answer and `mine` is deleted; otherwise `mine`.
-    pub(super) async fn yield_to_an_older_twin(
+    /// An older volume of the name that another replica made while this
+    /// call made `mine` (looked for as soon as `mine` exists: any volume
+    /// made before it is listed by then), if there is one.
+    pub(super) async fn older_twin(
         &self,
         block: &BlockStorage,
         name: &str,
-        mine: Volume,
-        deadline: Instant,
-    ) -> DriverResult<Volume> {
+        mine: &Volume,
+    ) -> DriverResult<Option<Volume>> {
         wait_past_created_second(mine.created_at.as_deref(), mine.read_at).await;
         let named: Vec<Volume> = block
             .volumes_named(name)
@@ -158,9 +157,19 @@ impl ControllerService {
             .into_iter()
             .filter(|v| !volume_gone(&v.status) && self.made_here(v))
             .collect();
-        let Some(keep) = keeper(&named).filter(|k| k.id != mine.id).cloned() else {
-            return Ok(mine);
-        };
+        Ok(keeper(&named).filter(|k| k.id != mine.id).cloned())
+    }
+
+    /// `mine`, available, yields to `keep`, an older twin: `mine` is
+    /// deleted and `keep` is the answer, once available.
+    pub(super) async fn yield_to(
+        &self,
+        block: &BlockStorage,
+        name: &str,
+        mine: &Volume,
+        keep: &Volume,
+        deadline: Instant,
+    ) -> DriverResult<Volume> {
         not_found_ok(block.delete_volume(&mine.id).await).context(format!(
             "deleting volume {}, a twin of {}",
             mine.id, keep.id

@@ -133,12 +133,17 @@ impl ControllerService {
             .await
             .context(format!("creating volume {name}"))?;
         tracing::info!(volume_id = %created.id, size_gib = size, "volume created, waiting for it to become available");
-        let v = self
-            .wait_volume_available(&block, &created.id, deadline)
-            .await?;
-        let v = self
-            .yield_to_an_older_twin(&block, name, v, deadline)
-            .await?;
+        // a twin another replica made meanwhile is looked for while the
+        // volume becomes available
+        let (available, older) = tokio::join!(
+            self.wait_volume_available(&block, &created.id, deadline),
+            self.older_twin(&block, name, &created)
+        );
+        let v = available?;
+        let v = match older? {
+            Some(keep) => self.yield_to(&block, name, &v, &keep, deadline).await?,
+            None => v,
+        };
         if v.id != created.id {
             // the twin answers this request only if it fits it
             let requested = RequestedSource::of(&r)?;

@@ -304,7 +304,9 @@ impl BlockStorage {
             req = self.mv(req, MV_BACKUP_AZ);
         }
         let resp = self.session.send(req).await?;
-        Ok(resp.json::<VolumeEnvelope>()?.volume)
+        let mut v = resp.json::<VolumeEnvelope>()?.volume;
+        v.read_at = resp.date;
+        Ok(v)
     }
 
     pub async fn get_volume(&self, id: &str) -> Result<Volume> {

@@ -1,0 +1,180 @@
+//! A server's attach slots (`[BlockStorage] node-volume-attach-limit`).
+//! What a server holds is counted from one listing of it (its own disks
+//! and its volume attachments in Nova) shared by every publish that was
+//! waiting when it started, plus the attaches this controller asked for
+//! that a listing may not show yet. A slot is taken under a lock held for
+//! no network call: publishes to one server list it once per burst and
+//! attach side by side, and two of them never both take a last slot.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use csi_common::{Context, DriverError, DriverResult};
+use openstack_client::nova::Compute;
+
+/// At most this many servers are kept track of; idle ones are forgotten
+/// first (a caller naming servers that do not exist grows nothing).
+const MAX_SERVERS: usize = 10_000;
+
+/// One listing of a server.
+#[derive(Debug, Clone)]
+struct Listing {
+    started: Instant,
+    volumes: HashSet<String>,
+    local_disks: u32,
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    /// The newest listing.
+    listing: Option<Listing>,
+    /// Listings begun, and done; one is in flight when they differ.
+    listings_begun: u64,
+    listings_done: u64,
+    /// The attaches this controller asked Nova for here: None while the
+    /// request is on its way, else when it ended (a listing that started
+    /// later shows it, if it was done).
+    requested: HashMap<String, Option<Instant>>,
+}
+
+#[derive(Debug, Default)]
+struct ServerSlots {
+    ledger: Mutex<Ledger>,
+    /// One listing of the server at a time: those who waited on it use it.
+    listing: tokio::sync::Mutex<()>,
+}
+
+impl ServerSlots {
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct AttachSlots {
+    servers: Arc<Mutex<HashMap<String, Arc<ServerSlots>>>>,
+}
+
+/// A slot taken for an attach: [`Slot::requested`] once the attach was
+/// asked for (or may have been: an answer lost); dropped otherwise, it is
+/// given back.
+#[derive(Debug)]
+pub struct Slot {
+    server: Arc<ServerSlots>,
+    volume: String,
+    requested: bool,
+}
+
+impl Slot {
+    /// The attach was asked for: the slot stays taken until a listing
+    /// that started after now shows what Nova did.
+    pub fn requested(mut self) {
+        self.server
+            .ledger()
+            .requested
+            .insert(self.volume.clone(), Some(Instant::now()));
+        self.requested = true;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.requested {
+            self.server.ledger().requested.remove(&self.volume);
+        }
+    }
+}
+
+impl AttachSlots {
+    fn server(&self, server: &str) -> Arc<ServerSlots> {
+        let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+        if servers.len() >= MAX_SERVERS && !servers.contains_key(server) {
+            servers.retain(|_, s| Arc::strong_count(s) > 1 || !s.ledger().requested.is_empty());
+        }
+        servers.entry(server.to_string()).or_default().clone()
+    }
+
+    /// A slot on `server` for `volume`, if what the server holds (its own
+    /// disks, its attachments, the attaches asked for here) leaves one
+    /// below `limit`; ResourceExhausted otherwise.
+    pub async fn take(
+        &self,
+        compute: &Compute,
+        server: &str,
+        volume: &str,
+        limit: i64,
+    ) -> DriverResult<Slot> {
+        let slots = self.server(server);
+        // the listing this publish counts on: the one in flight, else a
+        // new one (any listing is good for the count: the attaches asked
+        // for since it began are counted from the ledger)
+        let wanted = {
+            let l = slots.ledger();
+            if l.listings_begun > l.listings_done {
+                l.listings_begun
+            } else {
+                l.listings_begun + 1
+            }
+        };
+        {
+            let _one = slots.listing.lock().await;
+            let done = slots.ledger().listings_done >= wanted;
+            if !done {
+                slots.ledger().listings_begun = wanted;
+                let started = Instant::now();
+                // side by side: neither needs the other
+                let (found, attachments) = tokio::join!(
+                    compute.get_server(server),
+                    compute.list_volume_attachments(server)
+                );
+                let found = found.context(format!("node {server}"))?;
+                let volumes = attachments
+                    .context(format!("volume attachments of node {server}"))?
+                    .into_iter()
+                    .map(|a| a.volume_id)
+                    .collect();
+                let mut l = slots.ledger();
+                l.listing = Some(Listing {
+                    started,
+                    volumes,
+                    local_disks: found.local_disks(),
+                });
+                l.listings_done = wanted;
+            }
+        }
+        let mut ledger = slots.ledger();
+        let Some(listing) = ledger.listing.clone() else {
+            return Err(DriverError::Internal(format!(
+                "no listing of node {server}"
+            )));
+        };
+        // what a listing that started after the request ended shows
+        // already, or never will
+        ledger
+            .requested
+            .retain(|_, ended| ended.is_none_or(|t| t >= listing.started));
+        let held: HashSet<&str> = listing
+            .volumes
+            .iter()
+            .map(String::as_str)
+            .chain(ledger.requested.keys().map(String::as_str))
+            .filter(|v| *v != volume)
+            .collect();
+        let attached = held.len() as i64;
+        let disks = attached + i64::from(listing.local_disks);
+        if disks >= limit {
+            return Err(DriverError::ResourceExhausted(format!(
+                "node {server} has {disks} disks ({attached} volumes and {} of its own) of the {limit} it takes ([BlockStorage] node-volume-attach-limit): volume {volume} is not attached",
+                listing.local_disks
+            )));
+        }
+        ledger.requested.insert(volume.to_string(), None);
+        drop(ledger);
+        Ok(Slot {
+            server: slots,
+            volume: volume.to_string(),
+            requested: false,
+        })
+    }
+}
