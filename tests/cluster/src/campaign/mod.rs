@@ -443,6 +443,8 @@ impl Campaign {
     pub async fn run(&mut self, plan: &Plan) -> Result<Report> {
         let mut rng = Rng::new(plan.seed);
         let mut report = Report::default();
+        // the violations printed so far, the step's and the sampler's
+        let (mut shown, mut sampled_shown) = (0, 0);
         // what each operation costs the cloud without faults: the
         // measure of the steps' pressure
         for (i, op) in Operation::ALL.iter().enumerate() {
@@ -564,11 +566,21 @@ impl Campaign {
                     report.baseline.get(&op).copied().unwrap_or(0)
                 ));
             }
-            // progress, while a long campaign runs
+            // progress, while a long campaign runs, with what it broke
             eprintln!(
                 "{label}: converged {:.1} s after the faults ended; {cloud_calls} Cinder and Nova calls",
                 converged_in.as_secs_f64()
             );
+            for v in &report.violations[shown..] {
+                eprintln!("VIOLATION {v}");
+            }
+            shown = report.violations.len();
+            if let Ok(sampled) = self.violations.lock() {
+                for v in &sampled[sampled_shown..] {
+                    eprintln!("VIOLATION {v}");
+                }
+                sampled_shown = sampled.len();
+            }
             report.steps.push(StepRecord {
                 faults,
                 operation: op,
