@@ -280,7 +280,8 @@ impl Report {
             .map(|s| s.converged_in)
             .collect();
         t.sort();
-        Some((*t.get(t.len() / 2)?, *t.last()?))
+        // the lower median of an even count
+        Some((*t.get(t.len().saturating_sub(1) / 2)?, *t.last()?))
     }
 
     /// The report as the bench and the test print it.
