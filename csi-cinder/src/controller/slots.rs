@@ -64,6 +64,10 @@ pub struct Slot {
     server: Arc<ServerSlots>,
     volume: String,
     requested: bool,
+    /// What the ledger held for the volume before (an earlier call's
+    /// attach, asked for and not listed yet): restored when this slot is
+    /// given back.
+    before: Option<Option<Instant>>,
 }
 
 impl Slot {
@@ -81,7 +85,15 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if !self.requested {
-            self.server.ledger().requested.remove(&self.volume);
+            let mut ledger = self.server.ledger();
+            match self.before.take() {
+                Some(before) => {
+                    ledger.requested.insert(self.volume.clone(), before);
+                }
+                None => {
+                    ledger.requested.remove(&self.volume);
+                }
+            }
         }
     }
 }
@@ -169,12 +181,45 @@ impl AttachSlots {
                 listing.local_disks
             )));
         }
-        ledger.requested.insert(volume.to_string(), None);
+        let before = ledger.requested.insert(volume.to_string(), None);
         drop(ledger);
         Ok(Slot {
             server: slots,
             volume: volume.to_string(),
             requested: false,
+            before,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(server: &Arc<ServerSlots>, volume: &str) -> Slot {
+        let before = server.ledger().requested.insert(volume.into(), None);
+        Slot {
+            server: server.clone(),
+            volume: volume.into(),
+            requested: false,
+            before,
+        }
+    }
+
+    #[test]
+    fn a_slot_given_back_leaves_what_was_there_before() {
+        let server = Arc::new(ServerSlots::default());
+        // given back: nothing counted for the volume any more
+        drop(slot(&server, "v1"));
+        assert!(server.ledger().requested.is_empty());
+        // asked for: counted until a later listing shows it
+        slot(&server, "v1").requested();
+        assert!(matches!(server.ledger().requested.get("v1"), Some(Some(_))));
+        // a retry's slot given back keeps the earlier attach counted
+        drop(slot(&server, "v1"));
+        assert!(
+            matches!(server.ledger().requested.get("v1"), Some(Some(_))),
+            "the earlier attach, which may have landed, still counts"
+        );
     }
 }
