@@ -94,21 +94,17 @@ async fn two_replicas_creating_the_same_volumes_settle_on_one_each() {
         );
         assert_eq!(a, b, "{name}: both replicas answer the same volume");
         // the loser's deletion is under way: wait for it to finish
-        let mut left = Vec::new();
-        for _ in 0..100 {
-            left = cinder
+        let left = csi_sanity::harness::left_once_settled(|| async {
+            cinder
                 .volumes_named(&name)
                 .await
                 .unwrap()
                 .into_iter()
                 .filter(|v| v.status.as_str() != "deleting")
                 .map(|v| v.id)
-                .collect::<Vec<_>>();
-            if left.len() == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+                .collect()
+        })
+        .await;
         assert_eq!(
             left,
             vec![a.clone()],
@@ -169,25 +165,17 @@ async fn two_replicas_taking_the_same_snapshots_settle_on_one_each() {
             b.unwrap().into_inner().snapshot.unwrap().snapshot_id,
         );
         assert_eq!(a, b, "{name}: both replicas answer the same snapshot");
-        let mut left = Vec::new();
-        for _ in 0..100 {
-            left = cinder
-                .list_snapshots(&openstack_client::cinder::ListSnapshots {
-                    name: Some(name.clone()),
-                    ..Default::default()
-                })
+        let left = csi_sanity::harness::left_once_settled(|| async {
+            cinder
+                .snapshots_named(&name)
                 .await
                 .unwrap()
-                .items
                 .into_iter()
                 .filter(|s| s.status.as_str() != "deleting")
                 .map(|s| s.id)
-                .collect::<Vec<_>>();
-            if left.len() == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+                .collect()
+        })
+        .await;
         assert_eq!(
             left,
             vec![a.clone()],

@@ -31,3 +31,60 @@ pub async fn wait_past_created_second(created_at: Option<&str>, read_at: Option<
         tokio::time::sleep(wait.min(Duration::from_secs(1)) + Duration::from_millis(50)).await;
     }
 }
+
+/// What a driver says of one of several resources named alike.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TwinView {
+    pub id: String,
+    pub created_at: Option<String>,
+    /// Whether this driver made it (only such twins are ever settled).
+    pub made_here: bool,
+    /// Whether the service deletes it as it is now (not while being made).
+    pub deletable: bool,
+}
+
+/// The one every replica keeps of several of one name.
+pub fn keeper<T>(twins: &[T], view: impl Fn(&T) -> TwinView) -> Option<&T> {
+    twins.iter().min_by_key(|t| {
+        let v = view(t);
+        rank(v.created_at.as_deref(), &v.id)
+    })
+}
+
+/// Of what a lookup by name found: the one to keep, alone, once the
+/// others (twins this driver made) are deleted where the service lets
+/// them be (a twin still being made is its maker's to delete, or the next
+/// call's). Anything else (one resource, or any not made here) is
+/// answered as found.
+pub async fn settle<T, F, Fut>(
+    what: &str,
+    name: &str,
+    found: Vec<T>,
+    view: impl Fn(&T) -> TwinView,
+    delete: F,
+) -> crate::DriverResult<Vec<T>>
+where
+    T: Clone,
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = openstack_client::Result<()>>,
+{
+    if found.len() < 2 || !found.iter().all(|t| view(t).made_here) {
+        return Ok(found);
+    }
+    let Some(keep) = keeper(&found, &view).cloned() else {
+        return Ok(found);
+    };
+    let kept = view(&keep).id;
+    for twin in found
+        .iter()
+        .map(&view)
+        .filter(|t| t.id != kept && t.deletable)
+    {
+        crate::Context::context(
+            crate::errors::not_found_ok(delete(twin.id.clone()).await),
+            format!("deleting {what} {}, a twin of {kept}", twin.id),
+        )?;
+        tracing::warn!(twin = %twin.id, kept = %kept, name, "a second {what} of this name, made by another replica at the same time, deleted");
+    }
+    Ok(vec![keep])
+}

@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use openstack_emulator::{FaultAction, FaultRule};
 use proto::csi::v1::controller_client::ControllerClient;
@@ -74,22 +73,17 @@ async fn two_replicas_creating_the_same_shares_settle_on_one_each() {
             b.unwrap().into_inner().volume.unwrap().volume_id,
         );
         assert_eq!(a, b, "{name}: both replicas answer the same share");
-        let mut left = Vec::new();
-        for _ in 0..100 {
-            left = e
-                .manila
+        let left = csi_sanity::harness::left_once_settled(|| async {
+            e.manila
                 .list_shares_named(&name)
                 .await
                 .unwrap()
                 .into_iter()
                 .filter(|s| s.status.as_str() != "deleting")
                 .map(|s| s.id)
-                .collect::<Vec<_>>();
-            if left.len() == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+                .collect()
+        })
+        .await;
         assert_eq!(
             left,
             vec![a.clone()],
@@ -140,22 +134,17 @@ async fn two_replicas_taking_the_same_snapshots_settle_on_one_each() {
             b.unwrap().into_inner().snapshot.unwrap().snapshot_id,
         );
         assert_eq!(a, b, "{name}: both replicas answer the same snapshot");
-        let mut left = Vec::new();
-        for _ in 0..100 {
-            left = e
-                .manila
+        let left = csi_sanity::harness::left_once_settled(|| async {
+            e.manila
                 .list_snapshots_named(&name)
                 .await
                 .unwrap()
                 .into_iter()
                 .filter(|s| s.status.as_str() != "deleting")
                 .map(|s| s.id)
-                .collect::<Vec<_>>();
-            if left.len() == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+                .collect()
+        })
+        .await;
         assert_eq!(
             left,
             vec![a.clone()],

@@ -94,15 +94,11 @@ impl ControllerService {
         deadline: Instant,
     ) -> DriverResult<Snapshot> {
         let existing = block
-            .list_snapshots(&ListSnapshots {
-                name: Some(name.to_string()),
-                ..Default::default()
-            })
+            .snapshots_named(name)
             .await
             .context(format!("looking up snapshots named {name}"))?
-            .items
             .into_iter()
-            .filter(|s| s.name == name && s.status != SnapshotStatus::Deleting)
+            .filter(|s| s.status != SnapshotStatus::Deleting)
             .collect::<Vec<_>>();
         let existing = self.settle_snapshot_twins(block, name, existing).await?;
         let mut created_here = false;

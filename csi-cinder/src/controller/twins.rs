@@ -8,135 +8,76 @@
 //! cluster's tag where `--cluster` is set) is ever settled: duplicates of
 //! a name made by anyone else stay an error naming them.
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
-use csi_common::twins::{rank, wait_past_created_second};
+use csi_common::twins::{TwinView, keeper, settle, wait_past_created_second};
 use csi_common::{Context, DriverResult};
-use openstack_client::cinder::{
-    BlockStorage, ListSnapshots, Snapshot, SnapshotStatus, Volume, VolumeStatus,
-};
+use openstack_client::cinder::{BlockStorage, Snapshot, SnapshotStatus, Volume, VolumeStatus};
 
 use super::*;
 
-/// What twins are told apart and settled by.
-trait Twin {
-    fn id(&self) -> &str;
-    fn created_at(&self) -> Option<&str>;
-    fn description(&self) -> Option<&str>;
-    fn metadata(&self) -> &BTreeMap<String, String>;
-    /// Whether Cinder deletes it as it is now (not while being made).
-    fn deletable(&self) -> bool;
-}
-
-impl Twin for Volume {
-    fn id(&self) -> &str {
-        &self.id
-    }
-    fn created_at(&self) -> Option<&str> {
-        self.created_at.as_deref()
-    }
-    fn description(&self) -> Option<&str> {
-        self.description.as_deref()
-    }
-    fn metadata(&self) -> &BTreeMap<String, String> {
-        &self.metadata
-    }
-    fn deletable(&self) -> bool {
-        matches!(self.status, VolumeStatus::Available) || self.status.is_error()
-    }
-}
-
-impl Twin for Snapshot {
-    fn id(&self) -> &str {
-        &self.id
-    }
-    fn created_at(&self) -> Option<&str> {
-        self.created_at.as_deref()
-    }
-    fn description(&self) -> Option<&str> {
-        self.description.as_deref()
-    }
-    fn metadata(&self) -> &BTreeMap<String, String> {
-        &self.metadata
-    }
-    fn deletable(&self) -> bool {
-        matches!(self.status, SnapshotStatus::Available) || self.status.is_error()
-    }
-}
-
-/// The one every replica keeps of several of one name.
-fn keeper<T: Twin>(twins: &[T]) -> Option<&T> {
-    twins.iter().min_by_key(|t| rank(t.created_at(), t.id()))
-}
-
 impl ControllerService {
-    /// Whether this driver made it (of this cluster).
-    fn made_here(&self, t: &impl Twin) -> bool {
-        t.description() == Some(DESCRIPTION)
-            && (self.opts.cluster.is_empty()
-                || t.metadata().get(CLUSTER_KEY) == Some(&self.opts.cluster))
-    }
-
-    /// Of what a lookup by name found: the one to keep, alone, once the
-    /// others (twins this driver made) are deleted where Cinder lets them
-    /// be (a twin still being made is its maker's to delete, or the next
-    /// call's). Anything else is answered as found.
-    async fn settle<T, F, Fut>(
+    /// Whether this driver made it (of this cluster), by its description
+    /// and metadata.
+    fn made_here(
         &self,
-        what: &str,
-        name: &str,
-        found: Vec<T>,
-        delete: F,
-    ) -> DriverResult<Vec<T>>
-    where
-        T: Twin + Clone,
-        F: Fn(String) -> Fut,
-        Fut: std::future::Future<Output = openstack_client::Result<()>>,
-    {
-        if found.len() < 2 || !found.iter().all(|t| self.made_here(t)) {
-            return Ok(found);
-        }
-        let Some(keep) = keeper(&found).cloned() else {
-            return Ok(found);
-        };
-        for twin in found
-            .iter()
-            .filter(|t| t.id() != keep.id() && t.deletable())
-        {
-            not_found_ok(delete(twin.id().to_string()).await).context(format!(
-                "deleting {what} {}, a twin of {}",
-                twin.id(),
-                keep.id()
-            ))?;
-            tracing::warn!(twin = %twin.id(), kept = %keep.id(), name, "a second {what} of this name, made by another replica at the same time, deleted");
-        }
-        Ok(vec![keep])
+        description: Option<&str>,
+        metadata: &std::collections::BTreeMap<String, String>,
+    ) -> bool {
+        description == Some(DESCRIPTION)
+            && (self.opts.cluster.is_empty()
+                || metadata.get(CLUSTER_KEY) == Some(&self.opts.cluster))
     }
 
-    /// Volumes named alike, settled (see [`Self::settle`]).
+    fn volume_view(&self, v: &Volume) -> TwinView {
+        TwinView {
+            id: v.id.clone(),
+            created_at: v.created_at.clone(),
+            made_here: self.made_here(v.description.as_deref(), &v.metadata),
+            deletable: matches!(v.status, VolumeStatus::Available) || v.status.is_error(),
+        }
+    }
+
+    fn snapshot_view(&self, s: &Snapshot) -> TwinView {
+        TwinView {
+            id: s.id.clone(),
+            created_at: s.created_at.clone(),
+            made_here: self.made_here(s.description.as_deref(), &s.metadata),
+            deletable: matches!(s.status, SnapshotStatus::Available) || s.status.is_error(),
+        }
+    }
+
+    /// Volumes named alike, settled (see [`settle`]).
     pub(super) async fn settle_twins(
         &self,
         block: &BlockStorage,
         name: &str,
         found: Vec<Volume>,
     ) -> DriverResult<Vec<Volume>> {
-        self.settle("volume", name, found, |id| async move {
-            block.delete_volume(&id).await
-        })
+        settle(
+            "volume",
+            name,
+            found,
+            |v| self.volume_view(v),
+            |id| async move { block.delete_volume(&id).await },
+        )
         .await
     }
 
-    /// Snapshots named alike, settled (see [`Self::settle`]).
+    /// Snapshots named alike, settled (see [`settle`]).
     pub(super) async fn settle_snapshot_twins(
         &self,
         block: &BlockStorage,
         name: &str,
         found: Vec<Snapshot>,
     ) -> DriverResult<Vec<Snapshot>> {
-        self.settle("snapshot", name, found, |id| async move {
-            block.delete_snapshot(&id).await
-        })
+        settle(
+            "snapshot",
+            name,
+            found,
+            |s| self.snapshot_view(s),
+            |id| async move { block.delete_snapshot(&id).await },
+        )
         .await
     }
 
@@ -155,9 +96,11 @@ impl ControllerService {
             .await
             .context(format!("looking up volumes named {name}"))?
             .into_iter()
-            .filter(|v| !volume_gone(&v.status) && self.made_here(v))
+            .filter(|v| !volume_gone(&v.status) && self.volume_view(v).made_here)
             .collect();
-        Ok(keeper(&named).filter(|k| k.id != mine.id).cloned())
+        Ok(keeper(&named, |v| self.volume_view(v))
+            .filter(|k| k.id != mine.id)
+            .cloned())
     }
 
     /// `mine`, available, yields to `keep`, an older twin: `mine` is
@@ -189,21 +132,19 @@ impl ControllerService {
     ) -> DriverResult<Snapshot> {
         wait_past_created_second(mine.created_at.as_deref(), mine.read_at).await;
         let named: Vec<Snapshot> = block
-            .list_snapshots(&ListSnapshots {
-                name: Some(name.to_string()),
-                ..Default::default()
-            })
+            .snapshots_named(name)
             .await
             .context(format!("looking up snapshots named {name}"))?
-            .items
             .into_iter()
             .filter(|s| {
-                s.name == name
-                    && !matches!(s.status, SnapshotStatus::Deleting | SnapshotStatus::Deleted)
-                    && self.made_here(s)
+                !matches!(s.status, SnapshotStatus::Deleting | SnapshotStatus::Deleted)
+                    && self.snapshot_view(s).made_here
             })
             .collect();
-        let Some(keep) = keeper(&named).filter(|k| k.id != mine.id).cloned() else {
+        let Some(keep) = keeper(&named, |s| self.snapshot_view(s))
+            .filter(|k| k.id != mine.id)
+            .cloned()
+        else {
             return Ok(mine);
         };
         not_found_ok(block.delete_snapshot(&mine.id).await).context(format!(

@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use csi_common::errors::not_found_ok;
-use csi_common::twins::{rank, wait_past_created_second};
+use csi_common::twins::{TwinView, keeper, settle, wait_past_created_second};
 use csi_common::{Context, DriverResult};
 use openstack_client::manila::{
     Share, ShareSnapshot, ShareSnapshotStatus, ShareStatus, SharedFileSystems,
@@ -19,80 +19,23 @@ use openstack_client::manila::{
 use super::ControllerService;
 use crate::shares::{DESCRIPTION, is_gone, provisioned_here, wait_share_available};
 
-/// What twins are told apart and settled by.
-trait Twin {
-    fn id(&self) -> &str;
-    fn created_at(&self) -> Option<&str>;
-    /// Whether this driver provisioned it.
-    fn made_here(&self) -> bool;
-    /// Whether Manila deletes it as it is now (not while being made).
-    fn deletable(&self) -> bool;
-}
-
-impl Twin for Share {
-    fn id(&self) -> &str {
-        &self.id
-    }
-    fn created_at(&self) -> Option<&str> {
-        self.created_at.as_deref()
-    }
-    fn made_here(&self) -> bool {
-        provisioned_here(self)
-    }
-    fn deletable(&self) -> bool {
-        matches!(self.status, ShareStatus::Available) || self.status.is_error()
+fn share_view(s: &Share) -> TwinView {
+    TwinView {
+        id: s.id.clone(),
+        created_at: s.created_at.clone(),
+        made_here: provisioned_here(s),
+        deletable: matches!(s.status, ShareStatus::Available) || s.status.is_error(),
     }
 }
 
-impl Twin for ShareSnapshot {
-    fn id(&self) -> &str {
-        &self.id
+fn snapshot_view(s: &ShareSnapshot) -> TwinView {
+    TwinView {
+        id: s.id.clone(),
+        created_at: s.created_at.clone(),
+        made_here: s.description.as_deref() == Some(DESCRIPTION),
+        deletable: matches!(s.status, ShareSnapshotStatus::Available)
+            || s.status.as_str().contains("error"),
     }
-    fn created_at(&self) -> Option<&str> {
-        self.created_at.as_deref()
-    }
-    fn made_here(&self) -> bool {
-        self.description.as_deref() == Some(DESCRIPTION)
-    }
-    fn deletable(&self) -> bool {
-        matches!(self.status, ShareSnapshotStatus::Available)
-            || self.status.as_str().contains("error")
-    }
-}
-
-/// The one every replica keeps of several of one name.
-fn keeper<T: Twin>(twins: &[T]) -> Option<&T> {
-    twins.iter().min_by_key(|t| rank(t.created_at(), t.id()))
-}
-
-/// Of what a lookup by name found: the one to keep, alone, once the
-/// others (twins this driver made) are deleted where Manila lets them be
-/// (a twin still being made is its maker's to delete, or the next
-/// call's). Anything else is answered as found.
-async fn settle<T, F, Fut>(what: &str, name: &str, found: Vec<T>, delete: F) -> DriverResult<Vec<T>>
-where
-    T: Twin + Clone,
-    F: Fn(String) -> Fut,
-    Fut: std::future::Future<Output = openstack_client::Result<()>>,
-{
-    if found.len() < 2 || !found.iter().all(Twin::made_here) {
-        return Ok(found);
-    }
-    let Some(keep) = keeper(&found).cloned() else {
-        return Ok(found);
-    };
-    for twin in found
-        .iter()
-        .filter(|t| t.id() != keep.id() && t.deletable())
-    {
-        not_found_ok(delete(twin.id().to_string()).await).context(format!(
-            "deleting {what} {}, a twin of {}",
-            twin.id(),
-            keep.id()
-        ))?;
-        tracing::warn!(twin = %twin.id(), kept = %keep.id(), name, "a second {what} of this name, made by another replica at the same time, deleted");
-    }
-    Ok(vec![keep])
 }
 
 impl ControllerService {
@@ -103,7 +46,7 @@ impl ControllerService {
         name: &str,
         found: Vec<Share>,
     ) -> DriverResult<Vec<Share>> {
-        settle("share", name, found, |id| async move {
+        settle("share", name, found, share_view, |id| async move {
             manila.delete_share(&id).await
         })
         .await
@@ -116,7 +59,7 @@ impl ControllerService {
         name: &str,
         found: Vec<ShareSnapshot>,
     ) -> DriverResult<Vec<ShareSnapshot>> {
-        settle("snapshot", name, found, |id| async move {
+        settle("snapshot", name, found, snapshot_view, |id| async move {
             manila.delete_snapshot(&id).await
         })
         .await
@@ -140,7 +83,10 @@ impl ControllerService {
             .into_iter()
             .filter(|s| !is_gone(&s.status) && provisioned_here(s))
             .collect();
-        let Some(keep) = keeper(&named).filter(|k| k.id != mine.id).cloned() else {
+        let Some(keep) = keeper(&named, share_view)
+            .filter(|k| k.id != mine.id)
+            .cloned()
+        else {
             return Ok(None);
         };
         not_found_ok(manila.delete_share(&mine.id).await)
@@ -166,9 +112,12 @@ impl ControllerService {
             .await
             .context(format!("looking up snapshots named {name}"))?
             .into_iter()
-            .filter(|s| s.status != ShareSnapshotStatus::Deleting && s.made_here())
+            .filter(|s| s.status != ShareSnapshotStatus::Deleting && snapshot_view(s).made_here)
             .collect();
-        let Some(keep) = keeper(&named).filter(|k| k.id != mine.id).cloned() else {
+        let Some(keep) = keeper(&named, snapshot_view)
+            .filter(|k| k.id != mine.id)
+            .cloned()
+        else {
             return Ok(mine);
         };
         not_found_ok(manila.delete_snapshot(&mine.id).await).context(format!(

@@ -109,6 +109,21 @@ impl BlockStorage {
         Ok(s)
     }
 
+    /// The snapshots named exactly `name` (Cinder's filter may match
+    /// more loosely).
+    pub async fn snapshots_named(&self, name: &str) -> Result<Vec<Snapshot>> {
+        Ok(self
+            .list_snapshots(&ListSnapshots {
+                name: Some(name.to_string()),
+                ..Default::default()
+            })
+            .await?
+            .items
+            .into_iter()
+            .filter(|s| s.name == name)
+            .collect())
+    }
+
     pub async fn list_snapshots(&self, q: &ListSnapshots) -> Result<Page<Snapshot>> {
         let mut req = self.mv(
             self.req(Method::GET, "snapshots/detail", "snapshot_list"),

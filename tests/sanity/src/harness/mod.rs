@@ -53,6 +53,25 @@ pub async fn wait_until_logged(log: &Path, needle: &str, times: usize) -> Result
     }
 }
 
+/// The ids `list` answers once one is left (two replicas' race settled,
+/// the loser's deletion under way): polled every 50 ms, for at most 5 s;
+/// what it answered last.
+pub async fn left_once_settled<F, Fut>(mut list: F) -> Vec<String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Vec<String>>,
+{
+    let mut left = Vec::new();
+    for _ in 0..100 {
+        left = list().await;
+        if left.len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    left
+}
+
 /// Waits (up to 20 s) until the plugin's Probe answers ready.
 pub async fn wait_until_ready(socket: &Path) -> Result<(), String> {
     let ch = plugin_runtime::connect_unix(socket)
