@@ -156,10 +156,13 @@ impl Campaign {
     /// The PVs of the cluster's volumes that `node`'s server holds.
     async fn attached_pvs(
         &self,
+        (nova, cinder): (
+            &openstack_client::nova::Compute,
+            &openstack_client::cinder::BlockStorage,
+        ),
         node: &str,
         pv_of: &HashMap<String, String>,
     ) -> Result<Vec<String>> {
-        let (nova, cinder) = (self.c.nova()?, self.c.cinder()?);
         let server = self.c.server_of(node)?;
         let mut pvs = Vec::new();
         let attachments = nova
@@ -192,10 +195,13 @@ impl Campaign {
                 ))
             })
             .collect();
+        // one session of each for every node's look (each new one asks
+        // Keystone for a token)
+        let (nova, cinder) = (self.c.nova()?, self.c.cinder()?);
         let mut found = Vec::new();
         for node in self.c.nodes().await? {
             let mounts = self.csi_mounts(&node, &pv_of).await?;
-            let attached = self.attached_pvs(&node, &pv_of).await?;
+            let attached = self.attached_pvs((&nova, &cinder), &node, &pv_of).await?;
             found.extend(unowned(&node, &mounts, &attached, &owners));
         }
         Ok(found)
