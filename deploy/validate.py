@@ -20,7 +20,8 @@ K8S_VERSION = "1.33.0"
 # kustomize's content hash: ten characters of its alphabet
 HASH_SUFFIX = re.compile(r"-[245-9bcdfghkmt]{10}$")
 OUR_IMAGES = ("cinder-csi-plugin", "manila-csi-plugin", "barbican-kms-plugin")
-PINS = ["kubernetes-validate==1.37.0", "jsonschema==4.26.0", "PyYAML==6.0.3"]
+# helm-python-sdk: Helm v4's own engine, for the charts (charts/, tests/helm)
+PINS = ["kubernetes-validate==1.37.0", "jsonschema==4.26.0", "PyYAML==6.0.3", "helm-python-sdk==0.2.2"]
 
 
 def ensure_tools():
@@ -188,7 +189,10 @@ def cinder_rules(doc):
         if not (plugin.get("securityContext") or {}).get("privileged"):
             yield "the node plugin must be privileged (it formats and mounts)"
         mounts = {m["mountPath"]: m for m in plugin.get("volumeMounts", [])}
-        if (mounts.get("/var/lib/kubelet") or {}).get("mountPropagation") != "Bidirectional":
+        # the kubelet directory: --path-root's (a chart's kubeletDir)
+        root = next((a.split("=", 1)[1] for a in plugin.get("args", []) if a.startswith("--path-root=")),
+                    "/var/lib/kubelet")
+        if (mounts.get(root) or {}).get("mountPropagation") != "Bidirectional":
             yield "the kubelet directory must be mounted with Bidirectional propagation"
         if "/dev" not in mounts:
             yield "the node plugin needs /dev"

@@ -246,6 +246,9 @@ phase "cargo fmt --check" cargo fmt --all -- --check
 phase "cargo fmt --check (fuzz/)" cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 phase "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 phase "manifests (deploy/)" python3 deploy/validate.py
+# the charts through Helm's own engine (no cluster): lint, renderings
+# with upstream-shaped values, and the default one against deploy/
+tests "Helm charts (charts/: lint, renderings, no drift from deploy/)" python3 tests/helm/charts.py
 phase "build the tests once" build_tests
 # the tests start the binaries of that build (no cargo run inside a test)
 export CSI_SANITY_PLUGIN_DIR=$PWD/target/debug

@@ -1,0 +1,138 @@
+{{/*
+Labels of every object's metadata: Helm's, and extraLabels. Selectors and
+pod labels are deploy/'s (`app: <name>`) and never change with a release.
+*/}}
+{{- define "cinder-csi.labels" -}}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- with .Values.extraLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Extra arguments in any of the forms upstream's values take: a YAML list as
+a string (upstream's, through `tpl`), a list, or a map of flag to value.
+Called with (list VALUE $).
+*/}}
+{{- define "cinder-csi.extraArgs" -}}
+{{- $args := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- if kindIs "string" $args -}}
+{{ tpl $args $root | trim }}
+{{- else if kindIs "slice" $args -}}
+{{- range $args }}
+- {{ tpl (toString .) $root | quote }}
+{{- end }}
+{{- else if kindIs "map" $args -}}
+{{- range $flag, $value := $args }}
+- {{ printf "--%s=%v" (trimPrefix "--" $flag) $value | quote }}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* A container's image and pull policy, from an image block. */}}
+{{- define "cinder-csi.image" -}}
+image: {{ printf "%s:%s" .repository (toString .tag) | quote }}
+{{- with .pullPolicy }}
+imagePullPolicy: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* The plugins' own log level, from the sidecars' klog verbosity. */}}
+{{- define "cinder-csi.logLevel" -}}
+{{- $v := int .Values.logVerbosityLevel -}}
+{{- if ge $v 6 }}
+- --log-level=trace
+{{- else if ge $v 4 }}
+- --log-level=debug
+{{- end -}}
+{{- end -}}
+
+{{/* The plugin image's tag. */}}
+{{- define "cinder-csi.pluginImage" -}}
+{{- $image := deepCopy .Values.csi.plugin.image -}}
+{{- $_ := set $image "tag" (default .Chart.AppVersion $image.tag) -}}
+{{ include "cinder-csi.image" $image }}
+{{- end -}}
+
+{{/* The cloud.conf volume of the controller (upstream's four ways). */}}
+{{- define "cinder-csi.cloudConfigVolume" -}}
+{{- if .Values.secret.enabled }}
+- name: cloud-config
+  secret:
+    secretName: {{ required "secret.name: the Secret holding cloud.conf" .Values.secret.name }}
+{{- else if .Values.secret.hostMount }}
+- name: cloud-config
+  hostPath:
+    path: /etc/config
+{{- end }}
+{{- end -}}
+
+{{/* The node plugins': their own Secret when named, else the controller's. */}}
+{{- define "cinder-csi.nodeCloudConfigVolume" -}}
+{{- if and .Values.secret.enabled .Values.secret.nodeName }}
+- name: cloud-config
+  secret:
+    secretName: {{ .Values.secret.nodeName }}
+{{- else }}
+{{- include "cinder-csi.cloudConfigVolume" . }}
+{{- end }}
+{{- end -}}
+
+{{/* The plugin container's resources in a pod (list $ POD-DEFAULTS). */}}
+{{- define "cinder-csi.pluginResources" -}}
+{{- $root := index . 0 -}}
+{{- $own := index . 1 -}}
+{{- $resources := $root.Values.csi.plugin.resources | default $own -}}
+{{- with $resources }}
+resources:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+A sidecar of the plugin: (dict "name" NAME "values" .Values.csi.<sidecar>
+"args" ARGS "securityContext" CONTEXT "root" $), talking to the plugin on
+/csi/csi.sock.
+*/}}
+{{- define "cinder-csi.sidecar" -}}
+- name: {{ .name }}
+  {{- include "cinder-csi.image" .values.image | nindent 2 }}
+  args:
+    - {{ printf "-v=%v" .root.Values.logVerbosityLevel }}
+    {{- range .args }}
+    - {{ . }}
+    {{- end }}
+    {{- with include "cinder-csi.extraArgs" (list .values.extraArgs .root) }}
+    {{- . | nindent 4 }}
+    {{- end }}
+  {{- with .values.extraEnv }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .values.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: socket-dir
+      mountPath: /csi
+{{- end -}}
+
+{{/* The plugin container's liveness probe (upstream's values). */}}
+{{- define "cinder-csi.livenessProbe" -}}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: healthz
+  initialDelaySeconds: {{ .Values.csi.livenessprobe.initialDelaySeconds }}
+  timeoutSeconds: {{ .Values.csi.livenessprobe.timeoutSeconds }}
+  periodSeconds: {{ .Values.csi.livenessprobe.periodSeconds }}
+  failureThreshold: {{ .Values.csi.livenessprobe.failureThreshold }}
+{{- end -}}

@@ -1,0 +1,191 @@
+"""What the openstack-cinder-csi chart must render for each fixture."""
+
+from charts import Rendering, drift, fails_to_render, kustomize, load_fixture
+
+CHART = "openstack-cinder-csi"
+CONTROLLER = ("Deployment", "csi-cinder-controllerplugin")
+NODE = ("DaemonSet", "csi-cinder-nodeplugin")
+SIDECARS = ("csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "liveness-probe")
+
+
+def expect(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def volume(pod, name):
+    found = [v for v in pod["volumes"] if v["name"] == name]
+    expect(len(found) == 1, f"one volume {name}, not {found}")
+    return found[0]
+
+
+def the_default_rendering_is_deploy_cinder_base():
+    """The chart with deploy/'s Secrets and classes left out renders
+    exactly what `kubectl kustomize deploy/cinder/example` does, but its
+    namespace, Secrets and classes (each cluster's own), once Helm's
+    labels are set aside."""
+    r = Rendering(CHART, load_fixture("cinder-deploy.yaml"))
+    deployed = [d for d in kustomize("deploy/cinder/example")
+                if d["kind"] not in ("Namespace", "Secret", "StorageClass", "VolumeSnapshotClass")]
+    problems = drift([d for _, d in r.docs], deployed, "deploy/cinder/example")
+    expect(not problems, "the chart and deploy/ drifted:\n" + "\n".join(problems))
+    return [r]
+
+
+def the_defaults_differ_from_deploy_only_in_the_stated_values():
+    """The chart's own defaults: the cloud.conf from the hosts'
+    /etc/config (upstream's default) and upstream's two classes; nothing
+    else differs from deploy/'s rendering."""
+    r = Rendering(CHART, None)
+    for kind, name in (CONTROLLER, NODE):
+        cc = volume(r.pod(kind, name), "cloud-config")
+        expect(cc == {"name": "cloud-config", "hostPath": {"path": "/etc/config"}}, f"{name}: {cc}")
+    classes = {c["metadata"]["name"]: c for c in r.objects("StorageClass")}
+    expect(set(classes) == {"csi-cinder-sc-delete", "csi-cinder-sc-retain"}, f"classes {sorted(classes)}")
+    expect(classes["csi-cinder-sc-retain"]["reclaimPolicy"] == "Retain", "the retain class retains")
+    expect(all(c["allowVolumeExpansion"] is True and c["volumeBindingMode"] == "WaitForFirstConsumer"
+               for c in classes.values()), "classes expand and wait for their first consumer")
+    expect("credentials included" in r.notes, "NOTES warns that the node plugins read the credentials")
+    return [r]
+
+
+def upstreams_values_file_installs_unchanged():
+    """Every key of upstream's values at upstream's defaults: its sidecar
+    pins, host-mounted cloud.conf, CA mount, no metrics endpoint, and its
+    plugin repository (named in NOTES: upstream's Go image takes other
+    flags)."""
+    r = Rendering(CHART, load_fixture("cinder-upstream-defaults.yaml"))
+    images = {c["name"]: c["image"] for c in r.pod(*CONTROLLER)["containers"]}
+    expect(images["csi-attacher"] == "registry.k8s.io/sig-storage/csi-attacher:v4.10.0", images)
+    expect(images["csi-provisioner"] == "registry.k8s.io/sig-storage/csi-provisioner:v5.3.0", images)
+    expect(images["cinder-csi-plugin"] == "registry.k8s.io/provider-os/cinder-csi-plugin:0.1.0", images)
+    expect("is upstream's Go plugin" in r.notes, f"NOTES names the upstream image: {r.notes}")
+    plugin = r.container(*CONTROLLER, "cinder-csi-plugin")
+    expect(not any(a.startswith("--http-endpoint") for a in plugin["args"]), "httpEndpoint off: no --http-endpoint")
+    expect({m["mountPath"] for m in plugin["volumeMounts"]} == {"/csi", "/etc/cacert", "/etc/config"},
+           plugin["volumeMounts"])
+    for kind, name in (CONTROLLER, NODE):
+        expect(volume(r.pod(kind, name), "cacert") == {"name": "cacert", "hostPath": {"path": "/etc/cacert"}},
+               "the CA bundle from the host")
+        for c in r.pod(kind, name)["containers"]:
+            if c["name"] != "cinder-csi-plugin":
+                expect("-v=2" in c["args"], f"{c['name']}: -v=2")
+    # upstream's empty security contexts leave this chart's own in place
+    expect(r.pod(*CONTROLLER)["securityContext"]["runAsNonRoot"] is True, "the controller runs as non-root")
+    expect(r.container(*NODE, "cinder-csi-plugin")["securityContext"]["privileged"] is True, "the node plugin")
+    return [r]
+
+
+def an_operators_values_take_effect():
+    r = Rendering(CHART, load_fixture("cinder-operator.yaml"))
+    secrets = {s["metadata"]["name"]: s for s in r.objects("Secret")}
+    expect(set(secrets) == {"cinder-csi-cloud-config", "cinder-csi-cloud-config-node"}, sorted(secrets))
+    expect("application-credential-secret" in secrets["cinder-csi-cloud-config"]["stringData"]["cloud.conf"],
+           "the controller's Secret holds the credentials")
+    expect("[Global]" not in secrets["cinder-csi-cloud-config-node"]["stringData"]["cloud.conf"],
+           "the node's holds none")
+    expect(volume(r.pod(*CONTROLLER), "cloud-config")["secret"]["secretName"] == "cinder-csi-cloud-config", "")
+    expect(volume(r.pod(*NODE), "cloud-config")["secret"]["secretName"] == "cinder-csi-cloud-config-node", "")
+    expect("credentials included" not in r.notes, "no warning once the nodes have their own Secret")
+
+    provisioner = r.container(*CONTROLLER, "csi-provisioner")
+    expect(provisioner["args"][-2:] == ["--worker-threads=20", "--kube-api-qps=50"], provisioner["args"])
+    expect(provisioner["resources"] == {"requests": {"cpu": "20m", "memory": "64Mi"}}, provisioner["resources"])
+    expect(r.container(*CONTROLLER, "csi-attacher")["args"][-1] == "--worker-threads=20", "list form")
+    expect(r.container(*CONTROLLER, "csi-resizer")["args"][-1] == "--workers=5", "map form")
+    expect({"name": "GOMAXPROCS", "value": "2"} in r.container(*CONTROLLER, "csi-snapshotter")["env"], "extraEnv")
+    snapshotter_role = r.get("ClusterRole", "csi-cinder-snapshotter")
+    expect({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list"]} in snapshotter_role["rules"],
+           "extraRbac")
+
+    for kind, name in (CONTROLLER, NODE):
+        plugin = r.container(kind, name, "cinder-csi-plugin")
+        expect(plugin["resources"] == {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}},
+               f"{name}: csi.plugin.resources")
+        expect({"name": "OS_CCM_REGIONAL", "value": "true"} in plugin["env"], f"{name}: csi.plugin.extraEnv")
+        pod = r.pod(kind, name)
+        expect(pod["hostAliases"] == [{"ip": "10.0.0.1", "hostnames": ["keystone.example.com"]}], "hostAliases")
+        expect(pod["priorityClassName"] == "system-cluster-critical", "priorityClassName")
+        expect(pod["imagePullSecrets"] == [{"name": "my-imagepull-secret"}], "imagePullSecrets")
+        expect(r.get(kind, name)["metadata"]["annotations"] == {"owner": "platform-team"}, "commonAnnotations")
+    controller = r.get(*CONTROLLER)
+    expect(controller["spec"]["replicas"] == 2, "replicas")
+    tpl = controller["spec"]["template"]
+    expect(tpl["metadata"]["annotations"] == {"team": "storage", "owner": "platform-team"}, tpl["metadata"])
+    expect(tpl["metadata"]["labels"] == {"app": "csi-cinder-controllerplugin", "tier": "control"}, "podLabels")
+    expect(controller["spec"]["selector"]["matchLabels"] == {"app": "csi-cinder-controllerplugin"},
+           "the selector never changes with the values")
+    expect(tpl["spec"]["securityContext"]["runAsUser"] == 1001, "podSecurityContext")
+    expect(tpl["spec"]["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}, "nodeSelector")
+    plugin = r.container(*CONTROLLER, "cinder-csi-plugin")
+    expect("--http-endpoint=:8080" in plugin["args"], plugin["args"])
+    expect({"name": "metrics", "containerPort": 8080, "protocol": "TCP"} in plugin["ports"], plugin["ports"])
+    expect({"name": "CLUSTER_NAME", "value": "prod-eu-1"} in plugin["env"], "clusterID")
+    monitor = r.get("PodMonitor", "csi-cinder-controllerplugin")
+    expect(monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack", "podMonitor.additionalLabels")
+    classes = {c["metadata"]["name"]: c for c in r.objects("StorageClass")}
+    expect(set(classes) == {"csi-cinder-sc-delete", "csi-cinder-sc-retain", "sas"}, sorted(classes))
+    expect(classes["csi-cinder-sc-delete"]["metadata"]["annotations"]
+           == {"storageclass.kubernetes.io/is-default-class": "true"}, "isDefault")
+    expect(r.get("VolumeSnapshotClass", "csi-cinder-snapclass")["deletionPolicy"] == "Delete", "custom")
+    return [r]
+
+
+def multi_cloud_arguments_reach_the_plugins():
+    r = Rendering(CHART, load_fixture("cinder-multicloud.yaml"))
+    controller = r.container(*CONTROLLER, "cinder-csi-plugin")["args"]
+    expect(controller[-2:] == ["--cloud-name=region-a", "--cloud-name=region-b"], controller)
+    node = r.container(*NODE, "cinder-csi-plugin")["args"]
+    expect(node[-2:] == ["--cloud-name=region-a", "--additional-topology=topology.kubernetes.io/region=region-a"],
+           node)
+    for kind, name in (CONTROLLER, NODE):
+        expect(volume(r.pod(kind, name), "cloud-config")["secret"]["secretName"] == "cloud-config-multi", name)
+    return [r]
+
+
+def a_custom_kubelet_directory_is_used_everywhere():
+    r = Rendering(CHART, load_fixture("cinder-kubelet-dir.yaml"))
+    kubelet = "/var/lib/k0s/kubelet"
+    pod = r.pod(*NODE)
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    expect(paths["kubelet-dir"] == kubelet, paths)
+    expect(paths["socket-dir"] == f"{kubelet}/plugins/cinder.csi.openstack.org", paths)
+    expect(paths["registration-dir"] == f"{kubelet}/plugins_registry", paths)
+    plugin = r.container(*NODE, "cinder-csi-plugin")
+    expect(f"--path-root={kubelet}" in plugin["args"], plugin["args"])
+    mount = [m for m in plugin["volumeMounts"] if m["name"] == "kubelet-dir"][0]
+    expect(mount == {"name": "kubelet-dir", "mountPath": kubelet, "mountPropagation": "Bidirectional"}, mount)
+    registrar = r.container(*NODE, "node-driver-registrar")
+    expect(f"--kubelet-registration-path={kubelet}/plugins/cinder.csi.openstack.org/csi.sock" in registrar["args"],
+           registrar["args"])
+    # logVerbosityLevel 5: the sidecars at -v=5, the plugins at debug
+    expect("-v=5" in registrar["args"], registrar["args"])
+    expect("--log-level=debug" in plugin["args"], plugin["args"])
+    return [r]
+
+
+def values_that_cannot_work_are_refused_when_rendered():
+    fails_to_render(CHART, {"secret": {"enabled": True}}, "secret.name")
+    fails_to_render(CHART, {"secret": {"enabled": True, "create": True, "name": "x"}}, "secret.data")
+    fails_to_render(CHART, {"csi": {"plugin": {"httpEndpoint": {"enabled": False}, "podMonitor": {"enabled": True}}}},
+                    "httpEndpoint")
+
+
+def upstream_keys_with_no_use_here_are_named():
+    r = Rendering(CHART, {"pvcAnnotations": True, "nameOverride": "cinder"})
+    expect("Not used: pvcAnnotations" in r.notes, r.notes)
+    expect("Not used: nameOverride" in r.notes, r.notes)
+    r.get(*CONTROLLER)
+    return [r]
+
+
+TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
+    the_default_rendering_is_deploy_cinder_base,
+    the_defaults_differ_from_deploy_only_in_the_stated_values,
+    upstreams_values_file_installs_unchanged,
+    an_operators_values_take_effect,
+    multi_cloud_arguments_reach_the_plugins,
+    a_custom_kubelet_directory_is_used_everywhere,
+    values_that_cannot_work_are_refused_when_rendered,
+    upstream_keys_with_no_use_here_are_named,
+)]
