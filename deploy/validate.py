@@ -288,8 +288,6 @@ def manila_rules(doc):
             yield f"driver name {driver!r} does not match --share-protocol-selector {proto!r}"
         if any(a.startswith("--fwdendpoint") for a in args):
             yield "--fwdendpoint: this plugin mounts shares itself, no partner plugin is needed"
-        if "--with-topology" in args or "--with-topology=true" in args:
-            yield "--with-topology is off by default, as upstream's (it pins each share to the zones of its creation)"
         if "--mount-pods" in args or "--mount-pods=true" in args:
             env = {e["name"]: e for e in plugin.get("env", [])}
             for var, field in (("NODE_NAME", "spec.nodeName"), ("POD_NAME", "metadata.name")):
@@ -302,7 +300,8 @@ def manila_rules(doc):
             if not (plugin.get("securityContext") or {}).get("privileged"):
                 yield "the Manila node plugin must be privileged (it mounts)"
             mounts = {m["mountPath"]: m for m in plugin.get("volumeMounts", [])}
-            if (mounts.get("/var/lib/kubelet") or {}).get("mountPropagation") != "Bidirectional":
+            root = flag("--path-root") or "/var/lib/kubelet"
+            if (mounts.get(root) or {}).get("mountPropagation") != "Bidirectional":
                 yield "the kubelet directory must be mounted with Bidirectional propagation"
             if proto == "CEPHFS" and "/dev/fuse" not in mounts:
                 yield "the CephFS node plugin needs /dev/fuse for ceph-fuse"
@@ -443,7 +442,19 @@ BROKEN_IMAGE_SETS = [
 ]
 
 
-def validate(docs):
+def deploy_choice_rules(doc):
+    """What deploy/ chooses where a chart's values may choose otherwise:
+    Manila's topology off, as upstream's default (it pins each share to
+    the zones of its creation)."""
+    kind, name = doc.get("kind"), (doc.get("metadata") or {}).get("name") or ""
+    if kind in ("Deployment", "DaemonSet") and name.startswith("csi-manila-"):
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            if c["name"] == "manila-csi-plugin" and ("--with-topology" in c.get("args", [])
+                                                     or "--with-topology=true" in c.get("args", [])):
+                yield "--with-topology is off by default, as upstream's (it pins each share to the zones of its creation)"
+
+
+def validate(docs, deploy=True):
     import jsonschema
     import kubernetes_validate
 
@@ -458,7 +469,8 @@ def validate(docs):
         if doc.get("kind") == "KustomizeError":
             problems.append(f"{where}: {doc['error']}")
             continue
-        for p in [*cinder_rules(doc), *manila_rules(doc), *workload_rules(doc)]:
+        choices = deploy_choice_rules(doc) if deploy else []
+        for p in [*cinder_rules(doc), *manila_rules(doc), *workload_rules(doc), *choices]:
             problems.append(f"{where}: {p}")
         class_schemas = {"VolumeSnapshotClass": vsc_schema, "VolumeGroupSnapshotClass": vgsc_schema,
                          "PodMonitor": podmonitor_schema}

@@ -86,7 +86,7 @@ def check_rendering(r):
     """deploy/validate.py's checks: the strict schemas, the drivers' rules,
     the rules across one rendering."""
     docs = [(f"{r.chart_name}:{path}#{d['kind']}/{d['metadata']['name']}", d) for path, d in r.docs]
-    _, problems = validate.validate(docs)
+    _, problems = validate.validate(docs, deploy=False)
     problems += list(validate.rendering_rules([d for _, d in docs]))
     problems += list(validate.image_rules(docs))
     if problems:
@@ -198,8 +198,9 @@ def main():
         return subprocess.run([str(py), __file__, *sys.argv[1:]], env=env).returncode
     sys.path.insert(0, str(HERE))
     import cinder_cases
+    import manila_cases
 
-    return run(cinder_cases.TESTS)
+    return run(cinder_cases.TESTS + manila_cases.TESTS)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,163 @@
+"""What the openstack-manila-csi chart must render for each fixture."""
+
+from charts import Rendering, drift, fails_to_render, kustomize, load_fixture
+
+CHART = "openstack-manila-csi"
+NFS_CONTROLLER = ("Deployment", "csi-manila-nfs-controllerplugin")
+CEPHFS_CONTROLLER = ("Deployment", "csi-manila-cephfs-controllerplugin")
+NFS_NODE = ("DaemonSet", "csi-manila-nfs-nodeplugin")
+CEPHFS_NODE = ("DaemonSet", "csi-manila-cephfs-nodeplugin")
+WORKLOADS = (NFS_CONTROLLER, CEPHFS_CONTROLLER, NFS_NODE, CEPHFS_NODE)
+
+
+def expect(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def args_of(r, workload):
+    return r.container(*workload, "manila-csi-plugin")["args"]
+
+
+def the_default_rendering_is_deploy_manila_base():
+    """With deploy/'s cloud.conf Secrets named, the chart renders exactly
+    what `kubectl kustomize deploy/manila/example` does, but its namespace,
+    Secrets, runtime ConfigMap and classes (each cluster's own), once
+    Helm's labels are set aside."""
+    r = Rendering(CHART, load_fixture("manila-deploy.yaml"))
+    deployed = [d for d in kustomize("deploy/manila/example")
+                if d["kind"] not in ("Namespace", "Secret", "ConfigMap", "StorageClass", "VolumeSnapshotClass")]
+    problems = drift([d for _, d in r.docs], deployed, "deploy/manila/example")
+    expect(not problems, "the chart and deploy/ drifted:\n" + "\n".join(problems))
+    return [r]
+
+
+def upstreams_values_file_installs_unchanged():
+    """Upstream's defaults: NFS alone, no cloud.conf (credentials from
+    each StorageClass's secrets), its sidecar pins; the partner plugin's
+    endpoint and the empty cluster id named in NOTES."""
+    r = Rendering(CHART, load_fixture("manila-upstream-defaults.yaml"))
+    drivers = {d["metadata"]["name"]: d for d in r.objects("CSIDriver")}
+    expect(set(drivers) == {"nfs.manila.csi.openstack.org"}, sorted(drivers))
+    expect(drivers["nfs.manila.csi.openstack.org"]["spec"]["fsGroupPolicy"] == "None", "NFS: fsGroupPolicy None")
+    expect({d["metadata"]["name"] for d in r.objects("Deployment")} == {"csi-manila-nfs-controllerplugin"}, "")
+    expect({d["metadata"]["name"] for d in r.objects("DaemonSet")} == {"csi-manila-nfs-nodeplugin"}, "")
+    expect(not r.objects("PodTemplate") and not r.objects("Role") or
+           {d["metadata"]["name"] for d in r.objects("Role")} == {"csi-manila-leader-election"},
+           "no mount pods without CephFS")
+    for workload in (NFS_CONTROLLER, NFS_NODE):
+        args = args_of(r, workload)
+        expect(not any(a.startswith("--cloud-config") for a in args), f"no cloud.conf: {args}")
+        expect(not any(a.startswith("--fwdendpoint") for a in args), "no partner plugin")
+        expect("cloud-config" not in {v["name"] for v in r.pod(*workload)["volumes"]}, "no cloud.conf volume")
+    provisioner = r.container(*NFS_CONTROLLER, "csi-provisioner")
+    expect(provisioner["image"] == "registry.k8s.io/sig-storage/csi-provisioner:v5.3.0", provisioner["image"])
+    expect("--extra-create-metadata" not in provisioner["args"], "extraCreateMetadata: false")
+    expect("tolerations" not in r.pod(*NFS_NODE), "upstream's nodes tolerate nothing")
+    expect("priorityClassName" not in r.pod(*NFS_NODE), "nor have a priority class")
+    for note in ("fwdNodePluginEndpoint", "clusterID is empty", "upstream's Go plugin"):
+        expect(note in r.notes, f"NOTES names {note}: {r.notes}")
+    return [r]
+
+
+def an_operators_values_take_effect():
+    r = Rendering(CHART, load_fixture("manila-operator.yaml"))
+    drivers = {d["metadata"]["name"]: d["spec"]["fsGroupPolicy"] for d in r.objects("CSIDriver")}
+    expect(drivers == {"nfs.manila.csi.openstack.org": "None", "cephfs.manila.csi.openstack.org": "File"}, drivers)
+    config = r.get("ConfigMap", "manila-csi-runtime-config")
+    expect('"defaultShareClient": "10.30.0.0/16"' in config["data"]["runtimeconfig.json"], config)
+    for workload in WORKLOADS:
+        args = args_of(r, workload)
+        expect("--with-topology" in args, f"{workload[1]}: topology {args}")
+        expect("--log-level=trace" in args, f"{workload[1]}: logVerbosityLevel 6")
+        expect("--runtime-config-file=/etc/manila-runtime/runtimeconfig.json" in args, args)
+        expect(any(a.startswith("--cloud-config=") for a in args), f"{workload[1]}: cloud.conf")
+        pod = r.pod(*workload)
+        expect(pod["imagePullSecrets"] == [{"name": "my-imagepull-secret"}], "imagePullSecrets")
+        expect(r.get(*workload)["metadata"]["labels"]["team"] == "storage", "extraLabels")
+        env = r.container(*workload, "manila-csi-plugin")["env"]
+        expect({"name": "RUST_BACKTRACE", "value": "1"} in env, f"{workload[1]}: extraEnv")
+    for workload in (NFS_CONTROLLER, CEPHFS_CONTROLLER):
+        env = r.container(*workload, "manila-csi-plugin")["env"]
+        expect({"name": "CLUSTER_NAME", "value": "prod-eu-1"} in env, "clusterID")
+        provisioner = r.container(*workload, "csi-provisioner")
+        expect("--feature-gates=Topology=true" in provisioner["args"], provisioner["args"])
+        expect("--extra-create-metadata" in provisioner["args"], provisioner["args"])
+        expect(provisioner["resources"] == {"requests": {"cpu": "20m"}}, provisioner["resources"])
+        pod = r.pod(*workload)
+        expect(pod["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}, "controller nodeSelector")
+        expect(pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1001, "runAsGroup": 65532,
+                                          "fsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+               f"podSecurityContext merged over this chart's: {pod['securityContext']}")
+        sc = {v["name"]: v for v in pod["volumes"]}["cloud-config"]["secret"]["secretName"]
+        expect(sc == "manila-cloud-config", sc)
+    for workload in (NFS_NODE, CEPHFS_NODE):
+        pod = r.pod(*workload)
+        plugin = r.container(*workload, "manila-csi-plugin")
+        expect(plugin["resources"] == {"limits": {"memory": "256Mi"}}, plugin["resources"])
+        expect({"name": "cacert", "mountPath": "/etc/cacert", "readOnly": True} in plugin["volumeMounts"], "mounts")
+        expect({"name": "cacert", "hostPath": {"path": "/etc/cacert"}} in pod["volumes"], "volumes")
+        expect(pod["tolerations"] == [{"key": "storage", "operator": "Exists", "effect": "NoSchedule"}], "tolerations")
+        expect(pod["nodeSelector"] == {"storage/nodes": "true"}, "nodeSelector")
+        expect(pod["hostAliases"] == [{"ip": "10.0.0.1", "hostnames": ["manila.example.com"]}], "hostAliases")
+        expect("priorityClassName" not in pod, "priorityClassName emptied by the operator")
+        expect(r.container(*workload, "node-driver-registrar")["resources"] == {"requests": {"cpu": "5m"}}, "")
+        sc = {v["name"]: v for v in pod["volumes"]}["cloud-config"]["secret"]["secretName"]
+        expect(sc == "manila-cloud-config-node", sc)
+    expect("--mount-pods" in args_of(r, CEPHFS_NODE), "CephFS mounts through mount pods")
+    expect("--mount-pods" not in args_of(r, NFS_NODE), "NFS does not")
+    for note in ("Not used: csimanila.pvcAnnotations", "fwdNodePluginEndpoint"):
+        expect(note in r.notes, f"NOTES names {note}")
+    return [r]
+
+
+def a_custom_kubelet_directory_is_used_everywhere():
+    """Every path of kubelet's directory follows kubeletDir: the node's
+    mounts, sockets and state, and the mount pods' template, which the
+    admission policy holds each mount pod to."""
+    r = Rendering(CHART, load_fixture("manila-kubelet-dir.yaml"))
+    kubelet = "/var/lib/k0s/kubelet"
+    expect({d["metadata"]["name"] for d in r.objects("DaemonSet")} == {"csi-manila-cephfs-nodeplugin"}, "CephFS alone")
+    pod = r.pod(*CEPHFS_NODE)
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    expect(paths["kubelet-dir"] == kubelet, paths)
+    expect(paths["socket-dir"] == f"{kubelet}/plugins/cephfs.manila.csi.openstack.org", paths)
+    expect(paths["registration-dir"] == f"{kubelet}/plugins_registry", paths)
+    args = args_of(r, CEPHFS_NODE)
+    expect(f"--path-root={kubelet}" in args, args)
+    expect(f"--state-dir={kubelet}/plugins/cephfs.manila.csi.openstack.org/state" in args, args)
+    template = r.get("PodTemplate", "csi-manila-mount-pod")["template"]["spec"]
+    expect({"name": "kubelet-dir", "hostPath": {"path": kubelet}} in template["volumes"], template["volumes"])
+    expect(template["containers"][0]["image"] == r.container(*CEPHFS_NODE, "manila-csi-plugin")["image"],
+           "the mount pods run the plugin's image")
+    policy = r.get("ValidatingAdmissionPolicy", "csi-manila-node-startup-taint")
+    taints = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["startupTaints"]
+    expect(taints == "['cephfs.manila.csi.openstack.org/agent-not-ready']", taints)
+    binding = r.get("ValidatingAdmissionPolicyBinding", "csi-manila-mount-pods")
+    expect(binding["spec"]["paramRef"]["namespace"] == "openstack-system", binding["spec"]["paramRef"])
+    return [r]
+
+
+def another_driver_name_names_every_driver():
+    r = Rendering(CHART, {"driverName": "shares.example.com"})
+    drivers = {d["metadata"]["name"] for d in r.objects("CSIDriver")}
+    expect(drivers == {"nfs.shares.example.com", "cephfs.shares.example.com"}, drivers)
+    expect("--drivername=cephfs.shares.example.com" in args_of(r, CEPHFS_NODE), "")
+    policy = r.get("ValidatingAdmissionPolicy", "csi-manila-node-startup-taint")
+    taints = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["startupTaints"]
+    expect(taints == "['nfs.shares.example.com/agent-not-ready', 'cephfs.shares.example.com/agent-not-ready']", taints)
+    return [r]
+
+
+def values_that_cannot_work_are_refused_when_rendered():
+    fails_to_render(CHART, {"shareProtocols": [{"protocolSelector": "GLUSTERFS"}]}, "NFS or CEPHFS")
+
+
+TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
+    the_default_rendering_is_deploy_manila_base,
+    upstreams_values_file_installs_unchanged,
+    an_operators_values_take_effect,
+    a_custom_kubelet_directory_is_used_everywhere,
+    another_driver_name_names_every_driver,
+    values_that_cannot_work_are_refused_when_rendered,
+)]
