@@ -207,7 +207,7 @@ def workload_rules(doc):
     if kind != "DaemonSet":
         return
     spec = doc["spec"]
-    if "updateStrategy" not in spec:
+    if not spec.get("updateStrategy"):
         yield "a DaemonSet must say how it is updated (updateStrategy)"
     pod = spec["template"]["spec"]
     for c in pod["containers"]:

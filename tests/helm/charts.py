@@ -37,6 +37,7 @@ class Rendering:
     name, and its NOTES."""
 
     def __init__(self, chart, values, release="suite", namespace=NAMESPACE):
+        self.namespace = namespace
         import helm_python
         import yaml
 
@@ -93,10 +94,10 @@ def check_rendering(r):
         raise AssertionError("the rendering fails deploy/validate.py's checks:\n  " + "\n  ".join(problems))
 
 
-def lint(chart, values):
+def lint(chart, values, namespace):
     import helm_python
 
-    result = helm_python.lint(CHARTS / chart, values, strict=True, namespace=NAMESPACE)
+    result = helm_python.lint(CHARTS / chart, values, strict=True, namespace=namespace)
     messages = [m for m in result.get("messages") or [] if (m.get("severity") or 0) >= 2
                 or str(m.get("severity", "")).lower() in ("warning", "error")]
     if messages or result.get("errors"):
@@ -181,7 +182,7 @@ def run(tests):
             renderings = test() or []
             for r in renderings:
                 check_rendering(r)
-                lint(r.chart_name, r.values)
+                lint(r.chart_name, r.values, r.namespace)
             print(f"test helm/{name} ... ok", flush=True)
         except Exception:  # a test's failure, whatever raised it
             failed += 1
@@ -198,9 +199,10 @@ def main():
         return subprocess.run([str(py), __file__, *sys.argv[1:]], env=env).returncode
     sys.path.insert(0, str(HERE))
     import cinder_cases
+    import kms_cases
     import manila_cases
 
-    return run(cinder_cases.TESTS + manila_cases.TESTS)
+    return run(cinder_cases.TESTS + manila_cases.TESTS + kms_cases.TESTS)
 
 
 if __name__ == "__main__":

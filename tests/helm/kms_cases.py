@@ -1,0 +1,79 @@
+"""What the barbican-kms-plugin chart must render."""
+
+import yaml
+
+from charts import Rendering, drift, fails_to_render, kustomize, load_fixture
+
+import validate
+
+CHART = "barbican-kms-plugin"
+PLUGIN = ("DaemonSet", "barbican-kms-plugin")
+
+
+def expect(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def encryption_configuration(notes):
+    """The EncryptionConfiguration NOTES.txt tells the operator to write."""
+    lines = notes.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.strip().startswith("apiVersion: apiserver.config.k8s.io/v1"))
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    block = []
+    for l in lines[start:]:
+        if not l.strip():
+            break
+        block.append(l[indent:])
+    return yaml.safe_load("\n".join(block))
+
+
+def the_default_rendering_is_deploy_kms_base():
+    r = Rendering(CHART, None, namespace="kube-system")
+    problems = drift([d for _, d in r.docs], kustomize("deploy/kms/base"), "deploy/kms/base")
+    expect(not problems, "the chart and deploy/ drifted:\n" + "\n".join(problems))
+    return [r]
+
+
+def the_notes_give_an_encryption_configuration_for_this_socket():
+    """What NOTES.txt says to give the apiserver is a valid
+    EncryptionConfiguration naming the socket the plugin serves."""
+    for values in (None, load_fixture("kms-operator.yaml")):
+        r = Rendering(CHART, values)
+        config = encryption_configuration(r.notes)
+        _, problems = validate.validate([("NOTES.txt", config)])
+        expect(not problems, problems)
+        endpoint = config["resources"][0]["providers"][0]["kms"]["endpoint"]
+        args = r.container(*PLUGIN, "barbican-kms-plugin")["args"]
+        socket = next(a.split("=", 1)[1] for a in args if a.startswith("--socketpath="))
+        expect(endpoint == f"unix://{socket}", f"the apiserver dials {endpoint}, the plugin serves {socket}")
+
+
+def an_operators_values_take_effect():
+    r = Rendering(CHART, load_fixture("kms-operator.yaml"))
+    plugin = r.container(*PLUGIN, "barbican-kms-plugin")
+    args = plugin["args"]
+    for arg in ("--socketpath=/run/kms/barbican.sock", "--cloud-config=/etc/kubernetes/cloud-config/kms.conf",
+                "--previous-key-id=11111111-2222-4333-8444-555555555555", "--log-level=debug"):
+        expect(arg in args, f"{arg} not in {args}")
+    pod = r.pod(*PLUGIN)
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    expect(paths == {"kms-socket": "/run/kms", "cloud-config": "/etc/barbican"}, paths)
+    expect({"name": "kms-socket", "mountPath": "/run/kms"} in plugin["volumeMounts"], plugin["volumeMounts"])
+    expect(pod["nodeSelector"] == {"node-role.kubernetes.io/master": "true"}, "nodeSelector")
+    expect(not any("secret" in v for v in pod["volumes"]), "credentials never from a Secret")
+    monitor = r.get("PodMonitor", "barbican-kms-plugin")
+    expect(monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack", "additionalLabels")
+    return [r]
+
+
+def a_cloud_conf_that_is_not_a_host_path_is_refused():
+    fails_to_render(CHART, {"cloudConfig": {"hostDir": "cloud-config-secret"}}, "never a Secret")
+
+
+TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
+    the_default_rendering_is_deploy_kms_base,
+    the_notes_give_an_encryption_configuration_for_this_socket,
+    an_operators_values_take_effect,
+    a_cloud_conf_that_is_not_a_host_path_is_refused,
+)]
