@@ -117,6 +117,8 @@ def an_operators_values_take_effect():
            "the selector never changes with the values")
     expect(tpl["spec"]["securityContext"]["runAsUser"] == 1001, "podSecurityContext")
     expect(tpl["spec"]["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}, "nodeSelector")
+    expect(tpl["spec"]["hostNetwork"] is True and tpl["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet",
+           "controllerPlugin.hostNetwork")
     plugin = r.container(*CONTROLLER, "cinder-csi-plugin")
     expect("--http-endpoint=:8080" in plugin["args"], plugin["args"])
     expect({"name": "metrics", "containerPort": 8080, "protocol": "TCP"} in plugin["ports"], plugin["ports"])

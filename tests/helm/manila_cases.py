@@ -86,6 +86,9 @@ def an_operators_values_take_effect():
         expect(provisioner["resources"] == {"requests": {"cpu": "20m"}}, provisioner["resources"])
         pod = r.pod(*workload)
         expect(pod["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}, "controller nodeSelector")
+        expect(pod["hostNetwork"] is True, "controllerplugin.hostNetwork")
+        expect(r.get(*workload)["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1},
+               "controllerplugin.strategy")
         expect(pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1001, "runAsGroup": 65532,
                                           "fsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
                f"podSecurityContext merged over this chart's: {pod['securityContext']}")
