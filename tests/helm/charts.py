@@ -7,6 +7,10 @@ must produce; every rendering goes through deploy/validate.py's checks;
 and the default rendering is compared, object by object, with deploy/'s
 kustomization (a difference that is not a stated one fails).
 
+`--cluster`: the charts in the cluster tier instead (tests/helm/in_cluster.py:
+every rendering through the apiserver, install, upgrade under writers,
+rollback, uninstall).
+
 Prints one line per test (`test helm/<name> ... ok|FAILED`) and exits 1
 when one failed. Runs in deploy/validate.py's tool venv."""
 
@@ -198,6 +202,10 @@ def main():
         env = {**os.environ, "_DEPLOY_VALIDATE_INNER": "1"}
         return subprocess.run([str(py), __file__, *sys.argv[1:]], env=env).returncode
     sys.path.insert(0, str(HERE))
+    if "--cluster" in sys.argv[1:]:
+        import in_cluster
+
+        return run(in_cluster.TESTS)
     import cinder_cases
     import kms_cases
     import manila_cases

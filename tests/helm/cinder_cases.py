@@ -171,6 +171,12 @@ def values_that_cannot_work_are_refused_when_rendered():
     fails_to_render(CHART, {"secret": {"enabled": True, "create": True, "name": "x"}}, "secret.data")
     fails_to_render(CHART, {"csi": {"plugin": {"httpEndpoint": {"enabled": False}, "podMonitor": {"enabled": True}}}},
                     "httpEndpoint")
+    # values.schema.json: the wrong type or shape, named by its path
+    fails_to_render(CHART, {"csi": {"plugin": {"controllerPlugin": {"replicas": "two"}}}},
+                    "/csi/plugin/controllerPlugin/replicas")
+    fails_to_render(CHART, {"csi": {"plugin": {"nodePlugin": {"kubeletDir": "var/lib/kubelet"}}}},
+                    "/csi/plugin/nodePlugin/kubeletDir")
+    fails_to_render(CHART, {"secret": {"filename": "../../etc/shadow"}}, "/secret/filename")
 
 
 def upstream_keys_with_no_use_here_are_named():

@@ -69,6 +69,8 @@ def an_operators_values_take_effect():
 
 def a_cloud_conf_that_is_not_a_host_path_is_refused():
     fails_to_render(CHART, {"cloudConfig": {"hostDir": "cloud-config-secret"}}, "never a Secret")
+    fails_to_render(CHART, {"socketDir": "kms"}, "/socketDir")
+    fails_to_render(CHART, {"refreshInterval": 300}, "/refreshInterval")
 
 
 TESTS = [(f"{CHART}/{f.__name__}", f) for f in (

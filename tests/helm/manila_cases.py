@@ -98,6 +98,7 @@ def an_operators_values_take_effect():
         pod = r.pod(*workload)
         plugin = r.container(*workload, "manila-csi-plugin")
         expect(plugin["resources"] == {"limits": {"memory": "256Mi"}}, plugin["resources"])
+        expect(plugin["args"][-1] == "--metadata-url=http://169.254.169.254/", plugin["args"])
         expect({"name": "cacert", "mountPath": "/etc/cacert", "readOnly": True} in plugin["volumeMounts"], "mounts")
         expect({"name": "cacert", "hostPath": {"path": "/etc/cacert"}} in pod["volumes"], "volumes")
         expect(pod["tolerations"] == [{"key": "storage", "operator": "Exists", "effect": "NoSchedule"}], "tolerations")
@@ -154,6 +155,9 @@ def another_driver_name_names_every_driver():
 
 def values_that_cannot_work_are_refused_when_rendered():
     fails_to_render(CHART, {"shareProtocols": [{"protocolSelector": "GLUSTERFS"}]}, "NFS or CEPHFS")
+    fails_to_render(CHART, {"shareProtocols": []}, "/shareProtocols")
+    fails_to_render(CHART, {"driverName": "Manila CSI"}, "/driverName")
+    fails_to_render(CHART, {"nodeplugin": {"kubeletDir": "kubelet"}}, "/nodeplugin/kubeletDir")
 
 
 TESTS = [(f"{CHART}/{f.__name__}", f) for f in (

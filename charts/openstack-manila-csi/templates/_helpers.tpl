@@ -125,3 +125,23 @@ livenessProbe:
   periodSeconds: {{ .Values.livenessprobe.periodSeconds }}
   failureThreshold: {{ .Values.livenessprobe.failureThreshold }}
 {{- end -}}
+
+{{/*
+Extra arguments: a YAML list as a string (through `tpl`), a list, or a map
+of flag to value. Called with (list VALUE $).
+*/}}
+{{- define "manila-csi.extraArgs" -}}
+{{- $args := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- if kindIs "string" $args -}}
+{{ tpl $args $root | trim }}
+{{- else if kindIs "slice" $args -}}
+{{- range $args }}
+- {{ tpl (toString .) $root | quote }}
+{{- end }}
+{{- else if kindIs "map" $args -}}
+{{- range $flag, $value := $args }}
+- {{ printf "--%s=%v" (trimPrefix "--" $flag) $value | quote }}
+{{- end }}
+{{- end -}}
+{{- end -}}
