@@ -34,12 +34,15 @@ def the_default_rendering_is_deploy_cinder_base():
 
 def the_defaults_differ_from_deploy_only_in_the_stated_values():
     """The chart's own defaults: the cloud.conf from the hosts'
-    /etc/config (upstream's default) and upstream's two classes; nothing
-    else differs from deploy/'s rendering."""
+    /etc/config and their CA bundles from /etc/cacert (upstream's
+    defaults), and upstream's two classes; nothing else differs from
+    deploy/'s rendering (cinder-deploy.yaml sets just these)."""
     r = Rendering(CHART, None)
     for kind, name in (CONTROLLER, NODE):
         cc = volume(r.pod(kind, name), "cloud-config")
         expect(cc == {"name": "cloud-config", "hostPath": {"path": "/etc/config"}}, f"{name}: {cc}")
+        ca = volume(r.pod(kind, name), "cacert")
+        expect(ca == {"name": "cacert", "hostPath": {"path": "/etc/cacert"}}, f"{name}: {ca}")
     classes = {c["metadata"]["name"]: c for c in r.objects("StorageClass")}
     expect(set(classes) == {"csi-cinder-sc-delete", "csi-cinder-sc-retain"}, f"classes {sorted(classes)}")
     expect(classes["csi-cinder-sc-retain"]["reclaimPolicy"] == "Retain", "the retain class retains")
