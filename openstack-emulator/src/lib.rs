@@ -340,6 +340,7 @@ async fn handle(
 ) -> Result<Response<Body>, DroppedByFault> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or_default().to_string();
     let request_id = format!("req-{}", uuid::Uuid::new_v4());
     let fault = if path.starts_with("/_admin") {
         None
@@ -363,19 +364,24 @@ async fn handle(
     };
     let mut response = match fault {
         Some(FaultAction::Drop) => {
-            state.world().record_call(&method, &path, None);
+            state.world().record_call(&method, &path, &query, None);
             return Err(DroppedByFault);
         }
         Some(FaultAction::Delay { millis }) => {
-            let (router, st, method, at) =
-                (router.clone(), state.clone(), method.clone(), path.clone());
+            let (router, st, method, at, asked) = (
+                router.clone(),
+                state.clone(),
+                method.clone(),
+                path.clone(),
+                query.clone(),
+            );
             // the request waits in the network or a queue, and is served
             // even if its caller has left meanwhile
             let served = tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(millis)).await;
                 let r = serve(router, req).await;
                 st.world()
-                    .record_call(&method, &at, Some(r.status().as_u16()));
+                    .record_call(&method, &at, &asked, Some(r.status().as_u16()));
                 r
             });
             let mut r = served.await.unwrap_or_else(|_| {
@@ -395,14 +401,14 @@ async fn handle(
             let r = serve(router, req).await;
             state
                 .world()
-                .record_call(&method, &path, Some(r.status().as_u16()));
+                .record_call(&method, &path, &query, Some(r.status().as_u16()));
             return Err(DroppedByFault);
         }
         Some(FaultAction::HoldAnswer { millis }) => {
             let mut r = serve(router, req).await;
             state
                 .world()
-                .record_call(&method, &path, Some(r.status().as_u16()));
+                .record_call(&method, &path, &query, Some(r.status().as_u16()));
             tokio::time::sleep(Duration::from_millis(millis)).await;
             add_request_id(&mut r, &path, &request_id);
             add_date(&mut r, &state);
@@ -439,7 +445,7 @@ async fn handle(
     if !path.starts_with("/_admin") {
         state
             .world()
-            .record_call(&method, &path, Some(response.status().as_u16()));
+            .record_call(&method, &path, &query, Some(response.status().as_u16()));
     }
     add_request_id(&mut response, &path, &request_id);
     add_date(&mut response, &state);

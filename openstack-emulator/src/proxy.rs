@@ -58,7 +58,7 @@ impl ProxyState {
         self.faults.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn record(&self, method: &http::Method, path: &str, status: Option<u16>) {
+    fn record(&self, method: &http::Method, path: &str, query: &str, status: Option<u16>) {
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         if calls.len() >= 100_000 {
             calls.drain(..50_000);
@@ -66,6 +66,7 @@ impl ProxyState {
         calls.push(CallRecord {
             method: method.to_string(),
             path: path.to_string(),
+            query: query.to_string(),
             status,
             at_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -182,6 +183,7 @@ async fn handle(
 ) -> Result<Response<Body>, Dropped> {
     let method = req.method().clone();
     let path = format!("/{}{}", upstream.service, req.uri().path());
+    let query = req.uri().query().unwrap_or_default().to_string();
     let fault = state.matching_fault(&method, &path);
     // the service does the work whether or not the caller still waits
     let served = |req: Request<Body>| {
@@ -196,11 +198,12 @@ async fn handle(
         |r: &Result<Response<Body>, String>| r.as_ref().ok().map(|r| r.status().as_u16());
     let response = match fault {
         Some(FaultAction::Drop) => {
-            state.record(&method, &path, None);
+            state.record(&method, &path, &query, None);
             return Err(Dropped);
         }
         Some(FaultAction::Delay { millis }) => {
-            let (state2, method2, path2) = (state.clone(), method.clone(), path.clone());
+            let (state2, method2, path2, query2) =
+                (state.clone(), method.clone(), path.clone(), query.clone());
             let upstream2 = upstream.clone();
             // waiting in the network or a queue, and served even if its
             // caller has left meanwhile
@@ -210,6 +213,7 @@ async fn handle(
                 state2.record(
                     &method2,
                     &path2,
+                    &query2,
                     r.as_ref().ok().map(|r| r.status().as_u16()),
                 );
                 r
@@ -221,12 +225,12 @@ async fn handle(
         }
         Some(FaultAction::LoseAnswer) => {
             let r = served(req).await;
-            state.record(&method, &path, answered(&r));
+            state.record(&method, &path, &query, answered(&r));
             return Err(Dropped);
         }
         Some(FaultAction::HoldAnswer { millis }) => {
             let r = served(req).await;
-            state.record(&method, &path, answered(&r));
+            state.record(&method, &path, &query, answered(&r));
             tokio::time::sleep(Duration::from_millis(millis)).await;
             return r.or_else(|e| Ok(bad_gateway(&path, &e)));
         }
@@ -256,7 +260,7 @@ async fn handle(
         }
         Some(FaultAction::Throttle { .. }) | None => served(req).await,
     };
-    state.record(&method, &path, answered(&response));
+    state.record(&method, &path, &query, answered(&response));
     Ok(response.unwrap_or_else(|e| bad_gateway(&path, &e)))
 }
 

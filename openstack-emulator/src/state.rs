@@ -399,6 +399,10 @@ pub struct OrderRec {
 pub struct CallRecord {
     pub method: String,
     pub path: String,
+    /// The query string, without `?` (empty: none): what a list asked for
+    /// (a name, a metadata filter, a page's limit).
+    #[serde(default)]
+    pub query: String,
     /// None when the connection was dropped by a fault.
     pub status: Option<u16>,
     /// When it was answered (or dropped), in milliseconds since the Unix
@@ -714,7 +718,7 @@ impl World {
         None
     }
 
-    pub fn record_call(&mut self, method: &Method, path: &str, status: Option<u16>) {
+    pub fn record_call(&mut self, method: &Method, path: &str, query: &str, status: Option<u16>) {
         // bounded: a long soak must not grow the emulator without limit
         if self.calls.len() >= 100_000 {
             self.calls.drain(..50_000);
@@ -722,6 +726,7 @@ impl World {
         self.calls.push(CallRecord {
             method: method.to_string(),
             path: path.to_string(),
+            query: query.to_string(),
             status,
             at_ms: SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
