@@ -10,9 +10,8 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-
 use common::*;
+use csi_sanity::harness::calls::{self, AskedByOperation, shape};
 use openstack_emulator::CallRecord;
 use proto::csi::v1 as csi;
 use proto::csi::v1::volume_capability::access_mode::Mode;
@@ -20,72 +19,23 @@ use proto::csi::v1::volume_capability::access_mode::Mode;
 const CROWD: usize = 1000;
 const PAGE: i32 = 10;
 
-/// What one operation asked of the cloud: its calls, each as method, the
-/// path with ids set aside, and the query's keys.
-type Asked = Vec<(String, String, Vec<String>)>;
-
-fn shape(c: &CallRecord) -> (String, String, Vec<String>) {
-    let path = c
-        .path
-        .split('/')
-        .map(|seg| {
-            // ids (uuids, project ids) and numbers set aside: the same
-            // operation on two volumes has one shape
-            if seg.len() >= 16 || seg.chars().all(|ch| ch.is_ascii_digit()) && !seg.is_empty() {
-                "{id}"
-            } else {
-                seg
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("/");
-    let mut keys: Vec<String> = c
-        .query
-        .split('&')
-        .filter(|kv| !kv.is_empty())
-        .map(|kv| kv.split('=').next().unwrap_or_default().to_string())
-        .collect();
-    keys.sort();
-    (c.method.clone(), path, keys)
-}
+/// Cinder's collections a driver may list.
+const COLLECTIONS: &[&str] = &["volumes", "snapshots", "attachments", "backups"];
 
 fn is_list(c: &CallRecord) -> bool {
-    c.method == "GET"
-        && (c.path.ends_with("/volumes/detail")
-            || c.path.ends_with("/volumes")
-            || c.path.ends_with("/snapshots/detail")
-            || c.path.ends_with("/snapshots")
-            || c.path.ends_with("/attachments")
-            || c.path.ends_with("/attachments/detail"))
-}
-
-/// A list narrowed by a name, a metadata filter, the volume or server it
-/// is about, or a page's limit.
-fn narrowed(c: &CallRecord) -> bool {
-    ["name=", "metadata=", "volume_id=", "instance_id=", "limit="]
-        .iter()
-        .any(|k| c.query.split('&').any(|kv| kv.starts_with(k)))
+    calls::is_list(c, COLLECTIONS)
 }
 
 /// The operations of a claim's life, each with what it asked of the cloud.
-async fn one_claims_life(e: &mut Env) -> BTreeMap<&'static str, Asked> {
+async fn one_claims_life(e: &mut Env) -> AskedByOperation {
     let ctl = e.h.emulator.control();
     let cap = mount_cap("ext4", Mode::SingleNodeWriter);
-    let mut asked = BTreeMap::new();
+    let mut asked = AskedByOperation::new();
     let mut take = |what: &'static str| {
-        let calls = ctl.calls();
+        let seen = ctl.calls();
         ctl.clear_calls();
-        let lists: Vec<_> = calls.iter().filter(|c| is_list(c)).collect();
-        for l in &lists {
-            assert!(
-                narrowed(l),
-                "{what}: {} {}?{} lists the project's volumes unnarrowed",
-                l.method,
-                l.path,
-                l.query
-            );
-        }
-        asked.insert(what, calls.iter().map(shape).collect::<Asked>());
+        calls::assert_lists_narrowed(&seen, is_list, what);
+        asked.insert(what, seen.iter().map(shape).collect::<Vec<_>>());
     };
     ctl.clear_calls();
     let v = e.create("crowded-claim", cap.clone(), 1).await;
@@ -147,35 +97,11 @@ async fn in_a_crowded_project_no_operation_walks_the_projects_volumes() {
     crowded.h.restart_plugin().await.unwrap();
     crowded = reconnect(crowded).await;
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    let at_start = ctl.calls();
-    for l in at_start.iter().filter(|c| is_list(c)) {
-        assert!(
-            narrowed(l),
-            "at start: {} {}?{} lists the project's volumes unnarrowed",
-            l.method,
-            l.path,
-            l.query
-        );
-    }
+    calls::assert_lists_narrowed(&ctl.calls(), is_list, "at start");
     ctl.clear_calls();
     let among_many = one_claims_life(&mut crowded).await;
 
-    for (what, calls) in &alone {
-        assert_eq!(
-            calls.len(),
-            among_many[what].len(),
-            "{what}: {} calls in an empty project, {} among {CROWD} volumes not its own:\n{calls:#?}\n{:#?}",
-            calls.len(),
-            among_many[what].len(),
-            among_many[what]
-        );
-    }
-    // the ListVolumes page: one list of at most a page, whatever the project
-    let lists = among_many["ListVolumes"]
-        .iter()
-        .filter(|(m, p, _)| m == "GET" && p.ends_with("/volumes/detail"))
-        .count();
-    assert_eq!(lists, 1, "{:#?}", among_many["ListVolumes"]);
+    calls::assert_flat(&alone, &among_many, CROWD, "/volumes/detail");
 }
 
 /// The same plugin after a restart: a new connection to its socket.

@@ -104,17 +104,9 @@ impl Control {
     pub fn fail_next_share_creates(&self, n: u32) {
         self.state.world().failing_share_creates = n;
     }
-    /// Puts `count` 1 GiB volumes of the default type straight into
-    /// `project` (no API calls: for scale figures), `available`, or `in-use`
-    /// by `attached_to` when given (Nova's record of the attachments is not
-    /// made). Returns their ids.
-    pub fn seed_volumes(
-        &self,
-        project: &str,
-        count: usize,
-        attached_to: Option<&str>,
-    ) -> Option<Vec<String>> {
-        let mut w = self.state.world();
+    /// The id of `project` (by name or id) and the zone seeded resources
+    /// are put in (the first).
+    fn seeding_into(&self, w: &crate::state::World, project: &str) -> Option<(String, String)> {
         let pid = w
             .projects
             .iter()
@@ -127,6 +119,20 @@ impl Control {
             .first()
             .cloned()
             .unwrap_or_else(|| "nova".into());
+        Some((pid, zone))
+    }
+    /// Puts `count` 1 GiB volumes of the default type straight into
+    /// `project` (no API calls: for scale figures), `available`, or `in-use`
+    /// by `attached_to` when given (Nova's record of the attachments is not
+    /// made). Returns their ids.
+    pub fn seed_volumes(
+        &self,
+        project: &str,
+        count: usize,
+        attached_to: Option<&str>,
+    ) -> Option<Vec<String>> {
+        let mut w = self.state.world();
+        let (pid, zone) = self.seeding_into(&w, project)?;
         let mut ids = Vec::with_capacity(count);
         for i in 0..count {
             let seq = w.next_seq();
@@ -167,6 +173,40 @@ impl Control {
                 generation: 0,
             };
             w.volumes.insert(id.clone(), v);
+            ids.push(id);
+        }
+        Some(ids)
+    }
+    /// Puts `count` 1 GiB `available` shares of `protocol` and the share
+    /// type `default` straight into `project` (no API calls, no access
+    /// rules: for scale figures). Returns their ids.
+    pub fn seed_shares(&self, project: &str, count: usize, protocol: &str) -> Option<Vec<String>> {
+        let mut w = self.state.world();
+        let (pid, zone) = self.seeding_into(&w, project)?;
+        let share_type = w.share_types.iter().find(|t| t.name == "default")?.clone();
+        let mut ids = Vec::with_capacity(count);
+        for i in 0..count {
+            let seq = w.next_seq();
+            let id = crate::state::new_id();
+            let share = crate::state::ShareRec {
+                seq,
+                id: id.clone(),
+                project_id: pid.clone(),
+                name: format!("seeded-{i}"),
+                description: None,
+                status: "available".into(),
+                size: 1,
+                protocol: protocol.to_uppercase(),
+                share_type_id: share_type.id.clone(),
+                share_type_name: share_type.name.clone(),
+                share_network_id: None,
+                availability_zone: zone.clone(),
+                snapshot_id: None,
+                metadata: Default::default(),
+                created_at: crate::state::now_iso(),
+                instance_id: crate::state::new_id(),
+            };
+            w.shares.insert(id.clone(), share);
             ids.push(id);
         }
         Some(ids)

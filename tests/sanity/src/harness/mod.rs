@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+pub mod calls;
 pub mod cinder;
 pub mod crash;
 pub mod kube;
