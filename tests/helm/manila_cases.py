@@ -158,6 +158,7 @@ def values_that_cannot_work_are_refused_when_rendered():
     fails_to_render(CHART, {"shareProtocols": []}, "/shareProtocols")
     fails_to_render(CHART, {"driverName": "Manila CSI"}, "/driverName")
     fails_to_render(CHART, {"nodeplugin": {"kubeletDir": "kubelet"}}, "/nodeplugin/kubeletDir")
+    fails_to_render(CHART, {"volumeSnapshotClass": {"enabled": True}}, "snapshot CRDs")
 
 
 TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
