@@ -447,6 +447,18 @@ impl Cluster {
             .ok_or_else(|| ClusterError::Other(format!("PV {pv} vanished")))
     }
 
+    /// The test cloud's fault proxy, which the drivers' catalog points at:
+    /// its faults, and the calls it saw.
+    pub fn fault_proxy(&self) -> Result<openstack_emulator::proxy::ProxyControl> {
+        let file = self.cloud_dir.join("fault-proxy");
+        let admin = std::fs::read_to_string(&file)
+            .map_err(|e| ClusterError::Other(format!("{}: {e}", file.display())))?
+            .trim()
+            .parse()
+            .map_err(|e| ClusterError::Other(format!("{}: {e}", file.display())))?;
+        Ok(openstack_emulator::proxy::ProxyControl { admin })
+    }
+
     /// A cloud.conf of the test cloud (`admin` or `member`).
     pub fn cloud_conf(&self, who: &str) -> PathBuf {
         self.cloud_dir.join(format!("cloud-{who}.conf"))

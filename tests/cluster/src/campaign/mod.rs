@@ -412,13 +412,7 @@ impl Drop for Campaign {
 impl Campaign {
     /// The workload, running, and the holder sampler started.
     pub async fn start(c: &Cluster) -> Result<Self> {
-        let proxy_file = c.cloud_dir.join("fault-proxy");
-        let admin = std::fs::read_to_string(&proxy_file)
-            .map_err(|e| ClusterError::Other(format!("{}: {e}", proxy_file.display())))?
-            .trim()
-            .parse()
-            .map_err(|e| ClusterError::Other(format!("{}: {e}", proxy_file.display())))?;
-        let proxy = ProxyControl { admin };
+        let proxy = c.fault_proxy()?;
         proxy.clear_faults().await.map_err(ClusterError::Other)?;
         let started = now_secs();
         let ns = c.namespace("campaign").await?;
