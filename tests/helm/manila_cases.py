@@ -53,6 +53,8 @@ def upstreams_values_file_installs_unchanged():
     provisioner = r.container(*NFS_CONTROLLER, "csi-provisioner")
     expect(provisioner["image"] == "registry.k8s.io/sig-storage/csi-provisioner:v5.3.0", provisioner["image"])
     expect("--extra-create-metadata" not in provisioner["args"], "extraCreateMetadata: false")
+    expect(not any(a.startswith("--snapshot-orphan-sweep-interval") for a in provisioner["args"]),
+           "no v6.3 flag for provisioner v5.3")
     expect("tolerations" not in r.pod(*NFS_NODE), "upstream's nodes tolerate nothing")
     expect("priorityClassName" not in r.pod(*NFS_NODE), "nor have a priority class")
     for note in ("fwdNodePluginEndpoint", "clusterID is empty", "upstream's Go plugin"):

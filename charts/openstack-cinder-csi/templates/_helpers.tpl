@@ -136,3 +136,18 @@ livenessProbe:
   periodSeconds: {{ .Values.csi.livenessprobe.periodSeconds }}
   failureThreshold: {{ .Values.csi.livenessprobe.failureThreshold }}
 {{- end -}}
+
+{{/*
+Whether a sidecar's image tag is at least a version (the flags of an older
+sidecar, pinned by a values file written for upstream's chart, must not
+include one it does not know). A tag that is not a version (a digest,
+"latest") counts as new. Called with (list TAG ">=6.3.0-0").
+*/}}
+{{- define "cinder-csi.tagAtLeast" -}}
+{{- $tag := toString (index . 0) -}}
+{{- if regexMatch "^v?[0-9]+[.][0-9]+[.][0-9]+" $tag -}}
+{{- if semverCompare (index . 1) (regexFind "^v?[0-9]+[.][0-9]+[.][0-9]+" $tag) }}true{{ end -}}
+{{- else -}}
+true
+{{- end -}}
+{{- end -}}

@@ -145,3 +145,18 @@ of flag to value. Called with (list VALUE $).
 {{- end }}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Whether a sidecar's image tag is at least a version (the flags of an older
+sidecar, pinned by a values file written for upstream's chart, must not
+include one it does not know). A tag that is not a version (a digest,
+"latest") counts as new. Called with (list TAG ">=6.3.0-0").
+*/}}
+{{- define "manila-csi.tagAtLeast" -}}
+{{- $tag := toString (index . 0) -}}
+{{- if regexMatch "^v?[0-9]+[.][0-9]+[.][0-9]+" $tag -}}
+{{- if semverCompare (index . 1) (regexFind "^v?[0-9]+[.][0-9]+[.][0-9]+" $tag) }}true{{ end -}}
+{{- else -}}
+true
+{{- end -}}
+{{- end -}}
