@@ -186,7 +186,8 @@ impl Cluster {
         })
     }
 
-    /// The pod once it runs on `node` under another uid than `not_uid`.
+    /// The pod once it runs on `node` under another uid than `not_uid`
+    /// (within 4 minutes).
     pub async fn wait_running_on(
         &self,
         ns: &str,
@@ -194,9 +195,22 @@ impl Cluster {
         node: &str,
         not_uid: &str,
     ) -> Result<Value> {
+        self.wait_running_on_within(ns, pod, node, not_uid, Duration::from_secs(240))
+            .await
+    }
+
+    /// The same, within `timeout`.
+    pub async fn wait_running_on_within(
+        &self,
+        ns: &str,
+        pod: &str,
+        node: &str,
+        not_uid: &str,
+        timeout: Duration,
+    ) -> Result<Value> {
         self.wait_for(
             &format!("pod {ns}/{pod} running on {node}"),
-            Duration::from_secs(240),
+            timeout,
             || async move {
                 let Some(p) = self.get("pod", pod, Some(ns)).await? else {
                     return Ok(Err("no such pod".into()));

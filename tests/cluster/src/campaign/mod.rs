@@ -461,7 +461,8 @@ impl Campaign {
                 Operation::MoveWriter => self.movable_writer().await?,
                 _ => i,
             };
-            self.operate(*op, BASELINE_STEPS + i, pick).await?;
+            self.operate(*op, BASELINE_STEPS + i, pick, 5 * MINUTE)
+                .await?;
             self.converged(plan.converge_bound).await?;
             self.wait_nothing_left_behind(2 * MINUTE).await?;
             let calls = self.cloud_calls().await;
@@ -501,7 +502,12 @@ impl Campaign {
             for f in &faults {
                 self.inject(*f, plan.cut).await?;
             }
-            let operation = self.operate(op, step, pick);
+            // the operation may wait as long as the faults last and the
+            // cluster then takes to converge: the invariant's bound, not a
+            // shorter one of its own (a 100 s cut and a cluster restart
+            // outlast four minutes from the operation's start)
+            let patience = plan.cut.max(plan.window) + plan.converge_bound;
+            let operation = self.operate(op, step, pick, patience);
             let window = tokio::time::sleep(plan.window);
             tokio::pin!(operation);
             tokio::pin!(window);

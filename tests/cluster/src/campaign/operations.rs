@@ -1,7 +1,9 @@
 //! The campaign's workload (writers and sharers) and the operations that
 //! run while a fault lasts.
 
-use super::{Campaign, MINUTE, Operation, SHARERS, WRITERS};
+use std::time::Duration;
+
+use super::{Campaign, Operation, SHARERS, WRITERS};
 use crate::{Cluster, MULTI_NODE_TAINT_KEY, PodOptions, Result, claim, pod};
 
 /// How long the workload's pods stay on an unreachable or NotReady node
@@ -82,7 +84,16 @@ impl Campaign {
 
     /// Runs an operation to its end (each sidecar retries what the faults
     /// refuse; the bound is generous).
-    pub(super) async fn operate(&self, op: Operation, step: usize, rng_pick: usize) -> Result<()> {
+    /// Runs one operation of the workload; each of its waits lasts at most
+    /// `patience` (the faults' longest plus the convergence bound: the
+    /// operation is judged as the workload is, after the faults end).
+    pub(super) async fn operate(
+        &self,
+        op: Operation,
+        step: usize,
+        rng_pick: usize,
+        patience: Duration,
+    ) -> Result<()> {
         let n = self.n().to_string();
         let c = &self.c;
         match op {
@@ -115,7 +126,8 @@ impl Campaign {
                 c.kubectl(&["delete", "pod", "-n", &n, &pod, "--wait=false"])
                     .await?;
                 if let Some(to) = to {
-                    c.wait_running_on(&n, &pod, &to, &uid).await?;
+                    c.wait_running_on_within(&n, &pod, &to, &uid, patience)
+                        .await?;
                 }
             }
             Operation::ProvisionScratch => {
@@ -137,7 +149,7 @@ impl Campaign {
                     .join("---\n"),
                 )
                 .await?;
-                c.wait_running(&n, &name, 5 * MINUTE).await?;
+                c.wait_running(&n, &name, patience).await?;
                 c.kubectl(&["delete", "pod", "-n", &n, &name, "--grace-period=1"])
                     .await?;
                 c.kubectl(&["delete", "pvc", "-n", &n, &name, "--wait=false"])
@@ -153,7 +165,7 @@ impl Campaign {
                     ),
                 )
                 .await?;
-                c.wait_snapshot_ready(&n, &snap, 5 * MINUTE).await?;
+                c.wait_snapshot_ready(&n, &snap, patience).await?;
                 // at least the snapshot's size (its claim may have grown)
                 let size = c
                     .get("volumesnapshot", &snap, Some(&n))
@@ -190,7 +202,7 @@ impl Campaign {
                     ),
                 )
                 .await?;
-                c.wait_succeeded(&n, &restored, 5 * MINUTE).await?;
+                c.wait_succeeded(&n, &restored, patience).await?;
                 for (kind, name) in [
                     ("pod", &restored),
                     ("pvc", &restored),
@@ -221,7 +233,7 @@ impl Campaign {
                     ),
                 ])
                 .await?;
-                c.wait_for(&format!("{claim} grown to {want}"), 5 * MINUTE, || {
+                c.wait_for(&format!("{claim} grown to {want}"), patience, || {
                     let (c, n, claim, want) = (c.clone(), n.clone(), claim.clone(), want.clone());
                     async move {
                         let p = c.get("pvc", &claim, Some(&n)).await?.unwrap_or_default();
