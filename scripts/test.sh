@@ -33,6 +33,8 @@ cloud_started=
 cluster_started=
 cleanup() {
   [[ -n ${background_pid:-} ]] && kill -- "$background_pid" 2>/dev/null
+  # a cloud still coming up is waited for, then taken down below
+  [[ -n ${cloud_up_pid:-} ]] && wait "$cloud_up_pid" 2>/dev/null
   if [[ -n $cluster_started ]]; then
     # the cluster's containers' logs (every plugin, sidecar and mount pod
     # still there, and each container's previous run), which `down`
@@ -242,6 +244,20 @@ fuzzing() {
 }
 
 phase "prerequisites" bash scripts/install-test-deps.sh
+# the test cloud comes up beside the lints, the build and the emulator
+# tier (its services mostly wait on their own start, and on cargo's lock
+# for its two binaries); its output and verdict come where the real tier
+# starts
+cloud_started=1
+python3 tests/openstack/cloud.py up "$cloud_profile" >"$work/cloud-up.out" 2>&1 &
+cloud_up_pid=$!
+cloud_up() {
+  local rc=0
+  wait "$cloud_up_pid" || rc=$?
+  cloud_up_pid=
+  cat "$work/cloud-up.out"
+  return $rc
+}
 phase "cargo fmt --check" cargo fmt --all -- --check
 phase "cargo fmt --check (fuzz/)" cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 phase "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -290,8 +306,7 @@ await_background
 tests "container images (deploy/images), checked against deploy/suite" \
   env IMAGE_PROFILE=debug bash deploy/images/build.sh target/images
 
-cloud_started=1
-phase "real OpenStack up ($cloud_profile)" python3 tests/openstack/cloud.py up "$cloud_profile"
+phase "real OpenStack up ($cloud_profile; started with the run)" cloud_up
 export OPENSTACK_TEST_BACKEND=real
 tests "contract tests (real OpenStack)" run_tests openstack-client contract
 # (the tests that inject faults always use the emulator: not run again)
@@ -361,6 +376,10 @@ if [[ -e $work/cluster-up ]]; then
   tests "cluster tier: figures bench, quick" run_bench cluster-tests figures
   await_background
   tests "cluster tier: many-node figures bench, quick" run_bench cluster-tests nodes
+  # last: it replaces deploy/suite with the charts for a while (and puts
+  # it back)
+  tests "cluster tier: the Helm charts (through the apiserver, install, upgrade under writers, rollback, uninstall; the KMS chart serving an apiserver)" \
+    python3 tests/helm/charts.py --cluster
 fi
 # down fails when anything of the cluster is left on the machine
 tests "cluster tier down (nothing left)" python3 tests/cluster/cluster.py down

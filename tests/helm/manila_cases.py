@@ -21,12 +21,12 @@ def args_of(r, workload):
 
 def the_default_rendering_is_deploy_manila_base():
     """With deploy/'s cloud.conf Secrets named, the chart renders exactly
-    what `kubectl kustomize deploy/manila/example` does, but its namespace,
-    Secrets, runtime ConfigMap and classes (each cluster's own), once
-    Helm's labels are set aside."""
+    what `kubectl kustomize deploy/manila/example` does, its runtime
+    ConfigMap included, but its namespace, Secrets and classes (each
+    cluster's own), once Helm's labels are set aside."""
     r = Rendering(CHART, load_fixture("manila-deploy.yaml"))
     deployed = [d for d in kustomize("deploy/manila/example")
-                if d["kind"] not in ("Namespace", "Secret", "ConfigMap", "StorageClass", "VolumeSnapshotClass")]
+                if d["kind"] not in ("Namespace", "Secret", "StorageClass", "VolumeSnapshotClass")]
     problems = drift([d for _, d in r.docs], deployed, "deploy/manila/example")
     expect(not problems, "the chart and deploy/ drifted:\n" + "\n".join(problems))
     return [r]
@@ -49,6 +49,7 @@ def upstreams_values_file_installs_unchanged():
         args = args_of(r, workload)
         expect(not any(a.startswith("--cloud-config") for a in args), f"no cloud.conf: {args}")
         expect(not any(a.startswith("--fwdendpoint") for a in args), "no partner plugin")
+        expect(not any(a.startswith("--runtime-config-file") for a in args), "runtimeConfig off: none read")
         expect("cloud-config" not in {v["name"] for v in r.pod(*workload)["volumes"]}, "no cloud.conf volume")
     provisioner = r.container(*NFS_CONTROLLER, "csi-provisioner")
     expect(provisioner["image"] == "registry.k8s.io/sig-storage/csi-provisioner:v5.3.0", provisioner["image"])
@@ -57,7 +58,7 @@ def upstreams_values_file_installs_unchanged():
            "no v6.3 flag for provisioner v5.3")
     expect("tolerations" not in r.pod(*NFS_NODE), "upstream's nodes tolerate nothing")
     expect("priorityClassName" not in r.pod(*NFS_NODE), "nor have a priority class")
-    for note in ("fwdNodePluginEndpoint", "clusterID is empty", "upstream's Go plugin"):
+    for note in ("fwdNodePluginEndpoint", "clusterID is empty", "upstream's Go plugin", "runtimeConfig is off"):
         expect(note in r.notes, f"NOTES names {note}: {r.notes}")
     return [r]
 
