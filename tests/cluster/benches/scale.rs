@@ -1,0 +1,676 @@
+//! At scale, printed and never asserted (issue 38).
+//!
+//! 1. **Provisioning burst**: N Cinder claims at once (Immediate binding),
+//!    then deleted: the time until 50/90/99/100 % are Bound and until every
+//!    volume is gone from Cinder; against the same N volumes made at once
+//!    and deleted straight through Cinder (a small client here, polling as
+//!    the driver does): the ratio of our time to OpenStack's own, and the
+//!    Cinder calls per claim (counted at the fault proxy, which the
+//!    controllers' catalog points at).
+//!
+//! 2. **Attach wave**: a StatefulSet (`podManagementPolicy: Parallel`)
+//!    with one Cinder claim per replica, as many replicas as the nodes'
+//!    attach limits allow (their CSINodes' counts), then scaled to zero:
+//!    the time until 50/90/99/100 % of its pods run, and after the scale
+//!    down until 50/10/1/0 % of its VolumeAttachments remain; against the
+//!    same volumes made and attached straight through Cinder and Nova at
+//!    once (each to the server of a node with room), then detached.
+//!
+//! 3. **Churn**: three overlapping waves of short-lived Jobs, each pod with
+//!    a claim of its own (a generic ephemeral volume, deleted with it): the
+//!    time until every Job is done and every volume gone; nothing of the
+//!    cluster's is left in Cinder, and the controller's resident memory
+//!    against its baseline.
+//! 4. **Snapshots and expansion at rate**: snapshots of M volumes taken at
+//!    once (time until 50/90/99/100 % are ready), and M claims expanded at
+//!    5 a second (until each PV has its new size).
+//!
+//! Needs the cluster tier up (`tests/cluster/cluster.py up`): `cargo bench
+//! -p cluster-tests --bench scale`; `SCALE_N=30,100,300` (the default).
+//! `BENCH_QUICK=1`: N = 3.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use cluster_tests::{Cluster, bench_cluster, bench_quick, claim};
+use openstack_client::cinder::{BlockStorage, CreateVolume};
+
+/// A class of the bench's own: Immediate binding (deploy/'s wait for
+/// their first consumer), deleting its volumes with its claims.
+const CLASS: &str = "scale-cinder-immediate";
+/// How often both sides look at what they wait for.
+const POLL: Duration = Duration::from_millis(250);
+const TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+fn sizes() -> Vec<usize> {
+    if bench_quick() {
+        return vec![3];
+    }
+    std::env::var("SCALE_N")
+        .ok()
+        .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![30, 100, 300])
+}
+
+/// 50, 90, 99 and 100 % of `times`, sorted.
+fn quantiles(times: &[Duration]) -> [Duration; 4] {
+    let mut v = times.to_vec();
+    v.sort();
+    let at = |p: f64| v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1];
+    [at(0.5), at(0.9), at(0.99), at(1.0)]
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64())
+}
+
+/// What one burst took: each claim (or volume) until it was ready, and the
+/// time until every volume was gone again.
+struct Burst {
+    ready: Vec<Duration>,
+    gone: Duration,
+}
+
+/// N claims at once through Kubernetes, then deleted.
+async fn through_kubernetes(c: &Cluster, cinder: &BlockStorage, n: usize) -> Burst {
+    let ns = c.namespace(&format!("scale-{n}")).await.unwrap();
+    let name = ns.name.clone();
+    let claims: Vec<String> = (0..n)
+        .map(|i| claim(&format!("c{i}"), CLASS, "1Gi", "ReadWriteOnce", false))
+        .collect();
+    let started = Instant::now();
+    c.apply_in(&name, &claims.join("---\n")).await.unwrap();
+    let mut bound: BTreeMap<String, Duration> = BTreeMap::new();
+    while bound.len() < n {
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "{} of {n} claims bound",
+            bound.len()
+        );
+        for pvc in c.list("pvc", &["-n", &name]).await.unwrap() {
+            let claim = pvc["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if pvc["status"]["phase"] == "Bound" && !bound.contains_key(&claim) {
+                bound.insert(claim, started.elapsed());
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    // the volumes behind the claims, then the claims deleted
+    let mut handles = Vec::new();
+    for pv in c.list("pv", &[]).await.unwrap() {
+        if pv["spec"]["claimRef"]["namespace"] == name.as_str() {
+            handles.push(
+                pv["spec"]["csi"]["volumeHandle"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            );
+        }
+    }
+    assert_eq!(handles.len(), n, "one volume per claim");
+    let deleting = Instant::now();
+    c.kubectl(&["-n", &name, "delete", "pvc", "--all", "--wait=false"])
+        .await
+        .unwrap();
+    until_gone(cinder, handles).await;
+    let gone = deleting.elapsed();
+    ns.close().await.unwrap();
+    Burst {
+        ready: bound.into_values().collect(),
+        gone,
+    }
+}
+
+/// The same N volumes straight through Cinder, at once: each made and
+/// watched until `available`, then all deleted and watched until gone.
+async fn through_cinder(cinder: &BlockStorage, n: usize) -> Burst {
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let cinder = cinder.clone();
+            tokio::spawn(async move {
+                let v = cinder
+                    .create_volume(&CreateVolume {
+                        name: format!("scale-direct-{i}"),
+                        size_gib: 1,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                loop {
+                    let now = cinder.get_volume(&v.id).await.unwrap();
+                    match now.status.as_str() {
+                        "available" => return (v.id, started.elapsed()),
+                        "error" => panic!("Cinder put {} in error", v.id),
+                        _ => tokio::time::sleep(POLL).await,
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut ready = Vec::new();
+    let mut ids = Vec::new();
+    for t in tasks {
+        let (id, took) = t.await.unwrap();
+        ids.push(id);
+        ready.push(took);
+    }
+    let deleting = Instant::now();
+    let deletes: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let (cinder, id) = (cinder.clone(), id.clone());
+            tokio::spawn(async move { cinder.delete_volume(&id).await.unwrap() })
+        })
+        .collect();
+    for d in deletes {
+        d.await.unwrap();
+    }
+    until_gone(cinder, ids).await;
+    Burst {
+        ready,
+        gone: deleting.elapsed(),
+    }
+}
+
+/// Waits until none of `ids` is in Cinder any more.
+async fn until_gone(cinder: &BlockStorage, mut ids: Vec<String>) {
+    let started = Instant::now();
+    while !ids.is_empty() {
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "{} volumes still there",
+            ids.len()
+        );
+        let mut left = Vec::new();
+        for id in ids {
+            match cinder.get_volume(&id).await {
+                Err(e) if e.is_not_found() => {}
+                _ => left.push(id),
+            }
+        }
+        ids = left;
+        if !ids.is_empty() {
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+/// The Cinder volumes each node still takes (its CSINode's count).
+async fn room(c: &Cluster) -> Vec<(String, usize)> {
+    let mut rooms = Vec::new();
+    for node in c.nodes().await.unwrap() {
+        let n = c.get("csinode", &node, None).await.unwrap().unwrap();
+        let count = n["spec"]["drivers"]
+            .as_array()
+            .and_then(|d| d.iter().find(|d| d["name"] == "cinder.csi.openstack.org"))
+            .and_then(|d| d["allocatable"]["count"].as_u64())
+            .unwrap_or(0) as usize;
+        rooms.push((node, count));
+    }
+    rooms
+}
+
+/// What an attach wave took: each pod (or volume) until it ran (or was
+/// attached), and after the scale down the time until 50/10/1/0 % of the
+/// attachments remained.
+struct Wave {
+    running: Vec<Duration>,
+    detached: [Duration; 4],
+}
+
+/// Until `remaining()` falls to 50, 10, 1 and 0 % of `n`.
+async fn draining<F, Fut>(n: usize, remaining: F) -> [Duration; 4]
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = usize>,
+{
+    let started = Instant::now();
+    let marks = [0.5, 0.1, 0.01, 0.0];
+    let mut at = [Duration::ZERO; 4];
+    let mut next = 0;
+    while next < marks.len() {
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "still attached: {}",
+            remaining().await
+        );
+        let left = remaining().await;
+        while next < marks.len() && left as f64 <= n as f64 * marks[next] {
+            at[next] = started.elapsed();
+            next += 1;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    at
+}
+
+async fn wave_through_kubernetes(c: &Cluster, n: usize, nodes: &[&str]) -> Wave {
+    let ns = c.namespace("scale-wave").await.unwrap();
+    let name = ns.name.clone();
+    let placement = cluster_tests::placement(nodes, 6);
+    let set = format!(
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: wave\nspec:\n  replicas: {n}\n  podManagementPolicy: Parallel\n  serviceName: wave\n  selector:\n    matchLabels: {{app: wave}}\n  template:\n    metadata:\n      labels: {{app: wave}}\n    spec:\n      terminationGracePeriodSeconds: 1\n{placement}      containers:\n      - name: app\n        image: {}\n        command: [sh, -c, 'exec sleep 36000']\n        volumeMounts:\n        - {{name: data, mountPath: /data}}\n  volumeClaimTemplates:\n  - metadata: {{name: data}}\n    spec:\n      accessModes: [ReadWriteOnce]\n      storageClassName: csi-cinder-sc-delete\n      resources: {{requests: {{storage: 1Gi}}}}\n",
+        cluster_tests::APP_IMAGE
+    );
+    let started = Instant::now();
+    c.apply_in(&name, &set).await.unwrap();
+    let mut running: BTreeMap<String, Duration> = BTreeMap::new();
+    while running.len() < n {
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "{} of {n} pods running",
+            running.len()
+        );
+        for pod in c.list("pods", &["-n", &name]).await.unwrap() {
+            let pod_name = pod["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if pod["status"]["phase"] == "Running" && !running.contains_key(&pod_name) {
+                running.insert(pod_name, started.elapsed());
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    c.kubectl(&["-n", &name, "scale", "statefulset", "wave", "--replicas=0"])
+        .await
+        .unwrap();
+    let attachments = || async {
+        let pvs: Vec<String> = c
+            .list("pv", &[])
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|pv| pv["spec"]["claimRef"]["namespace"] == name.as_str())
+            .filter_map(|pv| pv["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        c.list("volumeattachments", &[])
+            .await
+            .unwrap()
+            .iter()
+            .filter(|va| {
+                va["spec"]["source"]["persistentVolumeName"]
+                    .as_str()
+                    .is_some_and(|pv| pvs.iter().any(|p| p == pv))
+            })
+            .count()
+    };
+    let detached = draining(n, attachments).await;
+    ns.close().await.unwrap();
+    Wave {
+        running: running.into_values().collect(),
+        detached,
+    }
+}
+
+/// The same volumes straight through Cinder and Nova, at once: each made,
+/// attached to a server with room once `available`, watched until
+/// `in-use`; then all detached and watched until `available`, then deleted.
+async fn wave_through_openstack(
+    c: &Cluster,
+    cinder: &BlockStorage,
+    rooms: &[(String, usize)],
+) -> Wave {
+    let nova = c.nova().unwrap();
+    let servers: Vec<String> = rooms
+        .iter()
+        .flat_map(|(node, room)| std::iter::repeat_n(c.server_of(node).unwrap(), *room))
+        .collect();
+    let n = servers.len();
+    let started = Instant::now();
+    let tasks: Vec<_> = servers
+        .into_iter()
+        .enumerate()
+        .map(|(i, server)| {
+            let (cinder, nova) = (cinder.clone(), nova.clone());
+            tokio::spawn(async move {
+                let v = cinder
+                    .create_volume(&CreateVolume {
+                        name: format!("scale-wave-{i}"),
+                        size_gib: 1,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                let mut attached = false;
+                loop {
+                    let now = cinder.get_volume(&v.id).await.unwrap();
+                    match now.status.as_str() {
+                        "available" if !attached => {
+                            nova.attach_volume(&server, &v.id, false).await.unwrap();
+                            attached = true;
+                        }
+                        "in-use" => return (v.id, server, started.elapsed()),
+                        "error" | "error_attaching" => panic!("{} went {}", v.id, now.status),
+                        _ => {}
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+            })
+        })
+        .collect();
+    let mut done = Vec::new();
+    for t in tasks {
+        done.push(t.await.unwrap());
+    }
+    for (id, server, _) in &done {
+        nova.detach_volume(server, id).await.unwrap();
+    }
+    let ids: Vec<String> = done.iter().map(|(id, _, _)| id.clone()).collect();
+    let attached = || async {
+        let mut left = 0;
+        for id in &ids {
+            if cinder
+                .get_volume(id)
+                .await
+                .map(|v| v.status.as_str() != "available")
+                .unwrap_or(false)
+            {
+                left += 1;
+            }
+        }
+        left
+    };
+    let detached = draining(n, attached).await;
+    for id in &ids {
+        cinder.delete_volume(id).await.unwrap();
+    }
+    until_gone(cinder, ids).await;
+    Wave {
+        running: done.into_iter().map(|(_, _, took)| took).collect(),
+        detached,
+    }
+}
+
+/// The Cinder controller's resident memory (its plugin process on the
+/// host: the controller runs on the host network here), in MiB.
+fn controller_rss_mib() -> f64 {
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains("cinder-csi-plugin") && cmd.contains("--provide-node-service=false") {
+            let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+            if let Some(kib) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<f64>().ok())
+            {
+                return kib / 1024.0;
+            }
+        }
+    }
+    0.0
+}
+
+/// Volumes in Cinder that carry the cluster's id (what the controllers make).
+async fn cluster_volumes(cinder: &BlockStorage) -> usize {
+    let tag = BTreeMap::from([(
+        "cinder.csi.openstack.org/cluster".to_string(),
+        "kubernetes".to_string(),
+    )]);
+    cinder.volumes_with_metadata(&tag).await.unwrap().len()
+}
+
+async fn churn(c: &Cluster, cinder: &BlockStorage, per_wave: usize) {
+    let ns = c.namespace("scale-churn").await.unwrap();
+    let name = ns.name.clone();
+    let before = cluster_volumes(cinder).await;
+    let rss_before = controller_rss_mib();
+    let job = |wave: usize, i: usize| {
+        format!(
+            "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: w{wave}-j{i}\nspec:\n  ttlSecondsAfterFinished: 0\n  backoffLimit: 0\n  template:\n    spec:\n      restartPolicy: Never\n      terminationGracePeriodSeconds: 1\n      containers:\n      - name: app\n        image: {}\n        command: [sh, -c, 'echo done > /data/out && sync']\n        volumeMounts:\n        - {{name: data, mountPath: /data}}\n      volumes:\n      - name: data\n        ephemeral:\n          volumeClaimTemplate:\n            spec:\n              accessModes: [ReadWriteOnce]\n              storageClassName: csi-cinder-sc-delete\n              resources: {{requests: {{storage: 1Gi}}}}\n",
+            cluster_tests::APP_IMAGE
+        )
+    };
+    let started = Instant::now();
+    for wave in 0..3 {
+        let jobs: Vec<String> = (0..per_wave).map(|i| job(wave, i)).collect();
+        c.apply_in(&name, &jobs.join("---\n")).await.unwrap();
+        // the next wave while this one still runs
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    let mut rss_peak = rss_before;
+    loop {
+        assert!(started.elapsed() < TIMEOUT, "the churn did not end");
+        rss_peak = rss_peak.max(controller_rss_mib());
+        let jobs = c.list("jobs", &["-n", &name]).await.unwrap();
+        let failed: Vec<_> = jobs
+            .iter()
+            .filter(|j| j["status"]["failed"].as_u64() > Some(0))
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "a Job failed: {:?}",
+            failed[0]["metadata"]["name"]
+        );
+        let claims = c.list("pvc", &["-n", &name]).await.unwrap();
+        if jobs.is_empty() && claims.is_empty() && cluster_volumes(cinder).await <= before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let took = started.elapsed();
+    // memory once the churn is over: what stays is what it kept
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let rss_after = controller_rss_mib();
+    ns.close().await.unwrap();
+    println!();
+    println!(
+        "churn: 3 waves of {per_wave} Jobs 10 s apart, each with a claim of its own: all done and every volume gone after {:.1} s; the cluster's volumes in Cinder {before} before and after; the Cinder controller's memory {rss_before:.1} MiB before, {rss_peak:.1} MiB at most, {rss_after:.1} MiB after",
+        took.as_secs_f64()
+    );
+}
+
+async fn snapshots_and_expansion(c: &Cluster, m: usize) {
+    let ns = c.namespace("scale-snap").await.unwrap();
+    let name = ns.name.clone();
+    let claims: Vec<String> = (0..m)
+        .map(|i| claim(&format!("c{i}"), CLASS, "1Gi", "ReadWriteOnce", false))
+        .collect();
+    c.apply_in(&name, &claims.join("---\n")).await.unwrap();
+    let started = Instant::now();
+    loop {
+        assert!(started.elapsed() < TIMEOUT, "the claims never bound");
+        let pvcs = c.list("pvc", &["-n", &name]).await.unwrap();
+        if pvcs
+            .iter()
+            .filter(|p| p["status"]["phase"] == "Bound")
+            .count()
+            == m
+        {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let snaps: Vec<String> = (0..m)
+        .map(|i| format!("apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata:\n  name: s{i}\nspec:\n  volumeSnapshotClassName: csi-cinder-snapclass\n  source:\n    persistentVolumeClaimName: c{i}\n"))
+        .collect();
+    let started = Instant::now();
+    c.apply_in(&name, &snaps.join("---\n")).await.unwrap();
+    let mut ready: BTreeMap<String, Duration> = BTreeMap::new();
+    while ready.len() < m {
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "{} of {m} snapshots ready",
+            ready.len()
+        );
+        for s in c.list("volumesnapshots", &["-n", &name]).await.unwrap() {
+            let snap = s["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if s["status"]["readyToUse"] == true && !ready.contains_key(&snap) {
+                ready.insert(snap, started.elapsed());
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let q = quantiles(&ready.into_values().collect::<Vec<_>>());
+    // expansion at 5 claims a second
+    let started = Instant::now();
+    let mut asked = Vec::new();
+    for i in 0..m {
+        c.kubectl(&[
+            "-n",
+            &name,
+            "patch",
+            "pvc",
+            &format!("c{i}"),
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}"#,
+        ])
+        .await
+        .unwrap();
+        asked.push(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut grown: BTreeMap<String, Duration> = BTreeMap::new();
+    while grown.len() < m {
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "{} of {m} volumes grown",
+            grown.len()
+        );
+        for pv in c.list("pv", &[]).await.unwrap() {
+            if pv["spec"]["claimRef"]["namespace"] != name.as_str() {
+                continue;
+            }
+            let claim = pv["spec"]["claimRef"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if pv["spec"]["capacity"]["storage"] == "2Gi" && !grown.contains_key(&claim) {
+                grown.insert(claim, started.elapsed());
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let took: Vec<Duration> = grown
+        .iter()
+        .map(|(claim, at)| {
+            let i: usize = claim.trim_start_matches('c').parse().unwrap();
+            at.saturating_sub(asked[i])
+        })
+        .collect();
+    let e = quantiles(&took);
+    ns.close().await.unwrap();
+    println!();
+    println!(
+        "snapshots of {m} volumes at once: ready 50 / 90 / 99 / 100 % after {} / {} / {} / {} s; {m} claims expanded at 5 a second: each PV grown {} / {} / {} / {} s after its claim was",
+        secs(q[0]),
+        secs(q[1]),
+        secs(q[2]),
+        secs(q[3]),
+        secs(e[0]),
+        secs(e[1]),
+        secs(e[2]),
+        secs(e[3])
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let Some(c) = bench_cluster() else {
+        return;
+    };
+    c.apply(&format!(
+        "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: {CLASS}\nprovisioner: cinder.csi.openstack.org\nreclaimPolicy: Delete\nvolumeBindingMode: Immediate\nallowVolumeExpansion: true\n"
+    ))
+    .await
+    .unwrap();
+    let cinder = c.cinder().unwrap();
+    let proxy = c.fault_proxy().unwrap();
+    println!(
+        "| N | Bound 50 / 90 / 99 / 100 % (s) | Cinder's own (s) | ratio at 100 % | volumes gone after deletion, ours / Cinder's (s) | Cinder calls per claim |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for n in sizes() {
+        proxy.clear_calls().await.unwrap();
+        let ours = through_kubernetes(&c, &cinder, n).await;
+        let calls = proxy
+            .calls()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| r.path.starts_with("/volume"))
+            .count();
+        let theirs = through_cinder(&cinder, n).await;
+        let (q, t) = (quantiles(&ours.ready), quantiles(&theirs.ready));
+        println!(
+            "| {n} | {} / {} / {} / {} | {} / {} / {} / {} | {:.2} | {} / {} | {:.1} |",
+            secs(q[0]),
+            secs(q[1]),
+            secs(q[2]),
+            secs(q[3]),
+            secs(t[0]),
+            secs(t[1]),
+            secs(t[2]),
+            secs(t[3]),
+            q[3].as_secs_f64() / t[3].as_secs_f64().max(0.001),
+            secs(ours.gone),
+            secs(theirs.gone),
+            calls as f64 / n as f64
+        );
+    }
+
+    // the attach wave: as many volumes as the nodes take
+    let rooms = room(&c).await;
+    let names: Vec<String> = rooms.iter().map(|(n, _)| n.clone()).collect();
+    let nodes: Vec<&str> = names.iter().map(String::as_str).collect();
+    let capacity: usize = rooms.iter().map(|(_, r)| r).sum();
+    let n = if bench_quick() {
+        capacity.min(3)
+    } else {
+        capacity
+    };
+    let rooms: Vec<(String, usize)> = if bench_quick() {
+        vec![(rooms[0].0.clone(), n)]
+    } else {
+        rooms
+    };
+    proxy.clear_calls().await.unwrap();
+    let ours = wave_through_kubernetes(&c, n, &nodes).await;
+    let calls = proxy.calls().await.unwrap().len();
+    let theirs = wave_through_openstack(&c, &cinder, &rooms).await;
+    let (q, t) = (quantiles(&ours.running), quantiles(&theirs.running));
+    println!();
+    println!(
+        "| N | pods Running 50 / 90 / 99 / 100 % (s) | made and attached straight through Cinder and Nova (s) | ratio at 100 % | after the scale down, attachments left 50 / 10 / 1 / 0 % (s) | the same, detached straight through Nova (s) | Cinder and Nova calls per pod |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    let d = |w: &Wave| {
+        w.detached
+            .iter()
+            .map(|x| secs(*x))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    println!(
+        "| {n} | {} / {} / {} / {} | {} / {} / {} / {} | {:.2} | {} | {} | {:.1} |",
+        secs(q[0]),
+        secs(q[1]),
+        secs(q[2]),
+        secs(q[3]),
+        secs(t[0]),
+        secs(t[1]),
+        secs(t[2]),
+        secs(t[3]),
+        q[3].as_secs_f64() / t[3].as_secs_f64().max(0.001),
+        d(&ours),
+        d(&theirs),
+        calls as f64 / n.max(1) as f64
+    );
+
+    churn(&c, &cinder, if bench_quick() { 1 } else { 10 }).await;
+    snapshots_and_expansion(&c, if bench_quick() { 2 } else { 50 }).await;
+    c.kubectl(&["delete", "storageclass", CLASS, "--ignore-not-found"])
+        .await
+        .unwrap();
+}
