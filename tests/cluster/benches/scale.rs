@@ -73,6 +73,37 @@ struct Burst {
     gone: Duration,
 }
 
+/// The time since `started` at which each of `n` objects of `kind` in
+/// `ns` was first seen `ready`, by name (polled every `POLL`).
+async fn ready_times(
+    c: &Cluster,
+    kind: &str,
+    ns: &str,
+    n: usize,
+    started: Instant,
+    ready: impl Fn(&serde_json::Value) -> bool,
+) -> BTreeMap<String, Duration> {
+    let mut seen: BTreeMap<String, Duration> = BTreeMap::new();
+    while seen.len() < n {
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "{} of {n} {kind} ready",
+            seen.len()
+        );
+        for o in c.list(kind, &["-n", ns]).await.unwrap() {
+            let name = o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if ready(&o) && !seen.contains_key(&name) {
+                seen.insert(name, started.elapsed());
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    seen
+}
+
 /// N claims at once through Kubernetes, then deleted.
 async fn through_kubernetes(c: &Cluster, cinder: &BlockStorage, n: usize) -> Burst {
     let ns = c.namespace(&format!("scale-{n}")).await.unwrap();
@@ -82,24 +113,10 @@ async fn through_kubernetes(c: &Cluster, cinder: &BlockStorage, n: usize) -> Bur
         .collect();
     let started = Instant::now();
     c.apply_in(&name, &claims.join("---\n")).await.unwrap();
-    let mut bound: BTreeMap<String, Duration> = BTreeMap::new();
-    while bound.len() < n {
-        assert!(
-            started.elapsed() < TIMEOUT,
-            "{} of {n} claims bound",
-            bound.len()
-        );
-        for pvc in c.list("pvc", &["-n", &name]).await.unwrap() {
-            let claim = pvc["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            if pvc["status"]["phase"] == "Bound" && !bound.contains_key(&claim) {
-                bound.insert(claim, started.elapsed());
-            }
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    let bound = ready_times(c, "pvc", &name, n, started, |p| {
+        p["status"]["phase"] == "Bound"
+    })
+    .await;
     // the volumes behind the claims, then the claims deleted
     let mut handles = Vec::new();
     for pv in c.list("pv", &[]).await.unwrap() {
@@ -260,24 +277,10 @@ async fn wave_through_kubernetes(c: &Cluster, n: usize, nodes: &[&str]) -> Wave 
     );
     let started = Instant::now();
     c.apply_in(&name, &set).await.unwrap();
-    let mut running: BTreeMap<String, Duration> = BTreeMap::new();
-    while running.len() < n {
-        assert!(
-            started.elapsed() < TIMEOUT,
-            "{} of {n} pods running",
-            running.len()
-        );
-        for pod in c.list("pods", &["-n", &name]).await.unwrap() {
-            let pod_name = pod["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            if pod["status"]["phase"] == "Running" && !running.contains_key(&pod_name) {
-                running.insert(pod_name, started.elapsed());
-            }
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    let running = ready_times(c, "pods", &name, n, started, |p| {
+        p["status"]["phase"] == "Running"
+    })
+    .await;
     c.kubectl(&["-n", &name, "scale", "statefulset", "wave", "--replicas=0"])
         .await
         .unwrap();
@@ -318,22 +321,27 @@ async fn wave_through_openstack(
     rooms: &[(String, usize)],
 ) -> Wave {
     let nova = c.nova().unwrap();
-    let servers: Vec<String> = rooms
+    // each volume in its server's zone (Nova attaches none across zones)
+    let zones = c.node_zones().await.unwrap();
+    let servers: Vec<(String, String)> = rooms
         .iter()
-        .flat_map(|(node, room)| std::iter::repeat_n(c.server_of(node).unwrap(), *room))
+        .flat_map(|(node, room)| {
+            std::iter::repeat_n((c.server_of(node).unwrap(), zones[node].clone()), *room)
+        })
         .collect();
     let n = servers.len();
     let started = Instant::now();
     let tasks: Vec<_> = servers
         .into_iter()
         .enumerate()
-        .map(|(i, server)| {
+        .map(|(i, (server, zone))| {
             let (cinder, nova) = (cinder.clone(), nova.clone());
             tokio::spawn(async move {
                 let v = cinder
                     .create_volume(&CreateVolume {
                         name: format!("scale-wave-{i}"),
                         size_gib: 1,
+                        availability_zone: Some(zone),
                         ..Default::default()
                     })
                     .await
@@ -422,9 +430,14 @@ async fn churn(c: &Cluster, cinder: &BlockStorage, per_wave: usize) {
     let name = ns.name.clone();
     let before = cluster_volumes(cinder).await;
     let rss_before = controller_rss_mib();
+    // on every node (the multi-node taint tolerated): the three nodes'
+    // attach limits, not A's alone, bound how many run at once
+    let names = c.nodes().await.unwrap();
+    let nodes: Vec<&str> = names.iter().map(String::as_str).collect();
+    let placement = cluster_tests::placement(&nodes, 6);
     let job = |wave: usize, i: usize| {
         format!(
-            "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: w{wave}-j{i}\nspec:\n  ttlSecondsAfterFinished: 0\n  backoffLimit: 0\n  template:\n    spec:\n      restartPolicy: Never\n      terminationGracePeriodSeconds: 1\n      containers:\n      - name: app\n        image: {}\n        command: [sh, -c, 'echo done > /data/out && sync']\n        volumeMounts:\n        - {{name: data, mountPath: /data}}\n      volumes:\n      - name: data\n        ephemeral:\n          volumeClaimTemplate:\n            spec:\n              accessModes: [ReadWriteOnce]\n              storageClassName: csi-cinder-sc-delete\n              resources: {{requests: {{storage: 1Gi}}}}\n",
+            "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: w{wave}-j{i}\nspec:\n  ttlSecondsAfterFinished: 0\n  backoffLimit: 0\n  template:\n    spec:\n      restartPolicy: Never\n      terminationGracePeriodSeconds: 1\n{placement}      containers:\n      - name: app\n        image: {}\n        command: [sh, -c, 'echo done > /data/out && sync']\n        volumeMounts:\n        - {{name: data, mountPath: /data}}\n      volumes:\n      - name: data\n        ephemeral:\n          volumeClaimTemplate:\n            spec:\n              accessModes: [ReadWriteOnce]\n              storageClassName: csi-cinder-sc-delete\n              resources: {{requests: {{storage: 1Gi}}}}\n",
             cluster_tests::APP_IMAGE
         )
     };
@@ -493,24 +506,10 @@ async fn snapshots_and_expansion(c: &Cluster, m: usize) {
         .collect();
     let started = Instant::now();
     c.apply_in(&name, &snaps.join("---\n")).await.unwrap();
-    let mut ready: BTreeMap<String, Duration> = BTreeMap::new();
-    while ready.len() < m {
-        assert!(
-            started.elapsed() < TIMEOUT,
-            "{} of {m} snapshots ready",
-            ready.len()
-        );
-        for s in c.list("volumesnapshots", &["-n", &name]).await.unwrap() {
-            let snap = s["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            if s["status"]["readyToUse"] == true && !ready.contains_key(&snap) {
-                ready.insert(snap, started.elapsed());
-            }
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    let ready = ready_times(c, "volumesnapshots", &name, m, started, |s| {
+        s["status"]["readyToUse"] == true
+    })
+    .await;
     let q = quantiles(&ready.into_values().collect::<Vec<_>>());
     // expansion at 5 claims a second
     let started = Instant::now();
