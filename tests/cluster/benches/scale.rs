@@ -66,6 +66,16 @@ fn secs(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64())
 }
 
+/// Four marks (50/90/99/100 %, or 50/10/1/0 % left) as `a / b / c / d`.
+fn marks(d: &[Duration; 4]) -> String {
+    d.iter().map(|x| secs(*x)).collect::<Vec<_>>().join(" / ")
+}
+
+/// Ours against OpenStack's own, at 100 %.
+fn ratio(ours: &[Duration; 4], theirs: &[Duration; 4]) -> f64 {
+    ours[3].as_secs_f64() / theirs[3].as_secs_f64().max(0.001)
+}
+
 /// What one burst took: each claim (or volume) until it was ready, and the
 /// time until every volume was gone again.
 struct Burst {
@@ -562,15 +572,9 @@ async fn snapshots_and_expansion(c: &Cluster, m: usize) {
     ns.close().await.unwrap();
     println!();
     println!(
-        "snapshots of {m} volumes at once: ready 50 / 90 / 99 / 100 % after {} / {} / {} / {} s; {m} claims expanded at 5 a second: each PV grown {} / {} / {} / {} s after its claim was",
-        secs(q[0]),
-        secs(q[1]),
-        secs(q[2]),
-        secs(q[3]),
-        secs(e[0]),
-        secs(e[1]),
-        secs(e[2]),
-        secs(e[3])
+        "snapshots of {m} volumes at once: ready 50 / 90 / 99 / 100 % after {} s; {m} claims expanded at 5 a second: each PV grown {} s after its claim was",
+        marks(&q),
+        marks(&e)
     );
 }
 
@@ -603,16 +607,10 @@ async fn main() {
         let theirs = through_cinder(&cinder, n).await;
         let (q, t) = (quantiles(&ours.ready), quantiles(&theirs.ready));
         println!(
-            "| {n} | {} / {} / {} / {} | {} / {} / {} / {} | {:.2} | {} / {} | {:.1} |",
-            secs(q[0]),
-            secs(q[1]),
-            secs(q[2]),
-            secs(q[3]),
-            secs(t[0]),
-            secs(t[1]),
-            secs(t[2]),
-            secs(t[3]),
-            q[3].as_secs_f64() / t[3].as_secs_f64().max(0.001),
+            "| {n} | {} | {} | {:.2} | {} / {} | {:.1} |",
+            marks(&q),
+            marks(&t),
+            ratio(&q, &t),
             secs(ours.gone),
             secs(theirs.gone),
             calls as f64 / n as f64
@@ -644,26 +642,13 @@ async fn main() {
         "| N | pods Running 50 / 90 / 99 / 100 % (s) | made and attached straight through Cinder and Nova (s) | ratio at 100 % | after the scale down, attachments left 50 / 10 / 1 / 0 % (s) | the same, detached straight through Nova (s) | Cinder and Nova calls per pod |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- |");
-    let d = |w: &Wave| {
-        w.detached
-            .iter()
-            .map(|x| secs(*x))
-            .collect::<Vec<_>>()
-            .join(" / ")
-    };
     println!(
-        "| {n} | {} / {} / {} / {} | {} / {} / {} / {} | {:.2} | {} | {} | {:.1} |",
-        secs(q[0]),
-        secs(q[1]),
-        secs(q[2]),
-        secs(q[3]),
-        secs(t[0]),
-        secs(t[1]),
-        secs(t[2]),
-        secs(t[3]),
-        q[3].as_secs_f64() / t[3].as_secs_f64().max(0.001),
-        d(&ours),
-        d(&theirs),
+        "| {n} | {} | {} | {:.2} | {} | {} | {:.1} |",
+        marks(&q),
+        marks(&t),
+        ratio(&q, &t),
+        marks(&ours.detached),
+        marks(&theirs.detached),
         calls as f64 / n.max(1) as f64
     );
 
