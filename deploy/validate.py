@@ -144,6 +144,42 @@ def rendering_rules(docs):
                         yield (f"port {key[0]} of {d['kind']}/{d['metadata']['name']} is also "
                                f"{owners[key]}'s: they cannot share a node's host network")
                     owners[key] = d["metadata"]["name"]
+    yield from mount_pod_policy_rules(docs)
+
+
+def cel_strings(expression):
+    """The string literals of a CEL expression written as '...' (what
+    the mount pod policy's copied variables hold)."""
+    return re.findall(r"'([^']*)'", expression)
+
+
+def mount_pod_policy_rules(docs):
+    """The mount pod policy holds the mount pod template's image, kubelet
+    directory and name (written in, not read as a parameter): a rendering
+    in which they differ refuses every mount pod, so it is refused here."""
+    templates = [d for d in docs if d.get("kind") == "PodTemplate"
+                 and (d["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "ceph-fuse-mount-template"]
+    policies = [d for d in docs if d.get("kind") == "ValidatingAdmissionPolicy"
+                and any(v["name"] == "templateImage" for v in d["spec"].get("variables", []))]
+    for policy in policies:
+        name = policy["metadata"]["name"]
+        if len(templates) != 1:
+            yield f"ValidatingAdmissionPolicy/{name} needs the one mount pod template in the same rendering, found {len(templates)}"
+            continue
+        template = templates[0]
+        spec = template["template"]["spec"]
+        image = next((c["image"] for c in spec["containers"] if c["name"] == "ceph-fuse"), None)
+        paths = [v["hostPath"]["path"] for v in spec.get("volumes", []) if "hostPath" in v]
+        held = {v["name"]: cel_strings(v["expression"]) for v in policy["spec"]["variables"]}
+        if held.get("templateImage") != [image]:
+            yield (f"ValidatingAdmissionPolicy/{name} admits the image {held.get('templateImage')} but the mount pod "
+                   f"template runs {image!r}: repeat the mount pod policy's replacements after `images:`")
+        if sorted(held.get("hostPaths", [])) != sorted(paths):
+            yield (f"ValidatingAdmissionPolicy/{name} admits the host paths {held.get('hostPaths')} but the mount pod "
+                   f"template mounts {paths}: repeat the mount pod policy's replacements after a patch of the template")
+        if held.get("templateName") != [template["metadata"]["name"]]:
+            yield (f"ValidatingAdmissionPolicy/{name} wants mount pods owned by {held.get('templateName')} but the "
+                   f"template is {template['metadata']['name']!r}: repeat the mount pod policy's replacements after `namePrefix:`")
 
 
 def secret_text(doc, key):
@@ -408,6 +444,20 @@ def _workload(labels, port, image="registry.example.com/p:1"):
                 {"name": "c", "image": image, "ports": [{"name": port, "containerPort": 1}]}]}}}}
 
 
+def _mount_pods(image, kubelet_dir, name):
+    """A mount pod template and a policy that holds image
+    r.example/manila-csi-plugin:1, /var/lib/kubelet and the name t."""
+    return [
+        {"kind": "PodTemplate", "metadata": {"name": name, "labels": {"app.kubernetes.io/component": "ceph-fuse-mount-template"}},
+         "template": {"spec": {"containers": [{"name": "ceph-fuse", "image": image}],
+                               "volumes": [{"name": "kubelet-dir", "hostPath": {"path": kubelet_dir}},
+                                           {"name": "fuse", "hostPath": {"path": "/dev/fuse"}}]}}},
+        {"kind": "ValidatingAdmissionPolicy", "metadata": {"name": "p"}, "spec": {"variables": [
+            {"name": "templateImage", "expression": "'r.example/manila-csi-plugin:1'"},
+            {"name": "hostPaths", "expression": "['/var/lib/kubelet', '/dev/fuse']"},
+            {"name": "templateName", "expression": "'t'"}]}}]
+
+
 BROKEN_RENDERINGS = [
     ("binding to a ServiceAccount left in another namespace", [
         {"kind": "ServiceAccount", "metadata": {"name": "sa", "namespace": "new"}},
@@ -431,6 +481,9 @@ BROKEN_RENDERINGS = [
         {"kind": "Secret", "metadata": {"name": "cloud-config-node"}, "stringData": {"cloud.conf": "[Metadata]\n"}}]),
     ("two workloads on one host port", [_workload({"app": "a"}, "metrics"),
                                         {**_workload({"app": "b"}, "metrics"), "metadata": {"name": "v", "namespace": "ns"}}]),
+    ("mount pod policy behind the template's image", _mount_pods("r.example/manila-csi-plugin:2", "/var/lib/kubelet", "t")),
+    ("mount pod policy behind the template's kubelet directory", _mount_pods("r.example/manila-csi-plugin:1", "/srv/kubelet", "t")),
+    ("mount pod policy behind the template's name", _mount_pods("r.example/manila-csi-plugin:1", "/var/lib/kubelet", "prefix-t")),
 ]
 BROKEN_IMAGE_SETS = [
     ("our images from two registry paths", [

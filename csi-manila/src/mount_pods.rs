@@ -64,7 +64,8 @@ pub struct MountPodOptions {
 }
 
 /// The labels of the mount pod template (deploy/manila's
-/// mount-pod-template.yaml, the admission policy's parameter).
+/// mount-pod-template.yaml, whose image, kubelet directory and name the
+/// admission policy holds mount pods to).
 pub const TEMPLATE_SELECTOR: &str =
     "app.kubernetes.io/name=manila-csi-plugin,app.kubernetes.io/component=ceph-fuse-mount-template";
 
@@ -101,7 +102,7 @@ fn the_template(ns: &str, found: &[kube_api::ObjectMeta]) -> DriverResult<Owner>
         }),
         [] | [_] => Err(DriverError::FailedPrecondition(format!(
             "no mount pod template in namespace {ns} (a PodTemplate labelled {TEMPLATE_SELECTOR}: \
-             deploy/manila's mount-pod-template.yaml); mount pods are owned by it, and refused without it"
+             deploy/manila's mount-pod-template.yaml); mount pods are owned by it, and the admission policy refuses any other owner"
         ))),
         many => Err(DriverError::FailedPrecondition(format!(
             "{} mount pod templates in namespace {ns} ({}): exactly one may carry the labels {TEMPLATE_SELECTOR}",

@@ -141,7 +141,12 @@ def a_custom_kubelet_directory_is_used_everywhere():
     taints = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["startupTaints"]
     expect(taints == "['cephfs.manila.csi.openstack.org/agent-not-ready']", taints)
     binding = r.get("ValidatingAdmissionPolicyBinding", "csi-manila-mount-pods")
-    expect(binding["spec"]["paramRef"]["namespace"] == "openstack-system", binding["spec"]["paramRef"])
+    selector = binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"]
+    expect(selector == {"kubernetes.io/metadata.name": "openstack-system"}, selector)
+    expect("paramRef" not in binding["spec"], "no parameter (Kubernetes #133827)")
+    mount_pods = {v["name"]: v["expression"] for v in r.get("ValidatingAdmissionPolicy", "csi-manila-mount-pods")["spec"]["variables"]}
+    expect(mount_pods["hostPaths"] == f"['{kubelet}', '/dev/fuse']", mount_pods["hostPaths"])
+    expect(mount_pods["templateImage"] == f"'{template['containers'][0]['image']}'", mount_pods["templateImage"])
     return [r]
 
 
@@ -161,6 +166,8 @@ def values_that_cannot_work_are_refused_when_rendered():
     fails_to_render(CHART, {"shareProtocols": []}, "/shareProtocols")
     fails_to_render(CHART, {"driverName": "Manila CSI"}, "/driverName")
     fails_to_render(CHART, {"nodeplugin": {"kubeletDir": "kubelet"}}, "/nodeplugin/kubeletDir")
+    # written into the mount pod policy's CEL between quotes
+    fails_to_render(CHART, {"nodeplugin": {"kubeletDir": "/var/lib/kubelet' || true || '"}}, "/nodeplugin/kubeletDir")
     fails_to_render(CHART, {"volumeSnapshotClass": {"enabled": True}}, "snapshot CRDs")
 
 
