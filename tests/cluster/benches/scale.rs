@@ -6,7 +6,11 @@
 //!    and deleted straight through Cinder (a small client here, polling as
 //!    the driver does): the ratio of our time to OpenStack's own, and the
 //!    Cinder calls per claim (counted at the fault proxy, which the
-//!    controllers' catalog points at).
+//!    controllers' catalog points at). Where the time went: when each PV
+//!    was made, how long our CreateVolume took on average (the
+//!    controller's metrics), and how often the provisioner waited on its
+//!    own API rate limit (its log). The same for N CephFS claims against
+//!    shares made straight through Manila with a cephx rule each.
 //!
 //! 2. **Attach wave**: a StatefulSet (`podManagementPolicy: Parallel`)
 //!    with one Cinder claim per replica, as many replicas as the nodes'
@@ -14,7 +18,11 @@
 //!    the time until 50/90/99/100 % of its pods run, and after the scale
 //!    down until 50/10/1/0 % of its VolumeAttachments remain; against the
 //!    same volumes made and attached straight through Cinder and Nova at
-//!    once (each to the server of a node with room), then detached.
+//!    once (each to the server of a node with room), then detached. Each
+//!    pod's time split between Kubernetes (scheduler, attach-detach
+//!    controller, kubelet) and the attach itself (external attacher, our
+//!    ControllerPublish, Nova), from when each VolumeAttachment appeared,
+//!    was attached, was asked to go and went.
 //!
 //! 3. **Churn**: three overlapping waves of short-lived Jobs, each pod with
 //!    a claim of its own (a generic ephemeral volume, deleted with it): the
@@ -26,8 +34,10 @@
 //!    5 a second (until each PV has its new size).
 //!
 //! Needs the cluster tier up (`tests/cluster/cluster.py up`): `cargo bench
-//! -p cluster-tests --bench scale`; `SCALE_N=30,100,300` (the default).
-//! `BENCH_QUICK=1`: N = 3.
+//! -p cluster-tests --bench scale`; `SCALE_N=30,100,300` and
+//! `SCALE_SHARES_N=30,100` (the defaults), `SCALE_PARTS` a choice of
+//! cinder, cephfs, wave, churn, snapshots (all by default).
+//! `BENCH_QUICK=1`: N = 3 (2 shares), each part through once.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -36,6 +46,9 @@ use std::time::{Duration, Instant};
 
 use cluster_tests::{Cluster, bench_cluster, bench_quick, claim};
 use openstack_client::cinder::{BlockStorage, CreateVolume};
+use openstack_client::manila::{
+    AccessRuleState, CreateShare, GrantAccess, ShareStatus, SharedFileSystems,
+};
 
 /// A class of the bench's own: Immediate binding (deploy/'s wait for
 /// their first consumer), deleting its volumes with its claims.
@@ -52,6 +65,86 @@ fn sizes() -> Vec<usize> {
         .ok()
         .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![30, 100, 300])
+}
+
+/// The Cinder controller's metrics port (on the host network here).
+const CINDER_CONTROLLER_METRICS: u16 = 9828;
+
+/// A Go duration as client-go logs it (`850ms`, `1.5s`, `2m3.4s`).
+fn go_duration(text: &str) -> Option<Duration> {
+    let mut total = 0.0;
+    let mut number = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(ch) = chars.next() {
+        if ch.is_ascii_digit() || ch == '.' {
+            number.push(ch);
+            continue;
+        }
+        let value: f64 = number.parse().ok()?;
+        number.clear();
+        let unit = match (ch, chars.peek()) {
+            ('m', Some('s')) => {
+                chars.next();
+                0.001
+            }
+            ('u' | 'µ', Some('s')) => {
+                chars.next();
+                0.000_001
+            }
+            ('h', _) => 3600.0,
+            ('m', _) => 60.0,
+            ('s', _) => 1.0,
+            _ => return None,
+        };
+        total += value * unit;
+    }
+    number.is_empty().then(|| Duration::from_secs_f64(total))
+}
+
+/// What a controller's sidecar logged about its own client-side rate
+/// limit (its --kube-api-qps and --kube-api-burst) since `since`: client-go
+/// logs a wait over 1 s at -v=2, at most once a second. The number of such
+/// lines and the longest wait.
+async fn throttled(c: &Cluster, app: &str, container: &str, since: Instant) -> (usize, Duration) {
+    let window = format!("--since={}s", since.elapsed().as_secs() + 5);
+    let selector = format!("app={app}");
+    let logs = c
+        .kubectl(&[
+            "-n",
+            cluster_tests::SUITE_NAMESPACE,
+            "logs",
+            "-l",
+            &selector,
+            "-c",
+            container,
+            &window,
+            "--tail=-1",
+        ])
+        .await
+        .unwrap_or_default();
+    let waits: Vec<Duration> = logs
+        .lines()
+        .filter(|l| l.contains("client-side throttling"))
+        .filter_map(|l| {
+            let rest = &l[l.find("delay=")? + "delay=".len()..];
+            let value = rest.trim_start_matches('"');
+            let end = value.find(['"', ' ']).unwrap_or(value.len());
+            go_duration(&value[..end])
+        })
+        .collect();
+    (waits.len(), waits.iter().max().copied().unwrap_or_default())
+}
+
+/// The calls of a controller RPC answered since `before`, and their mean time.
+async fn rpc_since(method: &str, before: (f64, f64)) -> (f64, f64) {
+    let (count, seconds) =
+        cluster_tests::controller_rpc_totals(CINDER_CONTROLLER_METRICS, method).await;
+    let calls = count - before.0;
+    (calls, (seconds - before.1) / calls.max(1.0))
+}
+
+fn mean(times: &[Duration]) -> f64 {
+    times.iter().map(Duration::as_secs_f64).sum::<f64>() / times.len().max(1) as f64
 }
 
 /// 50, 90, 99 and 100 % of `times`, sorted.
@@ -81,6 +174,9 @@ fn ratio(ours: &[Duration; 4], theirs: &[Duration; 4]) -> f64 {
 struct Burst {
     ready: Vec<Duration>,
     gone: Duration,
+    /// Through Kubernetes: when each PV was first seen (the provisioner
+    /// made it once CreateVolume answered).
+    made: Vec<Duration>,
 }
 
 /// The time since `started` at which each of `n` objects of `kind` in
@@ -123,10 +219,15 @@ async fn through_kubernetes(c: &Cluster, cinder: &BlockStorage, n: usize) -> Bur
         .collect();
     let started = Instant::now();
     c.apply_in(&name, &claims.join("---\n")).await.unwrap();
-    let bound = ready_times(c, "pvc", &name, n, started, |p| {
-        p["status"]["phase"] == "Bound"
-    })
-    .await;
+    let ours = name.clone();
+    let (bound, made) = tokio::join!(
+        ready_times(c, "pvc", &name, n, started, |p| {
+            p["status"]["phase"] == "Bound"
+        }),
+        ready_times(c, "pv", &name, n, started, move |pv| {
+            pv["spec"]["claimRef"]["namespace"] == ours.as_str()
+        })
+    );
     // the volumes behind the claims, then the claims deleted
     let mut handles = Vec::new();
     for pv in c.list("pv", &[]).await.unwrap() {
@@ -150,6 +251,7 @@ async fn through_kubernetes(c: &Cluster, cinder: &BlockStorage, n: usize) -> Bur
     Burst {
         ready: bound.into_values().collect(),
         gone,
+        made: made.into_values().collect(),
     }
 }
 
@@ -202,6 +304,7 @@ async fn through_cinder(cinder: &BlockStorage, n: usize) -> Burst {
     Burst {
         ready,
         gone: deleting.elapsed(),
+        made: Vec::new(),
     }
 }
 
@@ -228,6 +331,172 @@ async fn until_gone(cinder: &BlockStorage, mut ids: Vec<String>) {
     }
 }
 
+/// The CephFS class of deploy/manila/classes (Immediate binding).
+const CEPHFS_CLASS: &str = "csi-manila-cephfs";
+
+/// N CephFS claims at once through Kubernetes, then deleted: until each
+/// is Bound (its share available and its cephx rule active), and until
+/// every share is gone from Manila.
+async fn shares_through_kubernetes(c: &Cluster, manila: &SharedFileSystems, n: usize) -> Burst {
+    let ns = c.namespace(&format!("scale-cephfs-{n}")).await.unwrap();
+    let name = ns.name.clone();
+    let claims: Vec<String> = (0..n)
+        .map(|i| {
+            claim(
+                &format!("s{i}"),
+                CEPHFS_CLASS,
+                "1Gi",
+                "ReadWriteMany",
+                false,
+            )
+        })
+        .collect();
+    let started = Instant::now();
+    c.apply_in(&name, &claims.join("---\n")).await.unwrap();
+    let bound = ready_times(c, "pvc", &name, n, started, |p| {
+        p["status"]["phase"] == "Bound"
+    })
+    .await;
+    let handles: Vec<String> = c
+        .list("pv", &[])
+        .await
+        .unwrap()
+        .iter()
+        .filter(|pv| pv["spec"]["claimRef"]["namespace"] == name.as_str())
+        .filter_map(|pv| {
+            pv["spec"]["csi"]["volumeHandle"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(handles.len(), n, "one share per claim");
+    let deleting = Instant::now();
+    c.kubectl(&["-n", &name, "delete", "pvc", "--all", "--wait=false"])
+        .await
+        .unwrap();
+    until_shares_gone(manila, handles).await;
+    let gone = deleting.elapsed();
+    ns.close().await.unwrap();
+    Burst {
+        ready: bound.into_values().collect(),
+        gone,
+        made: Vec::new(),
+    }
+}
+
+/// The same N CephFS shares straight through Manila, at once: each made,
+/// given a cephx rule once `available`, watched until the rule is
+/// `active` (what the driver waits for); then all deleted.
+async fn shares_through_manila(manila: &SharedFileSystems, n: usize) -> Burst {
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let manila = manila.clone();
+            tokio::spawn(async move {
+                let share = manila
+                    .create_share(&CreateShare {
+                        protocol: "CEPHFS".into(),
+                        size_gib: 1,
+                        name: format!("scale-direct-share-{i}"),
+                        share_type: Some("cephfs".into()),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                loop {
+                    let now = manila.get_share(&share.id).await.unwrap();
+                    assert!(
+                        !now.status.is_error(),
+                        "Manila put {} in {:?}",
+                        share.id,
+                        now.status
+                    );
+                    if now.status == ShareStatus::Available {
+                        break;
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+                let grant = GrantAccess {
+                    access_type: "cephx".into(),
+                    access_to: format!("scale-direct-{i}"),
+                    access_level: "rw".into(),
+                };
+                manila.grant_access(&share.id, &grant).await.unwrap();
+                loop {
+                    let rules = manila.list_access_rules(&share.id).await.unwrap();
+                    if rules.iter().any(|r| r.state == AccessRuleState::Active) {
+                        return (share.id, started.elapsed());
+                    }
+                    assert!(
+                        !rules.iter().any(|r| r.state == AccessRuleState::Error),
+                        "the rule of {} went to error",
+                        share.id
+                    );
+                    tokio::time::sleep(POLL).await;
+                }
+            })
+        })
+        .collect();
+    let mut ready = Vec::new();
+    let mut ids = Vec::new();
+    for t in tasks {
+        let (id, took) = t.await.unwrap();
+        ids.push(id);
+        ready.push(took);
+    }
+    let deleting = Instant::now();
+    for id in &ids {
+        manila.delete_share(id).await.unwrap();
+    }
+    until_shares_gone(manila, ids).await;
+    Burst {
+        ready,
+        gone: deleting.elapsed(),
+        made: Vec::new(),
+    }
+}
+
+/// Waits until none of `ids` is in Manila any more.
+async fn until_shares_gone(manila: &SharedFileSystems, mut ids: Vec<String>) {
+    let started = Instant::now();
+    while !ids.is_empty() {
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "{} shares still there",
+            ids.len()
+        );
+        let mut left = Vec::new();
+        for id in ids {
+            match manila.get_share(&id).await {
+                Err(e) if e.is_not_found() => {}
+                _ => left.push(id),
+            }
+        }
+        ids = left;
+        if !ids.is_empty() {
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+/// Whether `part` is to run: `SCALE_PARTS` (a comma-separated choice of
+/// cinder, cephfs, wave, churn, snapshots), every part without it.
+fn part(name: &str) -> bool {
+    std::env::var("SCALE_PARTS")
+        .map(|parts| parts.split(',').any(|p| p.trim() == name))
+        .unwrap_or(true)
+}
+
+fn share_sizes() -> Vec<usize> {
+    if bench_quick() {
+        return vec![2];
+    }
+    std::env::var("SCALE_SHARES_N")
+        .ok()
+        .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![30, 100])
+}
+
 /// The Cinder volumes each node still takes (its CSINode's count).
 async fn room(c: &Cluster) -> Vec<(String, usize)> {
     let mut rooms = Vec::new();
@@ -250,6 +519,10 @@ struct Wave {
     running: Vec<Duration>,
     detached: [Duration; 4],
 }
+
+/// Straight through Cinder and Nova: each volume's attach alone, from
+/// Nova's attach call until Cinder said `in-use`.
+struct DirectAttaches(Vec<Duration>);
 
 /// Until `remaining()` falls to 50, 10, 1 and 0 % of `n`.
 async fn draining<F, Fut>(n: usize, remaining: F) -> [Duration; 4]
@@ -277,7 +550,32 @@ where
     at
 }
 
-async fn wave_through_kubernetes(c: &Cluster, n: usize, nodes: &[&str]) -> Wave {
+/// Where each pod of an attach wave spent its time, from the objects'
+/// first sight (polled every `POLL`): until its VolumeAttachment existed
+/// (the scheduler and the attach-detach controller: Kubernetes), until
+/// that was attached (the external attacher, our ControllerPublish and
+/// Nova), until the pod ran (kubelet: our NodeStage and NodePublish, the
+/// container's start). After the scale down: until each attachment was
+/// asked to go (kubelet's unmount and NodeUnstage, the node's status, the
+/// attach-detach controller), until it was gone (the external attacher,
+/// our ControllerUnpublish and Nova).
+#[derive(Default)]
+struct Timeline {
+    attachment_made: Vec<Duration>,
+    attached: Vec<Duration>,
+    running: Vec<Duration>,
+    detach_asked: Vec<Duration>,
+    detached: Vec<Duration>,
+}
+
+fn segment(from: &[Duration], to: &[Duration]) -> Vec<Duration> {
+    from.iter()
+        .zip(to)
+        .map(|(a, b)| b.saturating_sub(*a))
+        .collect()
+}
+
+async fn wave_through_kubernetes(c: &Cluster, n: usize, nodes: &[&str]) -> (Wave, Timeline) {
     let ns = c.namespace("scale-wave").await.unwrap();
     let name = ns.name.clone();
     let placement = cluster_tests::placement(nodes, 6);
@@ -287,39 +585,119 @@ async fn wave_through_kubernetes(c: &Cluster, n: usize, nodes: &[&str]) -> Wave 
     );
     let started = Instant::now();
     c.apply_in(&name, &set).await.unwrap();
-    let running = ready_times(c, "pods", &name, n, started, |p| {
-        p["status"]["phase"] == "Running"
-    })
-    .await;
+    // by pod name (wave-i): the first sight of its attachment, of that
+    // attached, of the pod running
+    let mut made: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut attached: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut running: BTreeMap<String, Duration> = BTreeMap::new();
+    // each of the namespace's PVs, by name, to its pod
+    let mut pod_of_pv: BTreeMap<String, String> = BTreeMap::new();
+    while running.len() < n {
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "{} of {n} pods running",
+            running.len()
+        );
+        let now = started.elapsed();
+        for pv in c.list("pv", &[]).await.unwrap() {
+            if pv["spec"]["claimRef"]["namespace"] == name.as_str() {
+                let claim = pv["spec"]["claimRef"]["name"].as_str().unwrap_or_default();
+                pod_of_pv.insert(
+                    pv["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    claim.trim_start_matches("data-").to_string(),
+                );
+            }
+        }
+        for va in c.list("volumeattachments", &[]).await.unwrap() {
+            let Some(pod) = va["spec"]["source"]["persistentVolumeName"]
+                .as_str()
+                .and_then(|pv| pod_of_pv.get(pv))
+            else {
+                continue;
+            };
+            made.entry(pod.clone()).or_insert(now);
+            if va["status"]["attached"] == true {
+                attached.entry(pod.clone()).or_insert(now);
+            }
+        }
+        for p in c.list("pods", &["-n", &name]).await.unwrap() {
+            if p["status"]["phase"] == "Running" {
+                let pod = p["metadata"]["name"].as_str().unwrap_or_default();
+                running.entry(pod.to_string()).or_insert(now);
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let scaled_down = Instant::now();
     c.kubectl(&["-n", &name, "scale", "statefulset", "wave", "--replicas=0"])
         .await
         .unwrap();
-    let attachments = || async {
-        let pvs: Vec<String> = c
-            .list("pv", &[])
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|pv| pv["spec"]["claimRef"]["namespace"] == name.as_str())
-            .filter_map(|pv| pv["metadata"]["name"].as_str().map(str::to_string))
-            .collect();
-        c.list("volumeattachments", &[])
-            .await
-            .unwrap()
-            .iter()
-            .filter(|va| {
-                va["spec"]["source"]["persistentVolumeName"]
-                    .as_str()
-                    .is_some_and(|pv| pvs.iter().any(|p| p == pv))
-            })
-            .count()
-    };
-    let detached = draining(n, attachments).await;
-    ns.close().await.unwrap();
-    Wave {
-        running: running.into_values().collect(),
-        detached,
+    let mut detach_asked: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut gone: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut left_at: Vec<(Duration, usize)> = Vec::new();
+    loop {
+        assert!(
+            scaled_down.elapsed() < TIMEOUT,
+            "{} attachments left",
+            n - gone.len()
+        );
+        let now = scaled_down.elapsed();
+        let mut present = std::collections::BTreeSet::new();
+        for va in c.list("volumeattachments", &[]).await.unwrap() {
+            let Some(pod) = va["spec"]["source"]["persistentVolumeName"]
+                .as_str()
+                .and_then(|pv| pod_of_pv.get(pv))
+            else {
+                continue;
+            };
+            present.insert(pod.clone());
+            if !va["metadata"]["deletionTimestamp"].is_null() {
+                detach_asked.entry(pod.clone()).or_insert(now);
+            }
+        }
+        for pod in attached.keys() {
+            if !present.contains(pod) {
+                detach_asked.entry(pod.clone()).or_insert(now);
+                gone.entry(pod.clone()).or_insert(now);
+            }
+        }
+        left_at.push((now, present.len()));
+        if present.is_empty() {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
     }
+    ns.close().await.unwrap();
+    let at = |share: f64| {
+        left_at
+            .iter()
+            .find(|(_, left)| *left as f64 <= n as f64 * share)
+            .map(|(t, _)| *t)
+            .unwrap_or_default()
+    };
+    let pods: Vec<&String> = running.keys().collect();
+    let of = |m: &BTreeMap<String, Duration>| -> Vec<Duration> {
+        pods.iter()
+            .map(|p| m.get(*p).copied().unwrap_or_default())
+            .collect()
+    };
+    let timeline = Timeline {
+        attachment_made: of(&made),
+        attached: of(&attached),
+        running: of(&running),
+        detach_asked: of(&detach_asked),
+        detached: of(&gone),
+    };
+    (
+        Wave {
+            running: running.into_values().collect(),
+            detached: [at(0.5), at(0.1), at(0.01), at(0.0)],
+        },
+        timeline,
+    )
 }
 
 /// The same volumes straight through Cinder and Nova, at once: each made,
@@ -329,7 +707,7 @@ async fn wave_through_openstack(
     c: &Cluster,
     cinder: &BlockStorage,
     rooms: &[(String, usize)],
-) -> Wave {
+) -> (Wave, DirectAttaches) {
     let nova = c.nova().unwrap();
     // each volume in its server's zone (Nova attaches none across zones)
     let zones = c.node_zones().await.unwrap();
@@ -356,15 +734,18 @@ async fn wave_through_openstack(
                     })
                     .await
                     .unwrap();
-                let mut attached = false;
+                let mut attaching: Option<Instant> = None;
                 loop {
                     let now = cinder.get_volume(&v.id).await.unwrap();
                     match now.status.as_str() {
-                        "available" if !attached => {
+                        "available" if attaching.is_none() => {
+                            attaching = Some(Instant::now());
                             nova.attach_volume(&server, &v.id, false).await.unwrap();
-                            attached = true;
                         }
-                        "in-use" => return (v.id, server, started.elapsed()),
+                        "in-use" => {
+                            let attach = attaching.map(|a| a.elapsed()).unwrap_or_default();
+                            return (v.id, server, started.elapsed(), attach);
+                        }
                         "error" | "error_attaching" => panic!("{} went {}", v.id, now.status),
                         _ => {}
                     }
@@ -377,10 +758,10 @@ async fn wave_through_openstack(
     for t in tasks {
         done.push(t.await.unwrap());
     }
-    for (id, server, _) in &done {
+    for (id, server, _, _) in &done {
         nova.detach_volume(server, id).await.unwrap();
     }
-    let ids: Vec<String> = done.iter().map(|(id, _, _)| id.clone()).collect();
+    let ids: Vec<String> = done.iter().map(|(id, _, _, _)| id.clone()).collect();
     let attached = || async {
         let mut left = 0;
         for id in &ids {
@@ -400,10 +781,13 @@ async fn wave_through_openstack(
         cinder.delete_volume(id).await.unwrap();
     }
     until_gone(cinder, ids).await;
-    Wave {
-        running: done.into_iter().map(|(_, _, took)| took).collect(),
-        detached,
-    }
+    (
+        Wave {
+            running: done.iter().map(|(_, _, took, _)| *took).collect(),
+            detached,
+        },
+        DirectAttaches(done.iter().map(|(_, _, _, attach)| *attach).collect()),
+    )
 }
 
 /// The Cinder controller's resident memory (its plugin process on the
@@ -578,6 +962,89 @@ async fn snapshots_and_expansion(c: &Cluster, m: usize) {
     );
 }
 
+/// The attach wave (part 2) and where its time went, printed.
+async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
+    let proxy = c.fault_proxy().unwrap();
+    // the attach wave: as many volumes as the nodes take
+    let rooms = room(c).await;
+    let names: Vec<String> = rooms.iter().map(|(n, _)| n.clone()).collect();
+    let nodes: Vec<&str> = names.iter().map(String::as_str).collect();
+    let capacity: usize = rooms.iter().map(|(_, r)| r).sum();
+    let n = if bench_quick() {
+        capacity.min(3)
+    } else {
+        capacity
+    };
+    let rooms: Vec<(String, usize)> = if bench_quick() {
+        vec![(rooms[0].0.clone(), n)]
+    } else {
+        rooms
+    };
+    proxy.clear_calls().await.unwrap();
+    let publish_before =
+        cluster_tests::controller_rpc_totals(CINDER_CONTROLLER_METRICS, "ControllerPublishVolume")
+            .await;
+    let unpublish_before = cluster_tests::controller_rpc_totals(
+        CINDER_CONTROLLER_METRICS,
+        "ControllerUnpublishVolume",
+    )
+    .await;
+    let since = Instant::now();
+    let (ours, timeline) = wave_through_kubernetes(c, n, &nodes).await;
+    let calls = proxy.calls().await.unwrap().len();
+    let (publishes, publish_mean) = rpc_since("ControllerPublishVolume", publish_before).await;
+    let (unpublishes, unpublish_mean) =
+        rpc_since("ControllerUnpublishVolume", unpublish_before).await;
+    let (waits, longest) = throttled(c, "csi-cinder-controllerplugin", "csi-attacher", since).await;
+    let (theirs, direct) = wave_through_openstack(c, cinder, &rooms).await;
+    let (q, t) = (quantiles(&ours.running), quantiles(&theirs.running));
+    println!();
+    println!(
+        "| N | pods Running 50 / 90 / 99 / 100 % (s) | made and attached straight through Cinder and Nova (s) | ratio at 100 % | after the scale down, attachments left 50 / 10 / 1 / 0 % (s) | the same, detached straight through Nova (s) | Cinder and Nova calls per pod |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| {n} | {} | {} | {:.2} | {} | {} | {:.1} |",
+        marks(&q),
+        marks(&t),
+        ratio(&q, &t),
+        marks(&ours.detached),
+        marks(&theirs.detached),
+        calls as f64 / n.max(1) as f64
+    );
+    let zero = vec![Duration::ZERO; timeline.running.len()];
+    println!();
+    println!("where a pod of the wave spent its time, 50 / 90 / 99 / 100 % (s):");
+    println!(
+        "  created until its VolumeAttachment existed (scheduler, attach-detach controller): {}",
+        marks(&quantiles(&segment(&zero, &timeline.attachment_made)))
+    );
+    println!(
+        "  until attached (external attacher, our ControllerPublish, Nova): {} (ControllerPublish answered {publishes:.0} times, in {publish_mean:.2} s on average; Nova's own attach until in-use {:.2} s on average; the attacher waited on its own API rate limit {waits} times over 1 s, longest {:.1} s)",
+        marks(&quantiles(&segment(
+            &timeline.attachment_made,
+            &timeline.attached
+        ))),
+        mean(&direct.0),
+        longest.as_secs_f64()
+    );
+    println!(
+        "  until Running (kubelet: our NodeStage and NodePublish, the container's start): {}",
+        marks(&quantiles(&segment(&timeline.attached, &timeline.running)))
+    );
+    println!(
+        "  after the scale down, until its detach was asked (kubelet's unmount, the node's status, the attach-detach controller): {}",
+        marks(&quantiles(&segment(&zero, &timeline.detach_asked)))
+    );
+    println!(
+        "  until detached (external attacher, our ControllerUnpublish, Nova): {} (ControllerUnpublish answered {unpublishes:.0} times, in {unpublish_mean:.2} s on average)",
+        marks(&quantiles(&segment(
+            &timeline.detach_asked,
+            &timeline.detached
+        )))
+    );
+}
+
 #[tokio::main]
 async fn main() {
     let Some(c) = bench_cluster() else {
@@ -594,9 +1061,16 @@ async fn main() {
         "| N | Bound 50 / 90 / 99 / 100 % (s) | Cinder's own (s) | ratio at 100 % | volumes gone after deletion, ours / Cinder's (s) | Cinder calls per claim |"
     );
     println!("| --- | --- | --- | --- | --- | --- |");
-    for n in sizes() {
+    let mut where_it_went = Vec::new();
+    for n in sizes().into_iter().filter(|_| part("cinder")) {
         proxy.clear_calls().await.unwrap();
+        let before =
+            cluster_tests::controller_rpc_totals(CINDER_CONTROLLER_METRICS, "CreateVolume").await;
+        let since = Instant::now();
         let ours = through_kubernetes(&c, &cinder, n).await;
+        let (creates, create_mean) = rpc_since("CreateVolume", before).await;
+        let (waits, longest) =
+            throttled(&c, "csi-cinder-controllerplugin", "csi-provisioner", since).await;
         let calls = proxy
             .calls()
             .await
@@ -615,45 +1089,58 @@ async fn main() {
             secs(theirs.gone),
             calls as f64 / n as f64
         );
+        where_it_went.push(format!(
+            "N = {n}: PVs made (CreateVolume answered) 50 / 90 / 99 / 100 % after {} s, claims Bound {} s; CreateVolume answered {creates:.0} times, in {create_mean:.2} s on average (Cinder's own create until available: {:.2} s); the provisioner waited on its own API rate limit {waits} times over 1 s (longest {:.1} s)",
+            marks(&quantiles(&ours.made)),
+            marks(&q),
+            mean(&theirs.ready),
+            longest.as_secs_f64()
+        ));
+    }
+    println!();
+    for line in where_it_went {
+        println!("{line}");
     }
 
-    // the attach wave: as many volumes as the nodes take
-    let rooms = room(&c).await;
-    let names: Vec<String> = rooms.iter().map(|(n, _)| n.clone()).collect();
-    let nodes: Vec<&str> = names.iter().map(String::as_str).collect();
-    let capacity: usize = rooms.iter().map(|(_, r)| r).sum();
-    let n = if bench_quick() {
-        capacity.min(3)
-    } else {
-        capacity
-    };
-    let rooms: Vec<(String, usize)> = if bench_quick() {
-        vec![(rooms[0].0.clone(), n)]
-    } else {
-        rooms
-    };
-    proxy.clear_calls().await.unwrap();
-    let ours = wave_through_kubernetes(&c, n, &nodes).await;
-    let calls = proxy.calls().await.unwrap().len();
-    let theirs = wave_through_openstack(&c, &cinder, &rooms).await;
-    let (q, t) = (quantiles(&ours.running), quantiles(&theirs.running));
+    // the same for CephFS shares
+    let manila = c.manila().unwrap();
     println!();
     println!(
-        "| N | pods Running 50 / 90 / 99 / 100 % (s) | made and attached straight through Cinder and Nova (s) | ratio at 100 % | after the scale down, attachments left 50 / 10 / 1 / 0 % (s) | the same, detached straight through Nova (s) | Cinder and Nova calls per pod |"
+        "| N (CephFS) | Bound 50 / 90 / 99 / 100 % (s) | Manila's own, until the cephx rule is active (s) | ratio at 100 % | shares gone after deletion, ours / Manila's (s) | Manila calls per claim |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
-    println!(
-        "| {n} | {} | {} | {:.2} | {} | {} | {:.1} |",
-        marks(&q),
-        marks(&t),
-        ratio(&q, &t),
-        marks(&ours.detached),
-        marks(&theirs.detached),
-        calls as f64 / n.max(1) as f64
-    );
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for n in share_sizes().into_iter().filter(|_| part("cephfs")) {
+        proxy.clear_calls().await.unwrap();
+        let ours = shares_through_kubernetes(&c, &manila, n).await;
+        let calls = proxy
+            .calls()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| r.path.starts_with("/share"))
+            .count();
+        let theirs = shares_through_manila(&manila, n).await;
+        let (q, t) = (quantiles(&ours.ready), quantiles(&theirs.ready));
+        println!(
+            "| {n} | {} | {} | {:.2} | {} / {} | {:.1} |",
+            marks(&q),
+            marks(&t),
+            ratio(&q, &t),
+            secs(ours.gone),
+            secs(theirs.gone),
+            calls as f64 / n as f64
+        );
+    }
 
-    churn(&c, &cinder, if bench_quick() { 1 } else { 10 }).await;
-    snapshots_and_expansion(&c, if bench_quick() { 2 } else { 50 }).await;
+    if part("wave") {
+        attach_wave(&c, &cinder).await;
+    }
+    if part("churn") {
+        churn(&c, &cinder, if bench_quick() { 1 } else { 10 }).await;
+    }
+    if part("snapshots") {
+        snapshots_and_expansion(&c, if bench_quick() { 2 } else { 50 }).await;
+    }
     c.kubectl(&["delete", "storageclass", CLASS, "--ignore-not-found"])
         .await
         .unwrap();
