@@ -790,24 +790,51 @@ async fn wave_through_openstack(
     )
 }
 
-/// The Cinder controller's resident memory (its plugin process on the
-/// host: the controller runs on the host network here), in MiB.
-fn controller_rss_mib() -> f64 {
+/// The resident memory (MiB) and CPU time (s) of the Cinder plugin's
+/// processes on this host (every node's pods run here, each in its own
+/// namespaces), summed: the controller's (`--provide-node-service=false`)
+/// or the node plugins'.
+fn cinder_plugin_usage(controller: bool) -> (f64, f64) {
+    // clock ticks per second: 100 on Linux for /proc's utime and stime
+    const TICKS: f64 = 100.0;
+    let (mut rss, mut cpu) = (0.0, 0.0);
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.contains("cinder-csi-plugin") && cmd.contains("--provide-node-service=false") {
-            let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
-            if let Some(kib) = status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<f64>().ok())
-            {
-                return kib / 1024.0;
-            }
+        let is_plugin = cmd
+            .split_whitespace()
+            .next()
+            .is_some_and(|exe| exe.ends_with("cinder-csi-plugin"));
+        if !is_plugin || cmd.contains("--provide-node-service=false") != controller {
+            continue;
+        }
+        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+        rss += status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0;
+        // after the command's closing parenthesis: state is field 3,
+        // utime and stime fields 14 and 15
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        if let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) {
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = |i: usize| {
+                fields
+                    .get(i)
+                    .and_then(|f| f.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            cpu += (ticks(11) + ticks(12)) / TICKS;
         }
     }
-    0.0
+    (rss, cpu)
+}
+
+/// The Cinder controller's resident memory, in MiB.
+fn controller_rss_mib() -> f64 {
+    cinder_plugin_usage(true).0
 }
 
 /// Volumes in Cinder that carry the cluster's id (what the controllers make).
@@ -990,7 +1017,11 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
     )
     .await;
     let since = Instant::now();
+    let nodes_before = cinder_plugin_usage(false);
+    let controller_before = cinder_plugin_usage(true);
     let (ours, timeline) = wave_through_kubernetes(c, n, &nodes).await;
+    let nodes_after = cinder_plugin_usage(false);
+    let controller_after = cinder_plugin_usage(true);
     let calls = proxy.calls().await.unwrap().len();
     let (publishes, publish_mean) = rpc_since("ControllerPublishVolume", publish_before).await;
     let (unpublishes, unpublish_mean) =
@@ -1043,6 +1074,15 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
             &timeline.detached
         )))
     );
+    let per_100 = 100.0 / n.max(1) as f64;
+    println!(
+        "the wave's cost per 100 volumes attached and detached: the node plugins (three) {:.2} s of CPU, {:+.1} MiB of memory ({:.1} MiB after); the controller {:.2} s of CPU, {:+.1} MiB",
+        (nodes_after.1 - nodes_before.1) * per_100,
+        (nodes_after.0 - nodes_before.0) * per_100,
+        nodes_after.0,
+        (controller_after.1 - controller_before.1) * per_100,
+        (controller_after.0 - controller_before.0) * per_100
+    );
 }
 
 #[tokio::main]
@@ -1067,7 +1107,9 @@ async fn main() {
         let before =
             cluster_tests::controller_rpc_totals(CINDER_CONTROLLER_METRICS, "CreateVolume").await;
         let since = Instant::now();
+        let usage_before = cinder_plugin_usage(true);
         let ours = through_kubernetes(&c, &cinder, n).await;
+        let usage_after = cinder_plugin_usage(true);
         let (creates, create_mean) = rpc_since("CreateVolume", before).await;
         let (waits, longest) =
             throttled(&c, "csi-cinder-controllerplugin", "csi-provisioner", since).await;
@@ -1090,11 +1132,14 @@ async fn main() {
             calls as f64 / n as f64
         );
         where_it_went.push(format!(
-            "N = {n}: PVs made (CreateVolume answered) 50 / 90 / 99 / 100 % after {} s, claims Bound {} s; CreateVolume answered {creates:.0} times, in {create_mean:.2} s on average (Cinder's own create until available: {:.2} s); the provisioner waited on its own API rate limit {waits} times over 1 s (longest {:.1} s)",
+            "N = {n}: PVs made (CreateVolume answered) 50 / 90 / 99 / 100 % after {} s, claims Bound {} s; CreateVolume answered {creates:.0} times, in {create_mean:.2} s on average (Cinder's own create until available: {:.2} s); the provisioner waited on its own API rate limit {waits} times over 1 s (longest {:.1} s); the controller: {:.2} s of CPU and {:+.1} MiB of memory per 100 claims made and deleted ({:.1} MiB after)",
             marks(&quantiles(&ours.made)),
             marks(&q),
             mean(&theirs.ready),
-            longest.as_secs_f64()
+            longest.as_secs_f64(),
+            (usage_after.1 - usage_before.1) * 100.0 / n as f64,
+            (usage_after.0 - usage_before.0) * 100.0 / n as f64,
+            usage_after.0
         ));
     }
     println!();
