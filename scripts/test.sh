@@ -376,6 +376,8 @@ if [[ -e $work/cluster-up ]]; then
   tests "cluster tier: figures bench, quick" run_bench cluster-tests figures
   await_background
   tests "cluster tier: many-node figures bench, quick" run_bench cluster-tests nodes
+  tests "cluster tier: scale bench, quick (bursts, an attach wave, churn, snapshots and expansion, each through once)" \
+    run_bench cluster-tests scale
   # last: it replaces deploy/suite with the charts for a while (and puts
   # it back)
   tests "cluster tier: the Helm charts (through the apiserver, install, upgrade under writers, rollback, uninstall; the KMS chart serving an apiserver)" \

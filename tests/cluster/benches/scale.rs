@@ -846,6 +846,9 @@ async fn cluster_volumes(cinder: &BlockStorage) -> usize {
     cinder.volumes_with_metadata(&tag).await.unwrap().len()
 }
 
+/// The time between two waves of the churn.
+const WAVE_GAP: Duration = Duration::from_secs(10);
+
 async fn churn(c: &Cluster, cinder: &BlockStorage, per_wave: usize) {
     let ns = c.namespace("scale-churn").await.unwrap();
     let name = ns.name.clone();
@@ -867,7 +870,7 @@ async fn churn(c: &Cluster, cinder: &BlockStorage, per_wave: usize) {
         let jobs: Vec<String> = (0..per_wave).map(|i| job(wave, i)).collect();
         c.apply_in(&name, &jobs.join("---\n")).await.unwrap();
         // the next wave while this one still runs
-        tokio::time::sleep(Duration::from_secs(10)).await;
+        tokio::time::sleep(WAVE_GAP).await;
     }
     let mut rss_peak = rss_before;
     loop {
@@ -891,7 +894,7 @@ async fn churn(c: &Cluster, cinder: &BlockStorage, per_wave: usize) {
     }
     let took = started.elapsed();
     // memory once the churn is over: what stays is what it kept
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(WAVE_GAP).await;
     let rss_after = controller_rss_mib();
     ns.close().await.unwrap();
     println!();
@@ -1022,7 +1025,15 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
     let (ours, timeline) = wave_through_kubernetes(c, n, &nodes).await;
     let nodes_after = cinder_plugin_usage(false);
     let controller_after = cinder_plugin_usage(true);
-    let calls = proxy.calls().await.unwrap().len();
+    let recorded = proxy.calls().await.unwrap();
+    let cinder_calls = recorded
+        .iter()
+        .filter(|r| r.path.starts_with("/volume"))
+        .count();
+    let nova_calls = recorded
+        .iter()
+        .filter(|r| r.path.starts_with("/compute"))
+        .count();
     let (publishes, publish_mean) = rpc_since("ControllerPublishVolume", publish_before).await;
     let (unpublishes, unpublish_mean) =
         rpc_since("ControllerUnpublishVolume", unpublish_before).await;
@@ -1031,17 +1042,18 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
     let (q, t) = (quantiles(&ours.running), quantiles(&theirs.running));
     println!();
     println!(
-        "| N | pods Running 50 / 90 / 99 / 100 % (s) | made and attached straight through Cinder and Nova (s) | ratio at 100 % | after the scale down, attachments left 50 / 10 / 1 / 0 % (s) | the same, detached straight through Nova (s) | Cinder and Nova calls per pod |"
+        "| N | pods Running 50 / 90 / 99 / 100 % (s) | made and attached straight through Cinder and Nova (s) | ratio at 100 % | after the scale down, attachments left 50 / 10 / 1 / 0 % (s) | the same, detached straight through Nova (s) | Cinder / Nova calls per pod |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     println!(
-        "| {n} | {} | {} | {:.2} | {} | {} | {:.1} |",
+        "| {n} | {} | {} | {:.2} | {} | {} | {:.1} / {:.1} |",
         marks(&q),
         marks(&t),
         ratio(&q, &t),
         marks(&ours.detached),
         marks(&theirs.detached),
-        calls as f64 / n.max(1) as f64
+        cinder_calls as f64 / n.max(1) as f64,
+        nova_calls as f64 / n.max(1) as f64
     );
     let zero = vec![Duration::ZERO; timeline.running.len()];
     println!();
