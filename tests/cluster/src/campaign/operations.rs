@@ -29,10 +29,51 @@ fn tolerations() -> String {
     t
 }
 
+/// The node label that keeps the writers, and only them, off a node: a
+/// move sets it on the node its writer leaves. Cordoning that node
+/// instead kept every new pod off it, the controllers' too, which run on
+/// node A alone here (the test cloud listens on its loopback): when a
+/// fault deleted their pod during a move away from A, the cluster had no
+/// attacher until the move gave up (the long campaign's step 43, seed
+/// 1795817858: the controller's pod unschedulable for 6.7 minutes).
+const WRITERS_AWAY: &str = "csi-cluster-tier/writers-away";
+
+/// [`WRITERS_AWAY`] on a node until dropped.
+struct WritersAway {
+    kubeconfig: std::path::PathBuf,
+    node: String,
+}
+
+impl WritersAway {
+    async fn on(c: &Cluster, node: &str) -> Result<Self> {
+        c.kubectl(&[
+            "label",
+            "node",
+            node,
+            &format!("{WRITERS_AWAY}=true"),
+            "--overwrite",
+        ])
+        .await?;
+        Ok(Self {
+            kubeconfig: c.kubeconfig.clone(),
+            node: node.to_string(),
+        })
+    }
+}
+
+impl Drop for WritersAway {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kubectl")
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args(["label", "node", &self.node, &format!("{WRITERS_AWAY}-")])
+            .output();
+    }
+}
+
 fn writers_manifest() -> String {
     let tolerate = tolerations();
     format!(
-        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: writer\nspec:\n  replicas: {WRITERS}\n  podManagementPolicy: Parallel\n  serviceName: writer\n  selector:\n    matchLabels: {{app: writer}}\n  template:\n    metadata:\n      labels: {{app: writer}}\n    spec:\n      terminationGracePeriodSeconds: 2\n{tolerate}      containers:\n      - name: app\n        image: {}\n        command: [sh, -c, 'i=$(tail -n 1 /data/seq 2>/dev/null); i=${{i:-0}}; while true; do i=$((i+1)); echo $i >> /data/seq && (fsync /data/seq 2>/dev/null || sync); sleep 0.2; done']\n        volumeMounts:\n        - {{name: data, mountPath: /data}}\n  volumeClaimTemplates:\n  - metadata:\n      name: data\n    spec:\n      accessModes: [ReadWriteOnce]\n      storageClassName: csi-cinder-sc-xfs\n      resources:\n        requests:\n          storage: 1Gi\n",
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: writer\nspec:\n  replicas: {WRITERS}\n  podManagementPolicy: Parallel\n  serviceName: writer\n  selector:\n    matchLabels: {{app: writer}}\n  template:\n    metadata:\n      labels: {{app: writer}}\n    spec:\n      terminationGracePeriodSeconds: 2\n{tolerate}      affinity:\n        nodeAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            nodeSelectorTerms:\n            - matchExpressions:\n              - {{key: {WRITERS_AWAY}, operator: DoesNotExist}}\n      containers:\n      - name: app\n        image: {}\n        command: [sh, -c, 'i=$(tail -n 1 /data/seq 2>/dev/null); i=${{i:-0}}; while true; do i=$((i+1)); echo $i >> /data/seq && (fsync /data/seq 2>/dev/null || sync); sleep 0.2; done']\n        volumeMounts:\n        - {{name: data, mountPath: /data}}\n  volumeClaimTemplates:\n  - metadata:\n      name: data\n    spec:\n      accessModes: [ReadWriteOnce]\n      storageClassName: csi-cinder-sc-xfs\n      resources:\n        requests:\n          storage: 1Gi\n",
         crate::APP_IMAGE
     )
 }
@@ -47,6 +88,9 @@ fn sharers_manifest() -> String {
 
 /// The writers and the sharers, with the sharers' claim.
 pub(super) async fn apply_workload(c: &Cluster, n: &str) -> Result<()> {
+    // a move of a run that ended on the way may have left its label
+    c.kubectl(&["label", "nodes", "--all", &format!("{WRITERS_AWAY}-")])
+        .await?;
     c.apply_in(
         n,
         &[
@@ -119,8 +163,8 @@ impl Campaign {
                     .iter()
                     .find(|(node, z)| **z == zone && **node != from)
                     .map(|(node, _)| node.clone());
-                let _cordoned = match &to {
-                    Some(_) => Some(c.cordon(&from).await?),
+                let _away = match &to {
+                    Some(_) => Some(WritersAway::on(c, &from).await?),
                     None => None,
                 };
                 c.kubectl(&["delete", "pod", "-n", &n, &pod, "--wait=false"])
