@@ -234,6 +234,25 @@ def cinder_rules(doc):
             yield "the node plugin needs /dev"
 
 
+def policy_rules(doc):
+    """No admission policy takes a parameter of a built-in kind: an
+    apiserver stops watching that kind for good once no binding names it
+    for a second, and then admits against the parameter it last saw, or
+    refuses everything, until it restarts (kubernetes/kubernetes#133827,
+    #130887; what a reinstall met)."""
+    if doc.get("kind") != "ValidatingAdmissionPolicy":
+        return
+    param = (doc.get("spec") or {}).get("paramKind")
+    if not param:
+        return
+    api_version = param.get("apiVersion", "")
+    group = api_version.rpartition("/")[0]
+    # the core group, the dotless ones (apps, batch...) and *.k8s.io
+    if "." not in group or group.endswith(".k8s.io"):
+        yield (f"ValidatingAdmissionPolicy/{doc['metadata']['name']} takes a {param.get('kind')} as its parameter: "
+               "write the values into the policy (Kubernetes #133827)")
+
+
 def workload_rules(doc):
     """What every plugin workload needs: an explicit update strategy for
     DaemonSets, a writable /tmp under a read-only root for the node
@@ -378,6 +397,10 @@ def _with_registrar(ds, pre_stop=None):
 
 # each must be reported: proves the checks can fail
 BROKEN = [
+    ("admission policy with a built-in parameter kind", {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "p"}, "spec": {"paramKind": {"apiVersion": "v1", "kind": "PodTemplate"},
+                                            "validations": [{"expression": "true"}]}}),
     ("pod with an unknown field", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
                                     "spec": {"containers": [{"name": "c", "image": "i", "bogus": 1}]}}),
     ("pod without containers", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}}),
@@ -523,7 +546,7 @@ def validate(docs, deploy=True):
             problems.append(f"{where}: {doc['error']}")
             continue
         choices = deploy_choice_rules(doc) if deploy else []
-        for p in [*cinder_rules(doc), *manila_rules(doc), *workload_rules(doc), *choices]:
+        for p in [*cinder_rules(doc), *manila_rules(doc), *workload_rules(doc), *policy_rules(doc), *choices]:
             problems.append(f"{where}: {p}")
         class_schemas = {"VolumeSnapshotClass": vsc_schema, "VolumeGroupSnapshotClass": vgsc_schema,
                          "PodMonitor": podmonitor_schema}

@@ -313,9 +313,11 @@ async fn a_cephfs_node_plugins_token_starts_real_mount_pods_on_its_node_and_noth
 
     // the policy and its binding deleted and created again, as an
     // uninstall and an install do: the policy is in force again at once,
-    // without an apiserver restart (a policy with a built-in parameter
-    // kind refuses everything after this until the apiserver restarts,
-    // Kubernetes #133827)
+    // without an apiserver restart. (Had it a parameter of a built-in
+    // kind, the apiserver would stop watching that kind here and go on
+    // with the template it last saw, or refuse every mount pod once the
+    // template is created again too, Kubernetes #133827: what the Helm
+    // scenario's reinstall met; deploy/validate.py refuses such a policy.)
     let mut saved = Vec::new();
     for kind in [
         "validatingadmissionpolicy",
