@@ -135,10 +135,38 @@ async fn throttled(c: &Cluster, app: &str, container: &str, since: Instant) -> (
     (waits.len(), waits.iter().max().copied().unwrap_or_default())
 }
 
+/// How many of a CSI Controller RPC a controller answered so far, and the
+/// seconds it spent in them (summed over every answer, whatever its
+/// code), from its gRPC metrics on the host network.
+async fn controller_rpc_totals(port: u16, method: &str) -> (f64, f64) {
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            &format!("http://127.0.0.1:{port}/metrics"),
+        ])
+        .output()
+        .await;
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let value = |series: &str| {
+        let key = format!("{series}{{method=\"/csi.v1.Controller/{method}\"}}");
+        text.lines()
+            .find(|l| l.starts_with(&key))
+            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        value("grpc_server_handling_seconds_count"),
+        value("grpc_server_handling_seconds_sum"),
+    )
+}
+
 /// The calls of a controller RPC answered since `before`, and their mean time.
 async fn rpc_since(method: &str, before: (f64, f64)) -> (f64, f64) {
-    let (count, seconds) =
-        cluster_tests::controller_rpc_totals(CINDER_CONTROLLER_METRICS, method).await;
+    let (count, seconds) = controller_rpc_totals(CINDER_CONTROLLER_METRICS, method).await;
     let calls = count - before.0;
     (calls, (seconds - before.1) / calls.max(1.0))
 }
@@ -1110,13 +1138,9 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
     };
     proxy.clear_calls().await.unwrap();
     let publish_before =
-        cluster_tests::controller_rpc_totals(CINDER_CONTROLLER_METRICS, "ControllerPublishVolume")
-            .await;
-    let unpublish_before = cluster_tests::controller_rpc_totals(
-        CINDER_CONTROLLER_METRICS,
-        "ControllerUnpublishVolume",
-    )
-    .await;
+        controller_rpc_totals(CINDER_CONTROLLER_METRICS, "ControllerPublishVolume").await;
+    let unpublish_before =
+        controller_rpc_totals(CINDER_CONTROLLER_METRICS, "ControllerUnpublishVolume").await;
     let since = Instant::now();
     let nodes_before = cinder_plugin_usage(false);
     let controller_before = cinder_plugin_usage(true);
@@ -1214,8 +1238,7 @@ async fn main() {
     let mut where_it_went = Vec::new();
     for n in sizes().into_iter().filter(|_| part("cinder")) {
         proxy.clear_calls().await.unwrap();
-        let before =
-            cluster_tests::controller_rpc_totals(CINDER_CONTROLLER_METRICS, "CreateVolume").await;
+        let before = controller_rpc_totals(CINDER_CONTROLLER_METRICS, "CreateVolume").await;
         let since = Instant::now();
         let usage_before = cinder_plugin_usage(true);
         let ours = through_kubernetes(&c, &cinder, n).await;

@@ -775,35 +775,6 @@ pub async fn controller_rpc_seconds(port: u16, methods: &[&str]) -> f64 {
         .sum()
 }
 
-/// How many of a CSI Controller RPC a controller answered so far, and the
-/// seconds it spent in them (summed over every answer, whatever its
-/// code), from its gRPC metrics on the host network.
-pub async fn controller_rpc_totals(port: u16, method: &str) -> (f64, f64) {
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "5",
-            &format!("http://127.0.0.1:{port}/metrics"),
-        ])
-        .output()
-        .await;
-    let text = out
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    let value = |series: &str| {
-        let key = format!("{series}{{method=\"/csi.v1.Controller/{method}\"}}");
-        text.lines()
-            .find(|l| l.starts_with(&key))
-            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (
-        value("grpc_server_handling_seconds_count"),
-        value("grpc_server_handling_seconds_sum"),
-    )
-}
-
 /// A pod that writes a line every 100 ms and says FAIL when a write fails
 /// (read by [`Cluster::probe_report`]).
 pub fn prober(name: &str, claim: &str) -> String {
