@@ -41,14 +41,29 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+// the bench's parts by role (a crate root finds its modules beside it)
+#[path = "scale/cost.rs"]
+mod cost;
+#[path = "scale/direct.rs"]
+mod direct;
+#[path = "scale/watch.rs"]
+mod watch;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use cluster_tests::{Cluster, bench_cluster, bench_quick, claim};
-use openstack_client::cinder::{BlockStorage, CreateVolume};
-use openstack_client::manila::{
-    AccessRuleState, CreateShare, GrantAccess, ShareStatus, SharedFileSystems,
+use openstack_client::cinder::BlockStorage;
+use openstack_client::manila::SharedFileSystems;
+
+use cost::{
+    CINDER_CONTROLLER_METRICS, cinder_plugin_usage, cluster_volumes, controller_rpc_totals,
+    controller_rss_mib, rpc_since, throttled,
 };
+use direct::{
+    shares_through_manila, through_cinder, until_gone, until_shares_gone, wave_through_openstack,
+};
+use watch::{Watch, name_of, ready_times};
 
 /// A class of the bench's own: Immediate binding (deploy/'s wait for
 /// their first consumer), deleting its volumes with its claims.
@@ -65,110 +80,6 @@ fn sizes() -> Vec<usize> {
         .ok()
         .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![30, 100, 300])
-}
-
-/// The Cinder controller's metrics port (on the host network here).
-const CINDER_CONTROLLER_METRICS: u16 = 9828;
-
-/// A Go duration as client-go logs it (`850ms`, `1.5s`, `2m3.4s`).
-fn go_duration(text: &str) -> Option<Duration> {
-    let mut total = 0.0;
-    let mut number = String::new();
-    let mut chars = text.chars().peekable();
-    while let Some(ch) = chars.next() {
-        if ch.is_ascii_digit() || ch == '.' {
-            number.push(ch);
-            continue;
-        }
-        let value: f64 = number.parse().ok()?;
-        number.clear();
-        let unit = match (ch, chars.peek()) {
-            ('m', Some('s')) => {
-                chars.next();
-                0.001
-            }
-            ('u' | 'µ', Some('s')) => {
-                chars.next();
-                0.000_001
-            }
-            ('h', _) => 3600.0,
-            ('m', _) => 60.0,
-            ('s', _) => 1.0,
-            _ => return None,
-        };
-        total += value * unit;
-    }
-    number.is_empty().then(|| Duration::from_secs_f64(total))
-}
-
-/// What a controller's sidecar logged about its own client-side rate
-/// limit (its --kube-api-qps and --kube-api-burst) since `since`: client-go
-/// logs a wait over 1 s at -v=2, at most once a second. The number of such
-/// lines and the longest wait.
-async fn throttled(c: &Cluster, app: &str, container: &str, since: Instant) -> (usize, Duration) {
-    let window = format!("--since={}s", since.elapsed().as_secs() + 5);
-    let selector = format!("app={app}");
-    let logs = c
-        .kubectl(&[
-            "-n",
-            cluster_tests::SUITE_NAMESPACE,
-            "logs",
-            "-l",
-            &selector,
-            "-c",
-            container,
-            &window,
-            "--tail=-1",
-        ])
-        .await
-        .unwrap_or_default();
-    let waits: Vec<Duration> = logs
-        .lines()
-        .filter(|l| l.contains("client-side throttling"))
-        .filter_map(|l| {
-            let rest = &l[l.find("delay=")? + "delay=".len()..];
-            let value = rest.trim_start_matches('"');
-            let end = value.find(['"', ' ']).unwrap_or(value.len());
-            go_duration(&value[..end])
-        })
-        .collect();
-    (waits.len(), waits.iter().max().copied().unwrap_or_default())
-}
-
-/// How many of a CSI Controller RPC a controller answered so far, and the
-/// seconds it spent in them (summed over every answer, whatever its
-/// code), from its gRPC metrics on the host network.
-async fn controller_rpc_totals(port: u16, method: &str) -> (f64, f64) {
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "5",
-            &format!("http://127.0.0.1:{port}/metrics"),
-        ])
-        .output()
-        .await;
-    let text = out
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    let value = |series: &str| {
-        let key = format!("{series}{{method=\"/csi.v1.Controller/{method}\"}}");
-        text.lines()
-            .find(|l| l.starts_with(&key))
-            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (
-        value("grpc_server_handling_seconds_count"),
-        value("grpc_server_handling_seconds_sum"),
-    )
-}
-
-/// The calls of a controller RPC answered since `before`, and their mean time.
-async fn rpc_since(method: &str, before: (f64, f64)) -> (f64, f64) {
-    let (count, seconds) = controller_rpc_totals(CINDER_CONTROLLER_METRICS, method).await;
-    let calls = count - before.0;
-    (calls, (seconds - before.1) / calls.max(1.0))
 }
 
 fn mean(times: &[Duration]) -> f64 {
@@ -205,111 +116,6 @@ struct Burst {
     /// Through Kubernetes: when each PV was first seen (the provisioner
     /// made it once CreateVolume answered).
     made: Vec<Duration>,
-}
-
-/// What the apiserver reports of `kind` (in `ns`; cluster-scoped kinds
-/// ignore it), each change as it comes with the time since `started`: one
-/// long-lived `kubectl get --watch` per kind. Polling with a kubectl
-/// process four times a second per kind took a large share of this
-/// machine's two cores away from the cluster it measured, while the
-/// direct client's polls cost next to nothing.
-struct Watch {
-    events: tokio::sync::mpsc::UnboundedReceiver<Change>,
-    child: std::process::Child,
-}
-
-/// One change of a watched object.
-struct Change {
-    at: Duration,
-    deleted: bool,
-    object: serde_json::Value,
-}
-
-impl Watch {
-    fn start(c: &Cluster, kind: &str, ns: &str, started: Instant) -> Self {
-        let mut child = std::process::Command::new("kubectl")
-            .arg(format!("--kubeconfig={}", c.kubeconfig.display()))
-            .args([
-                "get",
-                kind,
-                "-n",
-                ns,
-                "--watch",
-                "--output-watch-events",
-                "-o",
-                "json",
-            ])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, events) = tokio::sync::mpsc::unbounded_channel();
-        // kubectl writes one JSON event after another
-        std::thread::spawn(move || {
-            for event in serde_json::Deserializer::from_reader(std::io::BufReader::new(stdout))
-                .into_iter::<serde_json::Value>()
-                .map_while(Result::ok)
-            {
-                let change = Change {
-                    at: started.elapsed(),
-                    deleted: event["type"] == "DELETED",
-                    object: event["object"].clone(),
-                };
-                if tx.send(change).is_err() {
-                    break;
-                }
-            }
-        });
-        Self { events, child }
-    }
-
-    /// The next change, or None once `deadline` passed.
-    async fn next(&mut self, deadline: Instant) -> Option<Change> {
-        let left = deadline.saturating_duration_since(Instant::now());
-        tokio::time::timeout(left, self.events.recv())
-            .await
-            .ok()
-            .flatten()
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn name_of(o: &serde_json::Value) -> String {
-    o["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
-}
-
-/// The time since `started` at which each of `n` objects of `kind` in
-/// `ns` was first seen `ready`, by name (as the apiserver reported it).
-async fn ready_times(
-    c: &Cluster,
-    kind: &str,
-    ns: &str,
-    n: usize,
-    started: Instant,
-    ready: impl Fn(&serde_json::Value) -> bool,
-) -> BTreeMap<String, Duration> {
-    let mut watch = Watch::start(c, kind, ns, started);
-    let deadline = started + TIMEOUT;
-    let mut seen: BTreeMap<String, Duration> = BTreeMap::new();
-    while seen.len() < n {
-        let Some(change) = watch.next(deadline).await else {
-            panic!("{} of {n} {kind} ready", seen.len());
-        };
-        if !change.deleted && ready(&change.object) {
-            seen.entry(name_of(&change.object)).or_insert(change.at);
-        }
-    }
-    seen
 }
 
 /// N claims at once through Kubernetes, then deleted.
@@ -354,82 +160,6 @@ async fn through_kubernetes(c: &Cluster, cinder: &BlockStorage, n: usize) -> Bur
         ready: bound.into_values().collect(),
         gone,
         made: made.into_values().collect(),
-    }
-}
-
-/// The same N volumes straight through Cinder, at once: each made and
-/// watched until `available`, then all deleted and watched until gone.
-async fn through_cinder(cinder: &BlockStorage, n: usize) -> Burst {
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..n)
-        .map(|i| {
-            let cinder = cinder.clone();
-            tokio::spawn(async move {
-                let v = cinder
-                    .create_volume(&CreateVolume {
-                        name: format!("scale-direct-{i}"),
-                        size_gib: 1,
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap();
-                loop {
-                    let now = cinder.get_volume(&v.id).await.unwrap();
-                    match now.status.as_str() {
-                        "available" => return (v.id, started.elapsed()),
-                        "error" => panic!("Cinder put {} in error", v.id),
-                        _ => tokio::time::sleep(POLL).await,
-                    }
-                }
-            })
-        })
-        .collect();
-    let mut ready = Vec::new();
-    let mut ids = Vec::new();
-    for t in tasks {
-        let (id, took) = t.await.unwrap();
-        ids.push(id);
-        ready.push(took);
-    }
-    let deleting = Instant::now();
-    let deletes: Vec<_> = ids
-        .iter()
-        .map(|id| {
-            let (cinder, id) = (cinder.clone(), id.clone());
-            tokio::spawn(async move { cinder.delete_volume(&id).await.unwrap() })
-        })
-        .collect();
-    for d in deletes {
-        d.await.unwrap();
-    }
-    until_gone(cinder, ids).await;
-    Burst {
-        ready,
-        gone: deleting.elapsed(),
-        made: Vec::new(),
-    }
-}
-
-/// Waits until none of `ids` is in Cinder any more.
-async fn until_gone(cinder: &BlockStorage, mut ids: Vec<String>) {
-    let started = Instant::now();
-    while !ids.is_empty() {
-        assert!(
-            started.elapsed() < TIMEOUT,
-            "{} volumes still there",
-            ids.len()
-        );
-        let mut left = Vec::new();
-        for id in ids {
-            match cinder.get_volume(&id).await {
-                Err(e) if e.is_not_found() => {}
-                _ => left.push(id),
-            }
-        }
-        ids = left;
-        if !ids.is_empty() {
-            tokio::time::sleep(POLL).await;
-        }
     }
 }
 
@@ -486,121 +216,6 @@ async fn shares_through_kubernetes(c: &Cluster, manila: &SharedFileSystems, n: u
     }
 }
 
-/// The same N CephFS shares straight through Manila, at once: each made,
-/// given a cephx rule once `available`, watched until the rule is
-/// `active` (what the driver waits for); then all deleted.
-async fn shares_through_manila(manila: &SharedFileSystems, n: usize) -> (Burst, usize) {
-    // what a run stopped on the way left under these names
-    let mut leftovers = Vec::new();
-    for i in 0..n {
-        for share in manila
-            .list_shares_named(&format!("scale-direct-share-{i}"))
-            .await
-            .unwrap()
-        {
-            manila.delete_share(&share.id).await.unwrap();
-            leftovers.push(share.id);
-        }
-    }
-    until_shares_gone(manila, leftovers).await;
-    let failed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..n)
-        .map(|i| {
-            let manila = manila.clone();
-            let failed = failed.clone();
-            tokio::spawn(async move {
-                // a share Manila puts in error is deleted and made again,
-                // as the driver does
-                let share = loop {
-                    let share = manila
-                        .create_share(&CreateShare {
-                            protocol: "CEPHFS".into(),
-                            size_gib: 1,
-                            name: format!("scale-direct-share-{i}"),
-                            share_type: Some("cephfs".into()),
-                            ..Default::default()
-                        })
-                        .await
-                        .unwrap();
-                    let status = loop {
-                        let now = manila.get_share(&share.id).await.unwrap();
-                        if now.status == ShareStatus::Available || now.status.is_error() {
-                            break now.status;
-                        }
-                        tokio::time::sleep(POLL).await;
-                    };
-                    if status == ShareStatus::Available {
-                        break share;
-                    }
-                    failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    manila.delete_share(&share.id).await.unwrap();
-                    until_shares_gone(&manila, vec![share.id]).await;
-                };
-                let grant = GrantAccess {
-                    access_type: "cephx".into(),
-                    access_to: format!("scale-direct-{i}"),
-                    access_level: "rw".into(),
-                };
-                manila.grant_access(&share.id, &grant).await.unwrap();
-                loop {
-                    let rules = manila.list_access_rules(&share.id).await.unwrap();
-                    if rules.iter().any(|r| r.state == AccessRuleState::Active) {
-                        return (share.id, started.elapsed());
-                    }
-                    assert!(
-                        !rules.iter().any(|r| r.state == AccessRuleState::Error),
-                        "the rule of {} went to error",
-                        share.id
-                    );
-                    tokio::time::sleep(POLL).await;
-                }
-            })
-        })
-        .collect();
-    let mut ready = Vec::new();
-    let mut ids = Vec::new();
-    for t in tasks {
-        let (id, took) = t.await.unwrap();
-        ids.push(id);
-        ready.push(took);
-    }
-    let deleting = Instant::now();
-    for id in &ids {
-        manila.delete_share(id).await.unwrap();
-    }
-    until_shares_gone(manila, ids).await;
-    let burst = Burst {
-        ready,
-        gone: deleting.elapsed(),
-        made: Vec::new(),
-    };
-    (burst, failed.load(std::sync::atomic::Ordering::Relaxed))
-}
-
-/// Waits until none of `ids` is in Manila any more.
-async fn until_shares_gone(manila: &SharedFileSystems, mut ids: Vec<String>) {
-    let started = Instant::now();
-    while !ids.is_empty() {
-        assert!(
-            started.elapsed() < TIMEOUT,
-            "{} shares still there",
-            ids.len()
-        );
-        let mut left = Vec::new();
-        for id in ids {
-            match manila.get_share(&id).await {
-                Err(e) if e.is_not_found() => {}
-                _ => left.push(id),
-            }
-        }
-        ids = left;
-        if !ids.is_empty() {
-            tokio::time::sleep(POLL).await;
-        }
-    }
-}
-
 /// Whether `part` is to run: `SCALE_PARTS` (a comma-separated choice of
 /// cinder, cephfs, wave, churn, snapshots), every part without it.
 fn part(name: &str) -> bool {
@@ -640,36 +255,6 @@ async fn room(c: &Cluster) -> Vec<(String, usize)> {
 struct Wave {
     running: Vec<Duration>,
     detached: [Duration; 4],
-}
-
-/// Straight through Cinder and Nova: each volume's attach alone, from
-/// Nova's attach call until Cinder said `in-use`.
-struct DirectAttaches(Vec<Duration>);
-
-/// Until `remaining()` falls to 50, 10, 1 and 0 % of `n`.
-async fn draining<F, Fut>(n: usize, remaining: F) -> [Duration; 4]
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = usize>,
-{
-    let started = Instant::now();
-    let marks = [0.5, 0.1, 0.01, 0.0];
-    let mut at = [Duration::ZERO; 4];
-    let mut next = 0;
-    while next < marks.len() {
-        assert!(
-            started.elapsed() < TIMEOUT,
-            "still attached: {}",
-            remaining().await
-        );
-        let left = remaining().await;
-        while next < marks.len() && left as f64 <= n as f64 * marks[next] {
-            at[next] = started.elapsed();
-            next += 1;
-        }
-        tokio::time::sleep(POLL).await;
-    }
-    at
 }
 
 /// Where each pod of an attach wave spent its time, from the changes the
@@ -824,152 +409,6 @@ async fn wave_through_kubernetes(c: &Cluster, n: usize, nodes: &[&str]) -> (Wave
         },
         timeline,
     )
-}
-
-/// The same volumes straight through Cinder and Nova, at once: each made,
-/// attached to a server with room once `available`, watched until
-/// `in-use`; then all detached and watched until `available`, then deleted.
-async fn wave_through_openstack(
-    c: &Cluster,
-    cinder: &BlockStorage,
-    rooms: &[(String, usize)],
-) -> (Wave, DirectAttaches) {
-    let nova = c.nova().unwrap();
-    // each volume in its server's zone (Nova attaches none across zones)
-    let zones = c.node_zones().await.unwrap();
-    let servers: Vec<(String, String)> = rooms
-        .iter()
-        .flat_map(|(node, room)| {
-            std::iter::repeat_n((c.server_of(node).unwrap(), zones[node].clone()), *room)
-        })
-        .collect();
-    let n = servers.len();
-    let started = Instant::now();
-    let tasks: Vec<_> = servers
-        .into_iter()
-        .enumerate()
-        .map(|(i, (server, zone))| {
-            let (cinder, nova) = (cinder.clone(), nova.clone());
-            tokio::spawn(async move {
-                let v = cinder
-                    .create_volume(&CreateVolume {
-                        name: format!("scale-wave-{i}"),
-                        size_gib: 1,
-                        availability_zone: Some(zone),
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap();
-                let mut attaching: Option<Instant> = None;
-                loop {
-                    let now = cinder.get_volume(&v.id).await.unwrap();
-                    match now.status.as_str() {
-                        "available" if attaching.is_none() => {
-                            attaching = Some(Instant::now());
-                            nova.attach_volume(&server, &v.id, false).await.unwrap();
-                        }
-                        "in-use" => {
-                            let attach = attaching.map(|a| a.elapsed()).unwrap_or_default();
-                            return (v.id, server, started.elapsed(), attach);
-                        }
-                        "error" | "error_attaching" => panic!("{} went {}", v.id, now.status),
-                        _ => {}
-                    }
-                    tokio::time::sleep(POLL).await;
-                }
-            })
-        })
-        .collect();
-    let mut done = Vec::new();
-    for t in tasks {
-        done.push(t.await.unwrap());
-    }
-    for (id, server, _, _) in &done {
-        nova.detach_volume(server, id).await.unwrap();
-    }
-    let ids: Vec<String> = done.iter().map(|(id, _, _, _)| id.clone()).collect();
-    let attached = || async {
-        let mut left = 0;
-        for id in &ids {
-            if cinder
-                .get_volume(id)
-                .await
-                .map(|v| v.status.as_str() != "available")
-                .unwrap_or(false)
-            {
-                left += 1;
-            }
-        }
-        left
-    };
-    let detached = draining(n, attached).await;
-    for id in &ids {
-        cinder.delete_volume(id).await.unwrap();
-    }
-    until_gone(cinder, ids).await;
-    (
-        Wave {
-            running: done.iter().map(|(_, _, took, _)| *took).collect(),
-            detached,
-        },
-        DirectAttaches(done.iter().map(|(_, _, _, attach)| *attach).collect()),
-    )
-}
-
-/// The resident memory (MiB) and CPU time (s) of the Cinder plugin's
-/// processes on this host (every node's pods run here, each in its own
-/// namespaces), summed: the controller's (`--provide-node-service=false`)
-/// or the node plugins'.
-fn cinder_plugin_usage(controller: bool) -> (f64, f64) {
-    // clock ticks per second: 100 on Linux for /proc's utime and stime
-    const TICKS: f64 = 100.0;
-    let (mut rss, mut cpu) = (0.0, 0.0);
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        let is_plugin = cmd
-            .split_whitespace()
-            .next()
-            .is_some_and(|exe| exe.ends_with("cinder-csi-plugin"));
-        if !is_plugin || cmd.contains("--provide-node-service=false") != controller {
-            continue;
-        }
-        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
-        rss += status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-            / 1024.0;
-        // after the command's closing parenthesis: state is field 3,
-        // utime and stime fields 14 and 15
-        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        if let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) {
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let ticks = |i: usize| {
-                fields
-                    .get(i)
-                    .and_then(|f| f.parse::<f64>().ok())
-                    .unwrap_or(0.0)
-            };
-            cpu += (ticks(11) + ticks(12)) / TICKS;
-        }
-    }
-    (rss, cpu)
-}
-
-/// The Cinder controller's resident memory, in MiB.
-fn controller_rss_mib() -> f64 {
-    cinder_plugin_usage(true).0
-}
-
-/// Volumes in Cinder that carry the cluster's id (what the controllers make).
-async fn cluster_volumes(cinder: &BlockStorage) -> usize {
-    let tag = BTreeMap::from([(
-        "cinder.csi.openstack.org/cluster".to_string(),
-        "kubernetes".to_string(),
-    )]);
-    cinder.volumes_with_metadata(&tag).await.unwrap().len()
 }
 
 /// The time between two waves of the churn.

@@ -1,0 +1,175 @@
+//! What the scale bench's work cost: the controllers' RPC times from their
+//! metrics, the sidecars' waits on their own API rate limit from their
+//! logs, the plugins' CPU and memory from /proc, the cluster's volumes in
+//! Cinder.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use cluster_tests::Cluster;
+use openstack_client::cinder::BlockStorage;
+
+/// The Cinder controller's metrics port (on the host network here).
+pub(super) const CINDER_CONTROLLER_METRICS: u16 = 9828;
+
+/// A Go duration as client-go logs it (`850ms`, `1.5s`, `2m3.4s`).
+pub(super) fn go_duration(text: &str) -> Option<Duration> {
+    let mut total = 0.0;
+    let mut number = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(ch) = chars.next() {
+        if ch.is_ascii_digit() || ch == '.' {
+            number.push(ch);
+            continue;
+        }
+        let value: f64 = number.parse().ok()?;
+        number.clear();
+        let unit = match (ch, chars.peek()) {
+            ('m', Some('s')) => {
+                chars.next();
+                0.001
+            }
+            ('u' | 'µ', Some('s')) => {
+                chars.next();
+                0.000_001
+            }
+            ('h', _) => 3600.0,
+            ('m', _) => 60.0,
+            ('s', _) => 1.0,
+            _ => return None,
+        };
+        total += value * unit;
+    }
+    number.is_empty().then(|| Duration::from_secs_f64(total))
+}
+
+/// What a controller's sidecar logged about its own client-side rate
+/// limit (its --kube-api-qps and --kube-api-burst) since `since`: client-go
+/// logs a wait over 1 s at -v=2, at most once a second. The number of such
+/// lines and the longest wait.
+pub(super) async fn throttled(
+    c: &Cluster,
+    app: &str,
+    container: &str,
+    since: Instant,
+) -> (usize, Duration) {
+    let window = format!("--since={}s", since.elapsed().as_secs() + 5);
+    let selector = format!("app={app}");
+    let logs = c
+        .kubectl(&[
+            "-n",
+            cluster_tests::SUITE_NAMESPACE,
+            "logs",
+            "-l",
+            &selector,
+            "-c",
+            container,
+            &window,
+            "--tail=-1",
+        ])
+        .await
+        .unwrap_or_default();
+    let waits: Vec<Duration> = logs
+        .lines()
+        .filter(|l| l.contains("client-side throttling"))
+        .filter_map(|l| {
+            let rest = &l[l.find("delay=")? + "delay=".len()..];
+            let value = rest.trim_start_matches('"');
+            let end = value.find(['"', ' ']).unwrap_or(value.len());
+            go_duration(&value[..end])
+        })
+        .collect();
+    (waits.len(), waits.iter().max().copied().unwrap_or_default())
+}
+
+/// How many of a CSI Controller RPC a controller answered so far, and the
+/// seconds it spent in them (summed over every answer, whatever its
+/// code), from its gRPC metrics on the host network.
+pub(super) async fn controller_rpc_totals(port: u16, method: &str) -> (f64, f64) {
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            &format!("http://127.0.0.1:{port}/metrics"),
+        ])
+        .output()
+        .await;
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let value = |series: &str| {
+        let key = format!("{series}{{method=\"/csi.v1.Controller/{method}\"}}");
+        text.lines()
+            .find(|l| l.starts_with(&key))
+            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        value("grpc_server_handling_seconds_count"),
+        value("grpc_server_handling_seconds_sum"),
+    )
+}
+
+/// The calls of a controller RPC answered since `before`, and their mean time.
+pub(super) async fn rpc_since(method: &str, before: (f64, f64)) -> (f64, f64) {
+    let (count, seconds) = controller_rpc_totals(CINDER_CONTROLLER_METRICS, method).await;
+    let calls = count - before.0;
+    (calls, (seconds - before.1) / calls.max(1.0))
+}
+
+/// The resident memory (MiB) and CPU time (s) of the Cinder plugin's
+/// processes on this host (every node's pods run here, each in its own
+/// namespaces), summed: the controller's (`--provide-node-service=false`)
+/// or the node plugins'.
+pub(super) fn cinder_plugin_usage(controller: bool) -> (f64, f64) {
+    // clock ticks per second: 100 on Linux for /proc's utime and stime
+    const TICKS: f64 = 100.0;
+    let (mut rss, mut cpu) = (0.0, 0.0);
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let is_plugin = cmd
+            .split_whitespace()
+            .next()
+            .is_some_and(|exe| exe.ends_with("cinder-csi-plugin"));
+        if !is_plugin || cmd.contains("--provide-node-service=false") != controller {
+            continue;
+        }
+        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+        rss += status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0;
+        // after the command's closing parenthesis: state is field 3,
+        // utime and stime fields 14 and 15
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        if let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) {
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = |i: usize| {
+                fields
+                    .get(i)
+                    .and_then(|f| f.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            cpu += (ticks(11) + ticks(12)) / TICKS;
+        }
+    }
+    (rss, cpu)
+}
+
+/// The Cinder controller's resident memory, in MiB.
+pub(super) fn controller_rss_mib() -> f64 {
+    cinder_plugin_usage(true).0
+}
+
+/// Volumes in Cinder that carry the cluster's id (what the controllers make).
+pub(super) async fn cluster_volumes(cinder: &BlockStorage) -> usize {
+    let tag = BTreeMap::from([(
+        "cinder.csi.openstack.org/cluster".to_string(),
+        "kubernetes".to_string(),
+    )]);
+    cinder.volumes_with_metadata(&tag).await.unwrap().len()
+}

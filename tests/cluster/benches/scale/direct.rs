@@ -1,0 +1,325 @@
+//! OpenStack's own time for the scale bench's work: the same volumes and
+//! shares made, attached, detached and deleted straight through Cinder,
+//! Nova and Manila at the same concurrency (polling every `POLL`, as the
+//! driver does at most).
+
+use std::time::{Duration, Instant};
+
+use cluster_tests::Cluster;
+use openstack_client::cinder::{BlockStorage, CreateVolume};
+use openstack_client::manila::{
+    AccessRuleState, CreateShare, GrantAccess, ShareStatus, SharedFileSystems,
+};
+
+use super::{Burst, POLL, TIMEOUT, Wave};
+
+/// The same N volumes straight through Cinder, at once: each made and
+/// watched until `available`, then all deleted and watched until gone.
+pub(super) async fn through_cinder(cinder: &BlockStorage, n: usize) -> Burst {
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let cinder = cinder.clone();
+            tokio::spawn(async move {
+                let v = cinder
+                    .create_volume(&CreateVolume {
+                        name: format!("scale-direct-{i}"),
+                        size_gib: 1,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                loop {
+                    let now = cinder.get_volume(&v.id).await.unwrap();
+                    match now.status.as_str() {
+                        "available" => return (v.id, started.elapsed()),
+                        "error" => panic!("Cinder put {} in error", v.id),
+                        _ => tokio::time::sleep(POLL).await,
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut ready = Vec::new();
+    let mut ids = Vec::new();
+    for t in tasks {
+        let (id, took) = t.await.unwrap();
+        ids.push(id);
+        ready.push(took);
+    }
+    let deleting = Instant::now();
+    let deletes: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let (cinder, id) = (cinder.clone(), id.clone());
+            tokio::spawn(async move { cinder.delete_volume(&id).await.unwrap() })
+        })
+        .collect();
+    for d in deletes {
+        d.await.unwrap();
+    }
+    until_gone(cinder, ids).await;
+    Burst {
+        ready,
+        gone: deleting.elapsed(),
+        made: Vec::new(),
+    }
+}
+
+/// Waits until none of `ids` is in Cinder any more.
+pub(super) async fn until_gone(cinder: &BlockStorage, mut ids: Vec<String>) {
+    let started = Instant::now();
+    while !ids.is_empty() {
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "{} volumes still there",
+            ids.len()
+        );
+        let mut left = Vec::new();
+        for id in ids {
+            match cinder.get_volume(&id).await {
+                Err(e) if e.is_not_found() => {}
+                _ => left.push(id),
+            }
+        }
+        ids = left;
+        if !ids.is_empty() {
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+/// The same N CephFS shares straight through Manila, at once: each made,
+/// given a cephx rule once `available`, watched until the rule is
+/// `active` (what the driver waits for); then all deleted.
+pub(super) async fn shares_through_manila(manila: &SharedFileSystems, n: usize) -> (Burst, usize) {
+    // what a run stopped on the way left under these names
+    let mut leftovers = Vec::new();
+    for i in 0..n {
+        for share in manila
+            .list_shares_named(&format!("scale-direct-share-{i}"))
+            .await
+            .unwrap()
+        {
+            manila.delete_share(&share.id).await.unwrap();
+            leftovers.push(share.id);
+        }
+    }
+    until_shares_gone(manila, leftovers).await;
+    let failed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let manila = manila.clone();
+            let failed = failed.clone();
+            tokio::spawn(async move {
+                // a share Manila puts in error is deleted and made again,
+                // as the driver does
+                let share = loop {
+                    let share = manila
+                        .create_share(&CreateShare {
+                            protocol: "CEPHFS".into(),
+                            size_gib: 1,
+                            name: format!("scale-direct-share-{i}"),
+                            share_type: Some("cephfs".into()),
+                            ..Default::default()
+                        })
+                        .await
+                        .unwrap();
+                    let status = loop {
+                        let now = manila.get_share(&share.id).await.unwrap();
+                        if now.status == ShareStatus::Available || now.status.is_error() {
+                            break now.status;
+                        }
+                        tokio::time::sleep(POLL).await;
+                    };
+                    if status == ShareStatus::Available {
+                        break share;
+                    }
+                    failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    manila.delete_share(&share.id).await.unwrap();
+                    until_shares_gone(&manila, vec![share.id]).await;
+                };
+                let grant = GrantAccess {
+                    access_type: "cephx".into(),
+                    access_to: format!("scale-direct-{i}"),
+                    access_level: "rw".into(),
+                };
+                manila.grant_access(&share.id, &grant).await.unwrap();
+                loop {
+                    let rules = manila.list_access_rules(&share.id).await.unwrap();
+                    if rules.iter().any(|r| r.state == AccessRuleState::Active) {
+                        return (share.id, started.elapsed());
+                    }
+                    assert!(
+                        !rules.iter().any(|r| r.state == AccessRuleState::Error),
+                        "the rule of {} went to error",
+                        share.id
+                    );
+                    tokio::time::sleep(POLL).await;
+                }
+            })
+        })
+        .collect();
+    let mut ready = Vec::new();
+    let mut ids = Vec::new();
+    for t in tasks {
+        let (id, took) = t.await.unwrap();
+        ids.push(id);
+        ready.push(took);
+    }
+    let deleting = Instant::now();
+    for id in &ids {
+        manila.delete_share(id).await.unwrap();
+    }
+    until_shares_gone(manila, ids).await;
+    let burst = Burst {
+        ready,
+        gone: deleting.elapsed(),
+        made: Vec::new(),
+    };
+    (burst, failed.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Waits until none of `ids` is in Manila any more.
+pub(super) async fn until_shares_gone(manila: &SharedFileSystems, mut ids: Vec<String>) {
+    let started = Instant::now();
+    while !ids.is_empty() {
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "{} shares still there",
+            ids.len()
+        );
+        let mut left = Vec::new();
+        for id in ids {
+            match manila.get_share(&id).await {
+                Err(e) if e.is_not_found() => {}
+                _ => left.push(id),
+            }
+        }
+        ids = left;
+        if !ids.is_empty() {
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+/// Straight through Cinder and Nova: each volume's attach alone, from
+/// Nova's attach call until Cinder said `in-use`.
+pub(super) struct DirectAttaches(pub(super) Vec<Duration>);
+
+/// Until `remaining()` falls to 50, 10, 1 and 0 % of `n`.
+pub(super) async fn draining<F, Fut>(n: usize, remaining: F) -> [Duration; 4]
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = usize>,
+{
+    let started = Instant::now();
+    let marks = [0.5, 0.1, 0.01, 0.0];
+    let mut at = [Duration::ZERO; 4];
+    let mut next = 0;
+    while next < marks.len() {
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "still attached: {}",
+            remaining().await
+        );
+        let left = remaining().await;
+        while next < marks.len() && left as f64 <= n as f64 * marks[next] {
+            at[next] = started.elapsed();
+            next += 1;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    at
+}
+
+/// The same volumes straight through Cinder and Nova, at once: each made,
+/// attached to a server with room once `available`, watched until
+/// `in-use`; then all detached and watched until `available`, then deleted.
+pub(super) async fn wave_through_openstack(
+    c: &Cluster,
+    cinder: &BlockStorage,
+    rooms: &[(String, usize)],
+) -> (Wave, DirectAttaches) {
+    let nova = c.nova().unwrap();
+    // each volume in its server's zone (Nova attaches none across zones)
+    let zones = c.node_zones().await.unwrap();
+    let servers: Vec<(String, String)> = rooms
+        .iter()
+        .flat_map(|(node, room)| {
+            std::iter::repeat_n((c.server_of(node).unwrap(), zones[node].clone()), *room)
+        })
+        .collect();
+    let n = servers.len();
+    let started = Instant::now();
+    let tasks: Vec<_> = servers
+        .into_iter()
+        .enumerate()
+        .map(|(i, (server, zone))| {
+            let (cinder, nova) = (cinder.clone(), nova.clone());
+            tokio::spawn(async move {
+                let v = cinder
+                    .create_volume(&CreateVolume {
+                        name: format!("scale-wave-{i}"),
+                        size_gib: 1,
+                        availability_zone: Some(zone),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                let mut attaching: Option<Instant> = None;
+                loop {
+                    let now = cinder.get_volume(&v.id).await.unwrap();
+                    match now.status.as_str() {
+                        "available" if attaching.is_none() => {
+                            attaching = Some(Instant::now());
+                            nova.attach_volume(&server, &v.id, false).await.unwrap();
+                        }
+                        "in-use" => {
+                            let attach = attaching.map(|a| a.elapsed()).unwrap_or_default();
+                            return (v.id, server, started.elapsed(), attach);
+                        }
+                        "error" | "error_attaching" => panic!("{} went {}", v.id, now.status),
+                        _ => {}
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+            })
+        })
+        .collect();
+    let mut done = Vec::new();
+    for t in tasks {
+        done.push(t.await.unwrap());
+    }
+    for (id, server, _, _) in &done {
+        nova.detach_volume(server, id).await.unwrap();
+    }
+    let ids: Vec<String> = done.iter().map(|(id, _, _, _)| id.clone()).collect();
+    let attached = || async {
+        let mut left = 0;
+        for id in &ids {
+            if cinder
+                .get_volume(id)
+                .await
+                .map(|v| v.status.as_str() != "available")
+                .unwrap_or(false)
+            {
+                left += 1;
+            }
+        }
+        left
+    };
+    let detached = draining(n, attached).await;
+    for id in &ids {
+        cinder.delete_volume(id).await.unwrap();
+    }
+    until_gone(cinder, ids).await;
+    (
+        Wave {
+            running: done.iter().map(|(_, _, took, _)| *took).collect(),
+            detached,
+        },
+        DirectAttaches(done.iter().map(|(_, _, _, attach)| *attach).collect()),
+    )
+}
