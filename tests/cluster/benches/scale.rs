@@ -103,6 +103,22 @@ fn marks(d: &[Duration; 4]) -> String {
     d.iter().map(|x| secs(*x)).collect::<Vec<_>>().join(" / ")
 }
 
+/// One row of a burst's table: N, ours, OpenStack's own, the ratio, the
+/// deletions, the calls per claim; returns our four marks.
+fn burst_row(n: usize, ours: &Burst, theirs: &Burst, calls: usize) -> [Duration; 4] {
+    let (q, t) = (quantiles(&ours.ready), quantiles(&theirs.ready));
+    println!(
+        "| {n} | {} | {} | {:.2} | {} / {} | {:.1} |",
+        marks(&q),
+        marks(&t),
+        ratio(&q, &t),
+        secs(ours.gone),
+        secs(theirs.gone),
+        calls as f64 / n as f64
+    );
+    q
+}
+
 /// Ours against OpenStack's own, at 100 %.
 fn ratio(ours: &[Duration; 4], theirs: &[Duration; 4]) -> f64 {
     ours[3].as_secs_f64() / theirs[3].as_secs_f64().max(0.001)
@@ -617,36 +633,51 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
         nova_calls as f64 / n.max(1) as f64
     );
     let zero = vec![Duration::ZERO; timeline.running.len()];
-    println!();
-    println!("where a pod of the wave spent its time, 50 / 90 / 99 / 100 % (s):");
-    println!(
-        "  created until its VolumeAttachment existed (scheduler, attach-detach controller): {}",
-        marks(&quantiles(&segment(&zero, &timeline.attachment_made)))
-    );
-    println!(
-        "  until attached (external attacher, our ControllerPublish, Nova): {} (ControllerPublish answered {publishes:.0} times, in {publish_mean:.2} s on average; Nova's own attach until in-use {:.2} s on average; the attacher waited on its own API rate limit {waits} times over 1 s, longest {:.1} s)",
-        marks(&quantiles(&segment(
-            &timeline.attachment_made,
-            &timeline.attached
-        ))),
+    let attach_note = format!(
+        " (ControllerPublish answered {publishes:.0} times, in {publish_mean:.2} s on average; Nova's own attach until in-use {:.2} s on average; the attacher waited on its own API rate limit {waits} times over 1 s, longest {:.1} s)",
         mean(&direct.0),
         longest.as_secs_f64()
     );
-    println!(
-        "  until Running (kubelet: our NodeStage and NodePublish, the container's start): {}",
-        marks(&quantiles(&segment(&timeline.attached, &timeline.running)))
+    let detach_note = format!(
+        " (ControllerUnpublish answered {unpublishes:.0} times, in {unpublish_mean:.2} s on average)"
     );
-    println!(
-        "  after the scale down, until its detach was asked (kubelet's unmount, the node's status, the attach-detach controller): {}",
-        marks(&quantiles(&segment(&zero, &timeline.detach_asked)))
-    );
-    println!(
-        "  until detached (external attacher, our ControllerUnpublish, Nova): {} (ControllerUnpublish answered {unpublishes:.0} times, in {unpublish_mean:.2} s on average)",
-        marks(&quantiles(&segment(
+    let segments: [(&str, &[Duration], &[Duration], &str); 5] = [
+        (
+            "created until its VolumeAttachment existed (scheduler, provisioning on first consumer, attach-detach controller)",
+            &zero,
+            &timeline.attachment_made,
+            "",
+        ),
+        (
+            "until attached (external attacher, our ControllerPublish, Nova)",
+            &timeline.attachment_made,
+            &timeline.attached,
+            &attach_note,
+        ),
+        (
+            "until Running (kubelet: our NodeStage and NodePublish, the container's start)",
+            &timeline.attached,
+            &timeline.running,
+            "",
+        ),
+        (
+            "after the scale down, until its detach was asked (kubelet's unmount, the node's status, the attach-detach controller)",
+            &zero,
             &timeline.detach_asked,
-            &timeline.detached
-        )))
-    );
+            "",
+        ),
+        (
+            "until detached (external attacher, our ControllerUnpublish, Nova)",
+            &timeline.detach_asked,
+            &timeline.detached,
+            &detach_note,
+        ),
+    ];
+    println!();
+    println!("where a pod of the wave spent its time, 50 / 90 / 99 / 100 % (s):");
+    for (what, from, to, note) in segments {
+        println!("  {what}: {}{note}", marks(&quantiles(&segment(from, to))));
+    }
     let per_100 = 100.0 / n.max(1) as f64;
     println!(
         "the wave's cost per 100 volumes attached and detached: the node plugins (three) {:.2} s of CPU, {:+.1} MiB of memory ({:.1} MiB after); the controller {:.2} s of CPU, {:+.1} MiB",
@@ -693,16 +724,7 @@ async fn main() {
             .filter(|r| r.path.starts_with("/volume"))
             .count();
         let theirs = through_cinder(&cinder, n).await;
-        let (q, t) = (quantiles(&ours.ready), quantiles(&theirs.ready));
-        println!(
-            "| {n} | {} | {} | {:.2} | {} / {} | {:.1} |",
-            marks(&q),
-            marks(&t),
-            ratio(&q, &t),
-            secs(ours.gone),
-            secs(theirs.gone),
-            calls as f64 / n as f64
-        );
+        let q = burst_row(n, &ours, &theirs, calls);
         where_it_went.push(format!(
             "N = {n}: PVs made (CreateVolume answered) 50 / 90 / 99 / 100 % after {} s, claims Bound {} s; CreateVolume answered {creates:.0} times, in {create_mean:.2} s on average (Cinder's own create until available: {:.2} s); the provisioner waited on its own API rate limit {waits} times over 1 s (longest {:.1} s); the controller: {:.2} s of CPU and {:+.1} MiB of memory per 100 claims made and deleted ({:.1} MiB after)",
             marks(&quantiles(&ours.made)),
@@ -741,16 +763,7 @@ async fn main() {
         manila_errors.push(format!(
             "N = {n}: Manila put {failed} of its own shares in error (each deleted and made again, as the driver does)"
         ));
-        let (q, t) = (quantiles(&ours.ready), quantiles(&theirs.ready));
-        println!(
-            "| {n} | {} | {} | {:.2} | {} / {} | {:.1} |",
-            marks(&q),
-            marks(&t),
-            ratio(&q, &t),
-            secs(ours.gone),
-            secs(theirs.gone),
-            calls as f64 / n as f64
-        );
+        burst_row(n, &ours, &theirs, calls);
     }
 
     for line in manila_errors {

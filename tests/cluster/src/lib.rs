@@ -750,18 +750,7 @@ pub fn bench_cluster() -> Option<Cluster> {
 /// The time a controller spent in these CSI Controller RPCs so far
 /// (seconds, summed), from its gRPC metrics on the host network.
 pub async fn controller_rpc_seconds(port: u16, methods: &[&str]) -> f64 {
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "5",
-            &format!("http://127.0.0.1:{port}/metrics"),
-        ])
-        .output()
-        .await;
-    let text = out
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
+    let text = controller_metrics(port).await;
     methods
         .iter()
         .map(|m| {
@@ -773,6 +762,22 @@ pub async fn controller_rpc_seconds(port: u16, methods: &[&str]) -> f64 {
                 .unwrap_or(0.0)
         })
         .sum()
+}
+
+/// A controller's metrics on the host network, as text (empty when it
+/// does not answer).
+pub async fn controller_metrics(port: u16) -> String {
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            &format!("http://127.0.0.1:{port}/metrics"),
+        ])
+        .output()
+        .await;
+    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
 }
 
 /// A pod that writes a line every 100 ms and says FAIL when a write fails

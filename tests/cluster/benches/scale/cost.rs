@@ -86,18 +86,7 @@ pub(super) async fn throttled(
 /// seconds it spent in them (summed over every answer, whatever its
 /// code), from its gRPC metrics on the host network.
 pub(super) async fn controller_rpc_totals(port: u16, method: &str) -> (f64, f64) {
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "5",
-            &format!("http://127.0.0.1:{port}/metrics"),
-        ])
-        .output()
-        .await;
-    let text = out
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
+    let text = cluster_tests::controller_metrics(port).await;
     let value = |series: &str| {
         let key = format!("{series}{{method=\"/csi.v1.Controller/{method}\"}}");
         text.lines()

@@ -40,13 +40,7 @@ pub(super) async fn through_cinder(cinder: &BlockStorage, n: usize) -> Burst {
             })
         })
         .collect();
-    let mut ready = Vec::new();
-    let mut ids = Vec::new();
-    for t in tasks {
-        let (id, took) = t.await.unwrap();
-        ids.push(id);
-        ready.push(took);
-    }
+    let (ids, ready) = finished(tasks).await;
     let deleting = Instant::now();
     let deletes: Vec<_> = ids
         .iter()
@@ -66,20 +60,43 @@ pub(super) async fn through_cinder(cinder: &BlockStorage, n: usize) -> Burst {
     }
 }
 
+/// Each task's object and the time it took, in the tasks' order.
+async fn finished(
+    tasks: Vec<tokio::task::JoinHandle<(String, Duration)>>,
+) -> (Vec<String>, Vec<Duration>) {
+    let mut done = Vec::new();
+    for t in tasks {
+        done.push(t.await.unwrap());
+    }
+    done.into_iter().unzip()
+}
+
 /// Waits until none of `ids` is in Cinder any more.
-pub(super) async fn until_gone(cinder: &BlockStorage, mut ids: Vec<String>) {
+pub(super) async fn until_gone(cinder: &BlockStorage, ids: Vec<String>) {
+    until_none_left("volumes", ids, |id| {
+        let cinder = cinder.clone();
+        async move { !matches!(cinder.get_volume(&id).await, Err(e) if e.is_not_found()) }
+    })
+    .await
+}
+
+/// Waits until `there` says none of `ids` is there any more.
+async fn until_none_left<F, Fut>(what: &str, mut ids: Vec<String>, there: F)
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
     let started = Instant::now();
     while !ids.is_empty() {
         assert!(
             started.elapsed() < TIMEOUT,
-            "{} volumes still there",
+            "{} {what} still there",
             ids.len()
         );
         let mut left = Vec::new();
         for id in ids {
-            match cinder.get_volume(&id).await {
-                Err(e) if e.is_not_found() => {}
-                _ => left.push(id),
+            if there(id.clone()).await {
+                left.push(id);
             }
         }
         ids = left;
@@ -161,13 +178,7 @@ pub(super) async fn shares_through_manila(manila: &SharedFileSystems, n: usize) 
             })
         })
         .collect();
-    let mut ready = Vec::new();
-    let mut ids = Vec::new();
-    for t in tasks {
-        let (id, took) = t.await.unwrap();
-        ids.push(id);
-        ready.push(took);
-    }
+    let (ids, ready) = finished(tasks).await;
     let deleting = Instant::now();
     for id in &ids {
         manila.delete_share(id).await.unwrap();
@@ -182,26 +193,12 @@ pub(super) async fn shares_through_manila(manila: &SharedFileSystems, n: usize) 
 }
 
 /// Waits until none of `ids` is in Manila any more.
-pub(super) async fn until_shares_gone(manila: &SharedFileSystems, mut ids: Vec<String>) {
-    let started = Instant::now();
-    while !ids.is_empty() {
-        assert!(
-            started.elapsed() < TIMEOUT,
-            "{} shares still there",
-            ids.len()
-        );
-        let mut left = Vec::new();
-        for id in ids {
-            match manila.get_share(&id).await {
-                Err(e) if e.is_not_found() => {}
-                _ => left.push(id),
-            }
-        }
-        ids = left;
-        if !ids.is_empty() {
-            tokio::time::sleep(POLL).await;
-        }
-    }
+pub(super) async fn until_shares_gone(manila: &SharedFileSystems, ids: Vec<String>) {
+    until_none_left("shares", ids, |id| {
+        let manila = manila.clone();
+        async move { !matches!(manila.get_share(&id).await, Err(e) if e.is_not_found()) }
+    })
+    .await
 }
 
 /// Straight through Cinder and Nova: each volume's attach alone, from
