@@ -375,9 +375,12 @@ if [[ -e $work/cluster-up ]]; then
     run_tests cluster-tests nodes --ignored --exact "$dead_node" --show-output
   tests "cluster tier: figures bench, quick" run_bench cluster-tests figures
   await_background
-  tests "cluster tier: many-node figures bench, quick" run_bench cluster-tests nodes
-  tests "cluster tier: scale bench, quick (bursts, an attach wave, churn, snapshots and expansion, each through once)" \
+  # the scale bench's quick mode (its pods on A alone) beside the
+  # many-node figures (moves and drains of B); both only run through
+  background_tests "cluster tier: scale bench, quick (bursts, an attach wave, churn, snapshots and expansion, each through once)" \
     run_bench cluster-tests scale
+  tests "cluster tier: many-node figures bench, quick" run_bench cluster-tests nodes
+  await_background
   # last: it replaces deploy/suite with the charts for a while (and puts
   # it back)
   tests "cluster tier: the Helm charts (through the apiserver, install, upgrade under writers, rollback, uninstall; the KMS chart serving an apiserver)" \

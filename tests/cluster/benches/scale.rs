@@ -242,7 +242,7 @@ fn part(name: &str) -> bool {
 
 fn share_sizes() -> Vec<usize> {
     if bench_quick() {
-        return vec![2];
+        return vec![1];
     }
     std::env::var("SCALE_SHARES_N")
         .ok()
@@ -430,6 +430,27 @@ async fn wave_through_kubernetes(c: &Cluster, n: usize, nodes: &[&str]) -> (Wave
 /// The time between two waves of the churn.
 const WAVE_GAP: Duration = Duration::from_secs(10);
 
+/// The nodes the bench's pods go to: every node, or node A alone in the
+/// quick mode (which the test command runs beside the many-node figures,
+/// whose drains of B must not evict the churn's Jobs).
+async fn placed_nodes(c: &Cluster) -> Vec<String> {
+    if bench_quick() {
+        vec![c.node.clone()]
+    } else {
+        c.nodes().await.unwrap()
+    }
+}
+
+/// The time between two waves of the churn (shorter in the quick mode,
+/// which only shows the churn runs through).
+fn wave_gap() -> Duration {
+    if bench_quick() {
+        Duration::from_secs(2)
+    } else {
+        WAVE_GAP
+    }
+}
+
 async fn churn(c: &Cluster, cinder: &BlockStorage, per_wave: usize) {
     let ns = c.namespace("scale-churn").await.unwrap();
     let name = ns.name.clone();
@@ -437,7 +458,7 @@ async fn churn(c: &Cluster, cinder: &BlockStorage, per_wave: usize) {
     let rss_before = controller_rss_mib();
     // on every node (the multi-node taint tolerated): the three nodes'
     // attach limits, not A's alone, bound how many run at once
-    let names = c.nodes().await.unwrap();
+    let names = placed_nodes(c).await;
     let nodes: Vec<&str> = names.iter().map(String::as_str).collect();
     let placement = cluster_tests::placement(&nodes, 6);
     let job = |wave: usize, i: usize| {
@@ -451,7 +472,7 @@ async fn churn(c: &Cluster, cinder: &BlockStorage, per_wave: usize) {
         let jobs: Vec<String> = (0..per_wave).map(|i| job(wave, i)).collect();
         c.apply_in(&name, &jobs.join("---\n")).await.unwrap();
         // the next wave while this one still runs
-        tokio::time::sleep(WAVE_GAP).await;
+        tokio::time::sleep(wave_gap()).await;
     }
     let mut rss_peak = rss_before;
     loop {
@@ -475,12 +496,13 @@ async fn churn(c: &Cluster, cinder: &BlockStorage, per_wave: usize) {
     }
     let took = started.elapsed();
     // memory once the churn is over: what stays is what it kept
-    tokio::time::sleep(WAVE_GAP).await;
+    tokio::time::sleep(wave_gap()).await;
     let rss_after = controller_rss_mib();
     ns.close().await.unwrap();
     println!();
     println!(
-        "churn: 3 waves of {per_wave} Jobs 10 s apart, each with a claim of its own: all done and every volume gone after {:.1} s; the cluster's volumes in Cinder {before} before and after; the Cinder controller's memory {rss_before:.1} MiB before, {rss_peak:.1} MiB at most, {rss_after:.1} MiB after",
+        "churn: 3 waves of {per_wave} Jobs {} s apart, each with a claim of its own: all done and every volume gone after {:.1} s; the cluster's volumes in Cinder {before} before and after; the Cinder controller's memory {rss_before:.1} MiB before, {rss_peak:.1} MiB at most, {rss_after:.1} MiB after",
+        wave_gap().as_secs(),
         took.as_secs_f64()
     );
 }
@@ -577,7 +599,12 @@ async fn snapshots_and_expansion(c: &Cluster, m: usize) {
 async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
     let proxy = c.fault_proxy().unwrap();
     // the attach wave: as many volumes as the nodes take
-    let rooms = room(c).await;
+    let placed = placed_nodes(c).await;
+    let rooms: Vec<(String, usize)> = room(c)
+        .await
+        .into_iter()
+        .filter(|(node, _)| placed.contains(node))
+        .collect();
     let names: Vec<String> = rooms.iter().map(|(n, _)| n.clone()).collect();
     let nodes: Vec<&str> = names.iter().map(String::as_str).collect();
     let capacity: usize = rooms.iter().map(|(_, r)| r).sum();
