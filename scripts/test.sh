@@ -303,8 +303,6 @@ community_csi_sanity() {
 background_tests "fuzzing (each target ${FUZZ_SECONDS:-20} s over its seeds)" fuzzing
 tests "community csi-sanity v5.4.0 and master (Cinder, Manila NFS, Manila CephFS; emulator)" community_csi_sanity
 await_background
-tests "container images (deploy/images), checked against deploy/suite" \
-  env IMAGE_PROFILE=debug bash deploy/images/build.sh target/images
 
 phase "real OpenStack up ($cloud_profile; started with the run)" cloud_up
 export OPENSTACK_TEST_BACKEND=real
@@ -322,8 +320,17 @@ cinder_on_the_real_cloud() {
   run_tests csi-cinder real_cloud_faults --ignored --test-threads=1 || rc=1
   return $rc
 }
-background_tests "Cinder CSI on real Cinder + Nova (conformance, credentials rotated, zones, stuck attachments, throttled, lost answers, a late detach, an outage)" \
-  cinder_on_the_real_cloud
+# the container images (for the cluster tier) are built after Cinder's
+# phases, beside Manila's: they need neither cloud
+cinder_on_the_real_cloud_then_images() {
+  local rc=0
+  cinder_on_the_real_cloud || rc=1
+  echo "     Building the container images (deploy/images), checked against deploy/suite"
+  env IMAGE_PROFILE=debug bash deploy/images/build.sh target/images || rc=1
+  return $rc
+}
+background_tests "Cinder CSI on real Cinder + Nova (conformance, credentials rotated, zones, stuck attachments, throttled, lost answers, a late detach, an outage); then the container images (deploy/images), checked against deploy/suite" \
+  cinder_on_the_real_cloud_then_images
 tests "Manila CSI on real Manila + Ceph (ceph-fuse)" run_tests csi-manila real_cloud --ignored
 tests "Manila CSI conformance (real Manila + Ceph)" \
   run_tests csi-sanity drivers --ignored manila_cephfs_conforms_on_the_real_cloud --nocapture
