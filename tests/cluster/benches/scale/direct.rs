@@ -16,6 +16,7 @@ use super::{Burst, POLL, TIMEOUT, Wave};
 /// The same N volumes straight through Cinder, at once: each made and
 /// watched until `available`, then all deleted and watched until gone.
 pub(super) async fn through_cinder(cinder: &BlockStorage, n: usize) -> Burst {
+    clear_volumes_named(cinder, (0..n).map(|i| format!("scale-direct-{i}"))).await;
     let started = Instant::now();
     let tasks: Vec<_> = (0..n)
         .map(|i| {
@@ -69,6 +70,20 @@ async fn finished(
         done.push(t.await.unwrap());
     }
     done.into_iter().unzip()
+}
+
+/// Deletes what a run stopped on the way left under `names` (a volume
+/// still attached is left: its delete is refused).
+async fn clear_volumes_named(cinder: &BlockStorage, names: impl Iterator<Item = String>) {
+    let mut deleted = Vec::new();
+    for name in names {
+        for v in cinder.volumes_named(&name).await.unwrap() {
+            if cinder.delete_volume(&v.id).await.is_ok() {
+                deleted.push(v.id);
+            }
+        }
+    }
+    until_gone(cinder, deleted).await;
 }
 
 /// Waits until none of `ids` is in Cinder any more.
@@ -249,6 +264,7 @@ pub(super) async fn wave_through_openstack(
         })
         .collect();
     let n = servers.len();
+    clear_volumes_named(cinder, (0..n).map(|i| format!("scale-wave-{i}"))).await;
     let started = Instant::now();
     let tasks: Vec<_> = servers
         .into_iter()
