@@ -33,6 +33,12 @@ cloud_started=
 cluster_started=
 cleanup() {
   [[ -n ${background_pid:-} ]] && kill -- "$background_pid" 2>/dev/null
+  if [[ -n ${disk_sampler_pid:-} ]]; then
+    kill -STOP "$disk_sampler_pid" 2>/dev/null
+    pkill -P "$disk_sampler_pid" sleep 2>/dev/null
+    kill -KILL "$disk_sampler_pid" 2>/dev/null
+    disk_summary
+  fi
   # a cloud still coming up is waited for, then taken down below
   [[ -n ${cloud_up_pid:-} ]] && wait "$cloud_up_pid" 2>/dev/null
   if [[ -n $cluster_started ]]; then
@@ -241,6 +247,27 @@ fuzzing() {
     fi
   done
   return $failed
+}
+
+# free disk where the build, the cloud and the cluster keep their state,
+# in MiB: sampled through the run, its lowest printed at the end (a CI
+# machine has run out of space twice: the figure says how near each run
+# comes)
+free_disk_mib() { df -Pm . | awk 'NR == 2 { print $4 }'; }
+disk_at_start=$(free_disk_mib)
+echo "disk: $disk_at_start MiB free at the start (df -m .)"
+(
+  lowest=$disk_at_start
+  while sleep 5; do
+    now=$(free_disk_mib)
+    ((now < lowest)) && lowest=$now && echo "$lowest" >"$work/disk-lowest"
+  done
+) &
+disk_sampler_pid=$!
+disk_summary() {
+  local lowest
+  lowest=$(cat "$work/disk-lowest" 2>/dev/null || echo "$disk_at_start")
+  echo "disk: $disk_at_start MiB free at the start, $lowest MiB at the lowest (the run took up to $((disk_at_start - lowest)) MiB)"
 }
 
 phase "prerequisites" bash scripts/install-test-deps.sh
