@@ -264,6 +264,8 @@ echo "disk: $disk_at_start MiB free at the start (df -m .)"
   done
 ) &
 disk_sampler_pid=$!
+# killed at the end without a word from the shell's job control
+disown "$disk_sampler_pid"
 disk_summary() {
   local lowest
   lowest=$(cat "$work/disk-lowest" 2>/dev/null || echo "$disk_at_start")
