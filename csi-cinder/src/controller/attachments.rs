@@ -202,11 +202,19 @@ impl ControllerService {
         if done.is_some() {
             return Ok(csi::ControllerUnpublishVolumeResponse {});
         }
-        // as it is now (a detach asked again reads in-use)
-        let v = match block.get_volume(id).await {
-            Ok(v) => v,
-            Err(e) if e.is_not_found() => return Ok(csi::ControllerUnpublishVolumeResponse {}),
-            Err(e) => return Err(e).context(format!("volume {id}")),
+        // a detach the repair asked again reads in-use now: read afresh
+        // (only a detaching volume can have been repaired; any other is as
+        // read above, which saves a call per detach)
+        let v = if v.status == VolumeStatus::Detaching {
+            match block.get_volume(id).await {
+                Ok(v) => v,
+                Err(e) if e.is_not_found() => {
+                    return Ok(csi::ControllerUnpublishVolumeResponse {});
+                }
+                Err(e) => return Err(e).context(format!("volume {id}")),
+            }
+        } else {
+            v
         };
         let _pending = self.metrics.waiting("detach");
         if v.status != VolumeStatus::Detaching {
