@@ -3,10 +3,12 @@
 //! 1. **Provisioning burst**: N Cinder claims at once (Immediate binding),
 //!    then deleted: the time until 50/90/99/100 % are Bound and until every
 //!    volume is gone from Cinder; against the same N volumes made at once
-//!    and deleted straight through Cinder (a small client here, polling as
-//!    the driver does): the ratio of our time to OpenStack's own, and the
-//!    Cinder calls per claim (counted at the fault proxy, which the
-//!    controllers' catalog points at). Where the time went: when each PV
+//!    and deleted straight through Cinder (a small client here, polling
+//!    every 250 ms, through the fault proxy as the plugins are): the ratio
+//!    of our time to OpenStack's own, and the Cinder calls per claim of
+//!    each (counted at the fault proxy, which the controllers' catalog
+//!    points at). Who used this machine's two cores meanwhile (OpenStack,
+//!    Kubernetes, our plugins), from /proc. Where the time went: when each PV
 //!    was made, how long our CreateVolume took on average (the
 //!    controller's metrics), and how often the provisioner waited on its
 //!    own API rate limit (its log). The same for N CephFS claims against
@@ -55,10 +57,11 @@ use std::time::{Duration, Instant};
 use cluster_tests::{Cluster, bench_cluster, bench_quick, claim};
 use openstack_client::cinder::BlockStorage;
 use openstack_client::manila::SharedFileSystems;
+use openstack_emulator::proxy::ProxyControl;
 
 use cost::{
-    CINDER_CONTROLLER_METRICS, cinder_plugin_usage, cluster_volumes, controller_rpc_totals,
-    controller_rss_mib, rpc_since, throttled,
+    CINDER_CONTROLLER_METRICS, MachineCpu, cinder_plugin_usage, cluster_volumes, codes_between,
+    controller_rpc_codes, controller_rpc_totals, controller_rss_mib, rpc_since, throttled,
 };
 use direct::{
     shares_through_manila, through_cinder, until_gone, until_shares_gone, wave_through_openstack,
@@ -105,18 +108,27 @@ fn marks(d: &[Duration; 4]) -> String {
 
 /// One row of a burst's table: N, ours, OpenStack's own, the ratio, the
 /// deletions, the calls per claim; returns our four marks.
-fn burst_row(n: usize, ours: &Burst, theirs: &Burst, calls: usize) -> [Duration; 4] {
+fn burst_row(n: usize, ours: &Burst, theirs: &Burst, calls: [usize; 2]) -> [Duration; 4] {
     let (q, t) = (quantiles(&ours.ready), quantiles(&theirs.ready));
     println!(
-        "| {n} | {} | {} | {:.2} | {} / {} | {:.1} |",
+        "| {n} | {} | {} | {:.2} | {} / {} | {:.1} / {:.1} |",
         marks(&q),
         marks(&t),
         ratio(&q, &t),
         secs(ours.gone),
         secs(theirs.gone),
-        calls as f64 / n as f64
+        calls[0] as f64 / n as f64,
+        calls[1] as f64 / n as f64
     );
     q
+}
+
+/// The calls the fault proxy saw to one service (`/volume`, `/share`)
+/// since it last forgot them; it forgets them.
+async fn calls_to(proxy: &ProxyControl, service: &str) -> usize {
+    let calls = proxy.calls().await.unwrap();
+    proxy.clear_calls().await.unwrap();
+    calls.iter().filter(|r| r.path.starts_with(service)).count()
 }
 
 /// Ours against OpenStack's own, at 100 %.
@@ -274,19 +286,26 @@ struct Wave {
 }
 
 /// Where each pod of an attach wave spent its time, from the changes the
-/// apiserver reported (a watch of each kind): until its VolumeAttachment existed
-/// (the scheduler and the attach-detach controller: Kubernetes), until
+/// apiserver reported (a watch of each kind): until its PV existed (the
+/// scheduler's choice, the provisioner, our CreateVolume and Cinder), until
+/// its VolumeAttachment existed (the claim and the pod bound, the
+/// attach-detach controller: Kubernetes), until
 /// that was attached (the external attacher, our ControllerPublish and
 /// Nova), until the pod ran (kubelet: our NodeStage and NodePublish, the
-/// container's start). After the scale down: until each attachment was
-/// asked to go (kubelet's unmount and NodeUnstage, the node's status, the
-/// attach-detach controller), until it was gone (the external attacher,
-/// our ControllerUnpublish and Nova).
+/// container's start). After the scale down: until each pod was gone
+/// (kubelet: its container stopped, our NodeUnpublish and NodeUnstage),
+/// until its node no longer reported the volume in use (kubelet's node
+/// status), until its attachment was asked to go (the attach-detach
+/// controller), until it was gone (the external attacher, our
+/// ControllerUnpublish and Nova).
 #[derive(Default)]
 struct Timeline {
+    pv_made: Vec<Duration>,
     attachment_made: Vec<Duration>,
     attached: Vec<Duration>,
     running: Vec<Duration>,
+    pod_gone: Vec<Duration>,
+    unreported: Vec<Duration>,
     detach_asked: Vec<Duration>,
     detached: Vec<Duration>,
 }
@@ -311,10 +330,12 @@ async fn wave_through_kubernetes(c: &Cluster, n: usize, nodes: &[&str]) -> (Wave
     let mut pvs = Watch::start(c, "pv", &name, started);
     let mut vas = Watch::start(c, "volumeattachments", &name, started);
     let mut pods = Watch::start(c, "pods", &name, started);
+    let mut node_watch = Watch::start(c, "nodes", &name, started);
     c.apply_in(&name, &set).await.unwrap();
     let deadline = started + TIMEOUT;
     // by PV: its attachment first seen, attached, asked to go, gone
     let mut made: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut pv_made: BTreeMap<String, Duration> = BTreeMap::new();
     let mut attached: BTreeMap<String, Duration> = BTreeMap::new();
     let mut asked: BTreeMap<String, Duration> = BTreeMap::new();
     let mut gone: BTreeMap<String, Duration> = BTreeMap::new();
@@ -322,6 +343,12 @@ async fn wave_through_kubernetes(c: &Cluster, n: usize, nodes: &[&str]) -> (Wave
     // by pod (wave-i): running; and each of the namespace's PVs to its pod
     let mut running: BTreeMap<String, Duration> = BTreeMap::new();
     let mut pod_of_pv: BTreeMap<String, String> = BTreeMap::new();
+    // after the scale down, by pod: gone; by PV: no longer reported in use
+    // by its node (its handle and node from its PV and attachment)
+    let mut pod_gone: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut unreported: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut in_use_name: BTreeMap<String, String> = BTreeMap::new();
+    let mut node_of_pv: BTreeMap<String, String> = BTreeMap::new();
     // after the scale down: when, and the attachments left at each change
     let mut scaled_down: Option<Duration> = None;
     let mut left_at: Vec<(Duration, usize)> = Vec::new();
@@ -332,13 +359,36 @@ async fn wave_through_kubernetes(c: &Cluster, n: usize, nodes: &[&str]) -> (Wave
                 if o["spec"]["claimRef"]["namespace"] == name.as_str() {
                     let claim = o["spec"]["claimRef"]["name"].as_str().unwrap_or_default();
                     pod_of_pv.insert(name_of(o), claim.trim_start_matches("data-").to_string());
+                    pv_made.entry(name_of(o)).or_insert(pv.at);
+                    let handle = o["spec"]["csi"]["volumeHandle"].as_str().unwrap_or_default();
+                    in_use_name.insert(name_of(o), format!("kubernetes.io/csi/cinder.csi.openstack.org^{handle}"));
                 }
                 None
             }
-            Some(va) = vas.events.recv() => Some(va),
+            Some(va) = vas.events.recv() => {
+                let pv = va.object["spec"]["source"]["persistentVolumeName"].as_str().unwrap_or_default();
+                let node = va.object["spec"]["nodeName"].as_str().unwrap_or_default();
+                node_of_pv.insert(pv.to_string(), node.to_string());
+                Some(va)
+            }
             Some(pod) = pods.events.recv() => {
                 if !pod.deleted && pod.object["status"]["phase"] == "Running" {
                     running.entry(name_of(&pod.object)).or_insert(pod.at);
+                }
+                if pod.deleted && scaled_down.is_some() {
+                    pod_gone.entry(name_of(&pod.object)).or_insert(pod.at);
+                }
+                None
+            }
+            Some(node) = node_watch.events.recv() => {
+                // a node's status changes when kubelet posts it
+                let in_use = node.object["status"]["volumesInUse"].as_array().cloned().unwrap_or_default();
+                let node_name = name_of(&node.object);
+                for (pv, on) in &node_of_pv {
+                    let reported = in_use_name.get(pv).is_some_and(|v| in_use.iter().any(|u| u == v.as_str()));
+                    if scaled_down.is_some() && *on == node_name && !reported {
+                        unreported.entry(pv.clone()).or_insert(node.at);
+                    }
                 }
                 None
             }
@@ -386,7 +436,7 @@ async fn wave_through_kubernetes(c: &Cluster, n: usize, nodes: &[&str]) -> (Wave
             None => {}
         }
     }
-    drop((pvs, vas, pods));
+    drop((pvs, vas, pods, node_watch));
     ns.close().await.unwrap();
     let scaled_down = scaled_down.unwrap_or_default();
     let at = |share: f64| {
@@ -412,8 +462,19 @@ async fn wave_through_kubernetes(c: &Cluster, n: usize, nodes: &[&str]) -> (Wave
             .collect()
     };
     let timeline = Timeline {
+        pv_made: of(&pv_made, Duration::ZERO),
         attachment_made: of(&made, Duration::ZERO),
         attached: of(&attached, Duration::ZERO),
+        pod_gone: running
+            .keys()
+            .map(|pod| {
+                pod_gone
+                    .get(pod)
+                    .map(|t| t.saturating_sub(scaled_down))
+                    .unwrap_or_default()
+            })
+            .collect(),
+        unreported: of(&unreported, scaled_down),
         running: running.values().copied().collect(),
         detach_asked: of(&asked, scaled_down),
         detached: of(&gone, scaled_down),
@@ -596,6 +657,7 @@ async fn snapshots_and_expansion(c: &Cluster, m: usize) {
 }
 
 /// The attach wave (part 2) and where its time went, printed.
+/// `cinder`: the bench's own client, through the fault proxy.
 async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
     let proxy = c.fault_proxy().unwrap();
     // the attach wave: as many volumes as the nodes take
@@ -619,6 +681,7 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
         rooms
     };
     proxy.clear_calls().await.unwrap();
+    let publish_codes = controller_rpc_codes("ControllerPublishVolume").await;
     let publish_before =
         controller_rpc_totals(CINDER_CONTROLLER_METRICS, "ControllerPublishVolume").await;
     let unpublish_before =
@@ -626,7 +689,9 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
     let since = Instant::now();
     let nodes_before = cinder_plugin_usage(false);
     let controller_before = cinder_plugin_usage(true);
+    let cpu_before = MachineCpu::now();
     let (ours, timeline) = wave_through_kubernetes(c, n, &nodes).await;
+    let cpu_ours = MachineCpu::now();
     let nodes_after = cinder_plugin_usage(false);
     let controller_after = cinder_plugin_usage(true);
     let recorded = proxy.calls().await.unwrap();
@@ -639,10 +704,16 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
         .filter(|r| r.path.starts_with("/compute"))
         .count();
     let (publishes, publish_mean) = rpc_since("ControllerPublishVolume", publish_before).await;
+    let publish_codes = codes_between(
+        &publish_codes,
+        &controller_rpc_codes("ControllerPublishVolume").await,
+    );
     let (unpublishes, unpublish_mean) =
         rpc_since("ControllerUnpublishVolume", unpublish_before).await;
     let (waits, longest) = throttled(c, "csi-cinder-controllerplugin", "csi-attacher", since).await;
+    let cpu_theirs_before = MachineCpu::now();
     let (theirs, direct) = wave_through_openstack(c, cinder, &rooms).await;
+    let cpu_theirs = MachineCpu::now();
     let (q, t) = (quantiles(&ours.running), quantiles(&theirs.running));
     println!();
     println!(
@@ -661,17 +732,23 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
     );
     let zero = vec![Duration::ZERO; timeline.running.len()];
     let attach_note = format!(
-        " (ControllerPublish answered {publishes:.0} times, in {publish_mean:.2} s on average; Nova's own attach until in-use {:.2} s on average; the attacher waited on its own API rate limit {waits} times over 1 s, longest {:.1} s)",
+        " (ControllerPublish answered {publishes:.0} times ({publish_codes}), in {publish_mean:.2} s on average; Nova's own attach until in-use {:.2} s on average; the attacher waited on its own API rate limit {waits} times over 1 s, longest {:.1} s)",
         mean(&direct.0),
         longest.as_secs_f64()
     );
     let detach_note = format!(
         " (ControllerUnpublish answered {unpublishes:.0} times, in {unpublish_mean:.2} s on average)"
     );
-    let segments: [(&str, &[Duration], &[Duration], &str); 5] = [
+    let segments: [(&str, &[Duration], &[Duration], &str); 8] = [
         (
-            "created until its VolumeAttachment existed (scheduler, provisioning on first consumer, attach-detach controller)",
+            "created until its PV existed (the scheduler's choice of a node, the provisioner, our CreateVolume, Cinder)",
             &zero,
+            &timeline.pv_made,
+            "",
+        ),
+        (
+            "until its VolumeAttachment existed (the claim bound, the pod bound to its node, the attach-detach controller)",
+            &timeline.pv_made,
             &timeline.attachment_made,
             "",
         ),
@@ -688,8 +765,20 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
             "",
         ),
         (
-            "after the scale down, until its detach was asked (kubelet's unmount, the node's status, the attach-detach controller)",
+            "after the scale down, until the pod was gone (kubelet: its container stopped, our NodeUnpublish and NodeUnstage)",
             &zero,
+            &timeline.pod_gone,
+            "",
+        ),
+        (
+            "until its node no longer reported the volume in use (kubelet's node status)",
+            &timeline.pod_gone,
+            &timeline.unreported,
+            "",
+        ),
+        (
+            "until its detach was asked (the attach-detach controller)",
+            &timeline.unreported,
             &timeline.detach_asked,
             "",
         ),
@@ -714,6 +803,11 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
         (controller_after.1 - controller_before.1) * per_100,
         (controller_after.0 - controller_before.0) * per_100
     );
+    println!(
+        "this machine during the wave through Kubernetes: {}; straight through Cinder and Nova: {}",
+        cpu_before.until(&cpu_ours),
+        cpu_theirs_before.until(&cpu_theirs)
+    );
 }
 
 #[tokio::main]
@@ -728,8 +822,15 @@ async fn main() {
     .unwrap();
     let cinder = c.cinder().unwrap();
     let proxy = c.fault_proxy().unwrap();
+    // the bench's own client reaches OpenStack as the plugins do: through
+    // the fault proxy (which counts its calls too)
+    let session = c.member_via_proxy().unwrap();
+    let (direct_cinder, direct_manila) = (
+        BlockStorage::new(session.clone()),
+        SharedFileSystems::new(session.clone()),
+    );
     println!(
-        "| N | Bound 50 / 90 / 99 / 100 % (s) | Cinder's own (s) | ratio at 100 % | volumes gone after deletion, ours / Cinder's (s) | Cinder calls per claim |"
+        "| N | Bound 50 / 90 / 99 / 100 % (s) | Cinder's own (s) | ratio at 100 % | volumes gone after deletion, ours / Cinder's (s) | Cinder calls per claim, ours / the bench's client's |"
     );
     println!("| --- | --- | --- | --- | --- | --- |");
     let mut where_it_went = Vec::new();
@@ -738,29 +839,34 @@ async fn main() {
         let before = controller_rpc_totals(CINDER_CONTROLLER_METRICS, "CreateVolume").await;
         let since = Instant::now();
         let usage_before = cinder_plugin_usage(true);
+        let cpu_before = MachineCpu::now();
         let ours = through_kubernetes(&c, &cinder, n).await;
+        let cpu_ours = MachineCpu::now();
         let usage_after = cinder_plugin_usage(true);
         let (creates, create_mean) = rpc_since("CreateVolume", before).await;
         let (waits, longest) =
             throttled(&c, "csi-cinder-controllerplugin", "csi-provisioner", since).await;
-        let calls = proxy
-            .calls()
-            .await
-            .unwrap()
-            .iter()
-            .filter(|r| r.path.starts_with("/volume"))
-            .count();
-        let theirs = through_cinder(&cinder, n).await;
-        let q = burst_row(n, &ours, &theirs, calls);
+        let calls = calls_to(&proxy, "/volume").await;
+        let cpu_theirs_before = MachineCpu::now();
+        let theirs = through_cinder(&direct_cinder, n).await;
+        let cpu_theirs = MachineCpu::now();
+        let q = burst_row(
+            n,
+            &ours,
+            &theirs,
+            [calls, calls_to(&proxy, "/volume").await],
+        );
         where_it_went.push(format!(
-            "N = {n}: PVs made (CreateVolume answered) 50 / 90 / 99 / 100 % after {} s, claims Bound {} s; CreateVolume answered {creates:.0} times, in {create_mean:.2} s on average (Cinder's own create until available: {:.2} s); the provisioner waited on its own API rate limit {waits} times over 1 s (longest {:.1} s); the controller: {:.2} s of CPU and {:+.1} MiB of memory per 100 claims made and deleted ({:.1} MiB after)",
+            "N = {n}: PVs made (CreateVolume answered) 50 / 90 / 99 / 100 % after {} s, claims Bound {} s; CreateVolume answered {creates:.0} times, in {create_mean:.2} s on average (Cinder's own create until available: {:.2} s); the provisioner waited on its own API rate limit {waits} times over 1 s (longest {:.1} s); the controller: {:.2} s of CPU and {:+.1} MiB of memory per 100 claims made and deleted ({:.1} MiB after); this machine, through Kubernetes: {}; straight through Cinder: {}",
             marks(&quantiles(&ours.made)),
             marks(&q),
             mean(&theirs.ready),
             longest.as_secs_f64(),
             (usage_after.1 - usage_before.1) * 100.0 / n as f64,
             (usage_after.0 - usage_before.0) * 100.0 / n as f64,
-            usage_after.0
+            usage_after.0,
+            cpu_before.until(&cpu_ours),
+            cpu_theirs_before.until(&cpu_theirs)
         ));
     }
     println!();
@@ -772,32 +878,31 @@ async fn main() {
     let manila = c.manila().unwrap();
     println!();
     println!(
-        "| N (CephFS) | Bound 50 / 90 / 99 / 100 % (s) | Manila's own, until the cephx rule is active (s) | ratio at 100 % | shares gone after deletion, ours / Manila's (s) | Manila calls per claim |"
+        "| N (CephFS) | Bound 50 / 90 / 99 / 100 % (s) | Manila's own, until the cephx rule is active (s) | ratio at 100 % | shares gone after deletion, ours / Manila's (s) | Manila calls per claim, ours / the bench's client's |"
     );
     println!("| --- | --- | --- | --- | --- | --- |");
     let mut manila_errors = Vec::new();
     for n in share_sizes().into_iter().filter(|_| part("cephfs")) {
         proxy.clear_calls().await.unwrap();
+        let cpu_before = MachineCpu::now();
         let ours = shares_through_kubernetes(&c, &manila, n).await;
-        let calls = proxy
-            .calls()
-            .await
-            .unwrap()
-            .iter()
-            .filter(|r| r.path.starts_with("/share"))
-            .count();
-        let (theirs, failed) = shares_through_manila(&manila, n).await;
+        let cpu_ours = MachineCpu::now();
+        let calls = calls_to(&proxy, "/share").await;
+        let (theirs, failed) = shares_through_manila(&direct_manila, n).await;
+        let cpu_theirs = MachineCpu::now();
         manila_errors.push(format!(
-            "N = {n}: Manila put {failed} of its own shares in error (each deleted and made again, as the driver does)"
+            "N = {n}: Manila put {failed} of its own shares in error (each deleted and made again, as the driver does); this machine, through Kubernetes: {}; straight through Manila: {}",
+            cpu_before.until(&cpu_ours),
+            cpu_ours.until(&cpu_theirs)
         ));
-        burst_row(n, &ours, &theirs, calls);
+        burst_row(n, &ours, &theirs, [calls, calls_to(&proxy, "/share").await]);
     }
 
     for line in manila_errors {
         println!("{line}");
     }
     if part("wave") {
-        attach_wave(&c, &cinder).await;
+        attach_wave(&c, &direct_cinder).await;
     }
     if part("churn") {
         churn(&c, &cinder, if bench_quick() { 1 } else { 10 }).await;

@@ -479,6 +479,12 @@ impl Cluster {
         Ok(BlockStorage::new(self.session("member")?))
     }
 
+    /// OpenStack as the plugins reach it: as the project member, through
+    /// the fault proxy (its calls counted there, as theirs are).
+    pub fn member_via_proxy(&self) -> Result<Session> {
+        self.session("member-via-proxy")
+    }
+
     /// Nova as the drivers' project member (whose the node servers are)
     /// sees it.
     pub fn nova(&self) -> Result<openstack_client::nova::Compute> {

@@ -100,6 +100,39 @@ pub(super) async fn controller_rpc_totals(port: u16, method: &str) -> (f64, f64)
     )
 }
 
+/// How many answers of a CSI Controller RPC the Cinder controller gave
+/// so far, by gRPC code (its `grpc_server_handled_total`).
+pub(super) async fn controller_rpc_codes(method: &str) -> BTreeMap<String, f64> {
+    let text = cluster_tests::controller_metrics(CINDER_CONTROLLER_METRICS).await;
+    let prefix =
+        format!("grpc_server_handled_total{{method=\"/csi.v1.Controller/{method}\",code=\"");
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(&prefix)?;
+            let (code, rest) = rest.split_once('"')?;
+            Some((
+                code.to_string(),
+                rest.split_whitespace().last()?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// The answers of each code given from `before` until `after`, as
+/// `OK 24, Aborted 11`.
+pub(super) fn codes_between(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> String {
+    let answers: Vec<String> = after
+        .iter()
+        .map(|(code, n)| (code, n - before.get(code).copied().unwrap_or(0.0)))
+        .filter(|(_, n)| *n > 0.0)
+        .map(|(code, n)| format!("{code} {n:.0}"))
+        .collect();
+    answers.join(", ")
+}
+
 /// The calls of a controller RPC answered since `before`, and their mean time.
 pub(super) async fn rpc_since(method: &str, before: (f64, f64)) -> (f64, f64) {
     let (count, seconds) = controller_rpc_totals(CINDER_CONTROLLER_METRICS, method).await;
@@ -161,4 +194,120 @@ pub(super) async fn cluster_volumes(cinder: &BlockStorage) -> usize {
         "kubernetes".to_string(),
     )]);
     cinder.volumes_with_metadata(&tag).await.unwrap().len()
+}
+
+/// Who on this machine used its cores: OpenStack's services (and the
+/// test hypervisor that attaches for Nova), Kubernetes (its control plane,
+/// kubelets, containerd, the sidecars, the bench's kubectl watches), our
+/// plugins, the fault proxy in front of OpenStack, and the rest.
+const CPU_GROUPS: [&str; 5] = [
+    "OpenStack",
+    "Kubernetes",
+    "our plugins",
+    "the fault proxy",
+    "the rest",
+];
+
+fn cpu_group(cmd: &str) -> usize {
+    let exe = cmd.split_whitespace().next().unwrap_or("");
+    let exe = exe.rsplit('/').next().unwrap_or(exe);
+    const OPENSTACK: [&str; 12] = [
+        "cinder-",
+        "nova-",
+        "keystone",
+        "placement",
+        "manila-",
+        "barbican",
+        "mariadbd",
+        "mysqld",
+        "beam.smp",
+        "ceph-",
+        "ganesha",
+        "hypervisor-agent",
+    ];
+    const KUBERNETES: [&str; 6] = [
+        "kube",
+        "etcd",
+        "containerd",
+        "csi-",
+        "snapshot-controller",
+        "livenessprobe",
+    ];
+    if exe.ends_with("-csi-plugin") {
+        2
+    } else if exe == "openstack-fault-proxy" {
+        3
+    } else if KUBERNETES.iter().any(|k| exe.starts_with(k)) {
+        1
+    } else if OPENSTACK.iter().any(|o| cmd.contains(o)) {
+        0
+    } else {
+        4
+    }
+}
+
+/// The machine's CPU at one moment: its busy and idle time (s, every core
+/// summed, /proc/stat) and each group's processes' CPU time so far.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MachineCpu {
+    busy: f64,
+    idle: f64,
+    groups: [f64; 5],
+}
+
+impl MachineCpu {
+    pub(super) fn now() -> Self {
+        const TICKS: f64 = 100.0;
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let fields: Vec<f64> = stat
+            .lines()
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal
+        let idle = fields.get(3).copied().unwrap_or(0.0) + fields.get(4).copied().unwrap_or(0.0);
+        let busy = fields.iter().take(8).sum::<f64>() - idle;
+        let mut groups = [0.0; 5];
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+                continue;
+            };
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = |i: usize| {
+                fields
+                    .get(i)
+                    .and_then(|f| f.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            groups[cpu_group(&cmd)] += (ticks(11) + ticks(12)) / TICKS;
+        }
+        MachineCpu {
+            busy: busy / TICKS,
+            idle: idle / TICKS,
+            groups,
+        }
+    }
+
+    /// What was used from `self` until `later`: the cores' busy share and
+    /// each group's CPU seconds, as one line.
+    pub(super) fn until(&self, later: &MachineCpu) -> String {
+        let busy = later.busy - self.busy;
+        let all = busy + later.idle - self.idle;
+        let groups: Vec<String> = CPU_GROUPS
+            .iter()
+            .zip(self.groups.iter().zip(later.groups.iter()))
+            .map(|(name, (a, b))| format!("{name} {:.0} s", (b - a).max(0.0)))
+            .collect();
+        format!(
+            "the cores busy {:.0} % of the time ({})",
+            100.0 * busy / all.max(f64::EPSILON),
+            groups.join(", ")
+        )
+    }
 }

@@ -254,7 +254,8 @@ pub(super) async fn wave_through_openstack(
     cinder: &BlockStorage,
     rooms: &[(String, usize)],
 ) -> (Wave, DirectAttaches) {
-    let nova = c.nova().unwrap();
+    // through the fault proxy, as the plugins reach Nova
+    let nova = openstack_client::nova::Compute::new(c.member_via_proxy().unwrap());
     // each volume in its server's zone (Nova attaches none across zones)
     let zones = c.node_zones().await.unwrap();
     let servers: Vec<(String, String)> = rooms
