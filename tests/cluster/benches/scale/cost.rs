@@ -140,17 +140,44 @@ pub(super) async fn rpc_since(method: &str, before: (f64, f64)) -> (f64, f64) {
     (calls, (seconds - before.1) / calls.max(1.0))
 }
 
-/// The resident memory (MiB) and CPU time (s) of the Cinder plugin's
-/// processes on this host (every node's pods run here, each in its own
-/// namespaces), summed: the controller's (`--provide-node-service=false`)
-/// or the node plugins'.
-pub(super) fn cinder_plugin_usage(controller: bool) -> (f64, f64) {
-    // clock ticks per second: 100 on Linux for /proc's utime and stime
-    const TICKS: f64 = 100.0;
-    let (mut rss, mut cpu) = (0.0, 0.0);
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+/// Clock ticks per second: 100 on Linux for /proc's utime and stime.
+const TICKS: f64 = 100.0;
+
+/// Every process on this host (every node's pods run here, each in its
+/// own namespaces): its /proc folder and its command line.
+fn processes() -> impl Iterator<Item = (std::path::PathBuf, String)> {
+    std::fs::read_dir("/proc").unwrap().flatten().map(|entry| {
         let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        (
+            entry.path(),
+            String::from_utf8_lossy(&cmd).replace('\0', " "),
+        )
+    })
+}
+
+/// A process's CPU time so far (s): after the command's closing
+/// parenthesis in its stat, state is field 3, utime and stime 14 and 15.
+fn cpu_seconds(proc_dir: &std::path::Path) -> f64 {
+    let stat = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / TICKS
+}
+
+/// The resident memory (MiB) and CPU time (s) of the Cinder plugin's
+/// processes on this host, summed: the controller's
+/// (`--provide-node-service=false`) or the node plugins'.
+pub(super) fn cinder_plugin_usage(controller: bool) -> (f64, f64) {
+    let (mut rss, mut cpu) = (0.0, 0.0);
+    for (dir, cmd) in processes() {
         let is_plugin = cmd
             .split_whitespace()
             .next()
@@ -158,26 +185,14 @@ pub(super) fn cinder_plugin_usage(controller: bool) -> (f64, f64) {
         if !is_plugin || cmd.contains("--provide-node-service=false") != controller {
             continue;
         }
-        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
         rss += status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<f64>().ok())
             .unwrap_or(0.0)
             / 1024.0;
-        // after the command's closing parenthesis: state is field 3,
-        // utime and stime fields 14 and 15
-        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        if let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) {
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let ticks = |i: usize| {
-                fields
-                    .get(i)
-                    .and_then(|f| f.parse::<f64>().ok())
-                    .unwrap_or(0.0)
-            };
-            cpu += (ticks(11) + ticks(12)) / TICKS;
-        }
+        cpu += cpu_seconds(&dir);
     }
     (rss, cpu)
 }
@@ -196,8 +211,8 @@ pub(super) async fn cluster_volumes(cinder: &BlockStorage) -> usize {
     cinder.volumes_with_metadata(&tag).await.unwrap().len()
 }
 
-/// Who on this machine used its cores: OpenStack's services (and the
-/// test hypervisor that attaches for Nova), Kubernetes (its control plane,
+/// Who on this machine used its cores: OpenStack's services (their APIs
+/// are gunicorn workers; and the test hypervisor that attaches for Nova), Kubernetes (its control plane,
 /// kubelets, containerd, the sidecars, the bench's kubectl watches), our
 /// plugins, the fault proxy in front of OpenStack, and the rest.
 const CPU_GROUPS: [&str; 5] = [
@@ -239,7 +254,7 @@ fn cpu_group(cmd: &str) -> usize {
         3
     } else if KUBERNETES.iter().any(|k| exe.starts_with(k)) {
         1
-    } else if OPENSTACK.iter().any(|o| cmd.contains(o)) {
+    } else if OPENSTACK.iter().any(|o| cmd.contains(o)) || cmd.contains("_app:application") {
         0
     } else {
         4
@@ -257,7 +272,6 @@ pub(super) struct MachineCpu {
 
 impl MachineCpu {
     pub(super) fn now() -> Self {
-        const TICKS: f64 = 100.0;
         let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
         let fields: Vec<f64> = stat
             .lines()
@@ -271,21 +285,8 @@ impl MachineCpu {
         let idle = fields.get(3).copied().unwrap_or(0.0) + fields.get(4).copied().unwrap_or(0.0);
         let busy = fields.iter().take(8).sum::<f64>() - idle;
         let mut groups = [0.0; 5];
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-                continue;
-            };
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let ticks = |i: usize| {
-                fields
-                    .get(i)
-                    .and_then(|f| f.parse::<f64>().ok())
-                    .unwrap_or(0.0)
-            };
-            groups[cpu_group(&cmd)] += (ticks(11) + ticks(12)) / TICKS;
+        for (dir, cmd) in processes() {
+            groups[cpu_group(&cmd)] += cpu_seconds(&dir);
         }
         MachineCpu {
             busy: busy / TICKS,

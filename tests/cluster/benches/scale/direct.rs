@@ -220,32 +220,6 @@ pub(super) async fn until_shares_gone(manila: &SharedFileSystems, ids: Vec<Strin
 /// Nova's attach call until Cinder said `in-use`.
 pub(super) struct DirectAttaches(pub(super) Vec<Duration>);
 
-/// Until `remaining()` falls to 50, 10, 1 and 0 % of `n`.
-pub(super) async fn draining<F, Fut>(n: usize, remaining: F) -> [Duration; 4]
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = usize>,
-{
-    let started = Instant::now();
-    let marks = [0.5, 0.1, 0.01, 0.0];
-    let mut at = [Duration::ZERO; 4];
-    let mut next = 0;
-    while next < marks.len() {
-        assert!(
-            started.elapsed() < TIMEOUT,
-            "still attached: {}",
-            remaining().await
-        );
-        let left = remaining().await;
-        while next < marks.len() && left as f64 <= n as f64 * marks[next] {
-            at[next] = started.elapsed();
-            next += 1;
-        }
-        tokio::time::sleep(POLL).await;
-    }
-    at
-}
-
 /// The same volumes straight through Cinder and Nova, at once: each made,
 /// attached to a server with room once `available`, watched until
 /// `in-use`; then all detached and watched until `available`, then deleted.
@@ -306,25 +280,28 @@ pub(super) async fn wave_through_openstack(
     for t in tasks {
         done.push(t.await.unwrap());
     }
-    for (id, server, _, _) in &done {
-        nova.detach_volume(server, id).await.unwrap();
+    // every detach asked at once, as the attacher's workers do, each
+    // timed from the same start until its volume is available again
+    let detaching = Instant::now();
+    let detaches: Vec<_> = done
+        .iter()
+        .map(|(id, server, _, _)| {
+            let (cinder, nova, id, server) =
+                (cinder.clone(), nova.clone(), id.clone(), server.clone());
+            tokio::spawn(async move {
+                nova.detach_volume(&server, &id).await.unwrap();
+                while cinder.get_volume(&id).await.unwrap().status.as_str() != "available" {
+                    tokio::time::sleep(POLL).await;
+                }
+                detaching.elapsed()
+            })
+        })
+        .collect();
+    let mut detached = Vec::new();
+    for d in detaches {
+        detached.push(d.await.unwrap());
     }
     let ids: Vec<String> = done.iter().map(|(id, _, _, _)| id.clone()).collect();
-    let attached = || async {
-        let mut left = 0;
-        for id in &ids {
-            if cinder
-                .get_volume(id)
-                .await
-                .map(|v| v.status.as_str() != "available")
-                .unwrap_or(false)
-            {
-                left += 1;
-            }
-        }
-        left
-    };
-    let detached = draining(n, attached).await;
     for id in &ids {
         cinder.delete_volume(id).await.unwrap();
     }
@@ -332,7 +309,7 @@ pub(super) async fn wave_through_openstack(
     (
         Wave {
             running: done.iter().map(|(_, _, took, _)| *took).collect(),
-            detached,
+            detached: super::quantiles(&detached),
         },
         DirectAttaches(done.iter().map(|(_, _, _, attach)| *attach).collect()),
     )
