@@ -61,7 +61,8 @@ use openstack_emulator::proxy::ProxyControl;
 
 use cost::{
     CINDER_CONTROLLER_METRICS, MachineCpu, cinder_plugin_usage, cluster_volumes, codes_between,
-    controller_rpc_codes, controller_rpc_totals, controller_rss_mib, rpc_since, throttled,
+    controller_manager_log_end, controller_manager_throttled, controller_rpc_codes,
+    controller_rpc_totals, controller_rss_mib, rpc_since, throttled,
 };
 use direct::{
     shares_through_manila, through_cinder, until_gone, until_shares_gone, wave_through_openstack,
@@ -895,8 +896,10 @@ async fn main() {
         let since = Instant::now();
         let usage_before = cinder_plugin_usage(true);
         let cpu_before = MachineCpu::now();
+        let kcm_log = controller_manager_log_end(&c);
         let ours = through_kubernetes(&c, &cinder, n).await;
         let cpu_ours = MachineCpu::now();
+        let (kcm_waits, kcm_longest) = controller_manager_throttled(&c, kcm_log);
         let usage_after = cinder_plugin_usage(true);
         let (creates, create_mean) = rpc_since("CreateVolume", before).await;
         let (waits, longest) =
@@ -909,11 +912,12 @@ async fn main() {
         let theirs_calls = calls_to(&proxy, "/volume").await;
         let q = burst_row(n, &ours, &theirs, [calls.len(), theirs_calls.len()]);
         where_it_went.push(format!(
-            "N = {n}: PVs made (CreateVolume answered) 50 / 90 / 99 / 100 % after {} s, claims Bound {} s; CreateVolume answered {creates:.0} times, in {create_mean:.2} s on average (Cinder's own create until available: {:.2} s); the provisioner waited on its own API rate limit {waits} times over 1 s (longest {:.1} s); the controller: {:.2} s of CPU and {:+.1} MiB of memory per 100 claims made and deleted ({:.1} MiB after); this machine, through Kubernetes: {}; straight through Cinder: {}; Cinder calls per claim, ours: {calls_ours}; the bench's client's: {}",
+            "N = {n}: PVs made (CreateVolume answered) 50 / 90 / 99 / 100 % after {} s, claims Bound {} s; CreateVolume answered {creates:.0} times, in {create_mean:.2} s on average (Cinder's own create until available: {:.2} s); the provisioner waited on its own API rate limit {waits} times over 1 s (longest {:.1} s), the controller-manager (which binds the claims) {kcm_waits} times (longest {:.1} s); the controller: {:.2} s of CPU and {:+.1} MiB of memory per 100 claims made and deleted ({:.1} MiB after); this machine, through Kubernetes: {}; straight through Cinder: {}; Cinder calls per claim, ours: {calls_ours}; the bench's client's: {}",
             marks(&quantiles(&ours.made)),
             marks(&q),
             mean(&theirs.ready),
             longest.as_secs_f64(),
+            kcm_longest.as_secs_f64(),
             (usage_after.1 - usage_before.1) * 100.0 / n as f64,
             (usage_after.0 - usage_before.0) * 100.0 / n as f64,
             usage_after.0,

@@ -69,6 +69,32 @@ pub(super) async fn throttled(
         ])
         .await
         .unwrap_or_default();
+    throttle_waits(&logs)
+}
+
+/// Where kube-controller-manager's log ends now: [`controller_manager_throttled`]
+/// reads what it logs after.
+pub(super) fn controller_manager_log_end(c: &Cluster) -> u64 {
+    std::fs::metadata(c.dir.join("logs/kube-controller-manager.log")).map_or(0, |m| m.len())
+}
+
+/// What kube-controller-manager (whose PV controller binds the claims)
+/// logged about its own client-side rate limit (its --kube-api-qps, 20 a
+/// second by default) after `from`: the waits over 1 s, how many and the
+/// longest.
+pub(super) fn controller_manager_throttled(c: &Cluster, from: u64) -> (usize, Duration) {
+    use std::io::{Read, Seek};
+    let mut text = String::new();
+    if let Ok(mut f) = std::fs::File::open(c.dir.join("logs/kube-controller-manager.log")) {
+        let _ = f.seek(std::io::SeekFrom::Start(from));
+        let _ = f.read_to_string(&mut text);
+    }
+    throttle_waits(&text)
+}
+
+/// The client-side throttling waits client-go logged in `logs`: how many,
+/// and the longest.
+fn throttle_waits(logs: &str) -> (usize, Duration) {
     let waits: Vec<Duration> = logs
         .lines()
         .filter(|l| l.contains("client-side throttling"))
