@@ -11,8 +11,13 @@ use openstack_client::common::{Poll, poll_until};
 use crate::errors::{Context, DriverError, DriverResult};
 
 /// First poll of a pending resource, and the cap of the growing interval.
+/// The cap is what a wait of a few seconds (a create, an attach) is late
+/// by at worst: with 2 s, a create Cinder finished at 4.4 s was seen at
+/// 6.3 s. In the scale bench, 1 s took our CreateVolume from 1.25 s to
+/// 0.74 s above Cinder's own create (30 at once) and from 4.0 s to 2.3 s
+/// (100 at once), for 0.6 more calls per claim.
 pub const POLL_FIRST: Duration = Duration::from_millis(25);
-pub const POLL_MAX: Duration = Duration::from_secs(2);
+pub const POLL_MAX: Duration = Duration::from_secs(1);
 /// Before the first look at a resource that was just asked to change.
 pub const SETTLE: Duration = Duration::from_millis(5);
 
