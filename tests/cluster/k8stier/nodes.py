@@ -108,12 +108,14 @@ authentication:
 authorization:
   mode: Webhook
 clusterDomain: cluster.local
-# a shared disk must not evict the test pods, nor collect the imported images
+# a shared disk must not evict the test pods, nor collect the imported images;
+# absolute sizes, as 1% of a 250 GB disk is 2.5 GB, which a CI run's build
+# can take the disk under and so leave every pod Pending on DiskPressure
 evictionHard:
   memory.available: "100Mi"
-  nodefs.available: "1%"
+  nodefs.available: "100Mi"
   nodefs.inodesFree: "1%"
-  imagefs.available: "1%"
+  imagefs.available: "100Mi"
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false

@@ -148,7 +148,29 @@ def describe_failures():
         if p["status"].get("phase") == "Running" and all(s.get("ready") for s in statuses):
             continue
         lines.append(f"pod {p['metadata']['namespace']}/{p['metadata']['name']}: {p['status'].get('phase')}")
+        # a Pending pod says why in its PodScheduled condition
+        for c in p["status"].get("conditions") or []:
+            if c.get("status") != "True" and c.get("message"):
+                lines.append(f"  {c['type']}: {c['message']}")
         for s in statuses:
             state = s.get("state", {})
             lines.append(f"  {s['name']}: {json.dumps(state)}")
+    lines += describe_nodes()
     return "\n".join(lines)
+
+
+def describe_nodes():
+    """Each node's taints and its conditions that are not as they should be
+    (DiskPressure on a shared disk leaves every new pod Pending)."""
+    r = kubectl("get", "nodes", "-o", "json", check=False)
+    if r.returncode != 0:
+        return [r.stderr]
+    lines = []
+    for n in json.loads(r.stdout)["items"]:
+        taints = [f"{t['key']}:{t['effect']}" for t in n["spec"].get("taints") or []]
+        bad = [f"{c['type']}={c['status']} ({c.get('message', '')})"
+               for c in n["status"].get("conditions") or []
+               if (c["type"] == "Ready") != (c["status"] == "True")]
+        lines.append(f"node {n['metadata']['name']}: taints {taints or 'none'}; "
+                     f"conditions not as they should be: {bad or 'none'}")
+    return lines
