@@ -81,6 +81,7 @@ async fn main() -> anyhow::Result<()> {
         cinder: BlockStorage::new(session.clone()),
         nova: Compute::new(session),
         sizes: BTreeMap::new(),
+        read: BTreeMap::new(),
     };
     tracing::info!(servers = ?args.servers, by_id = %args.by_id_dir.display(), "hypervisor agent running");
     let shutdown = plugin_runtime::shutdown_signal();
@@ -119,6 +120,20 @@ struct Agent {
     nova: Compute,
     /// (server, volume) → size in GiB of what is materialised
     sizes: BTreeMap<Placement, u64>,
+    /// (server, volume) → what Cinder said of an attachment Nova lists
+    read: BTreeMap<Placement, Read>,
+}
+
+/// How long what Cinder said of an attached volume stands before it is read
+/// again: reading each one on every pass made this agent the test cloud's
+/// busiest client (a hundred GETs a second with two dozen volumes attached).
+const REREAD_AFTER: Duration = Duration::from_secs(2);
+
+/// What Cinder said of an attachment, and when.
+struct Read {
+    at: Instant,
+    /// `None`: the server's root disk, never materialised
+    size: Option<u64>,
 }
 
 /// `<server-id> <by-id-dir>` per line; blank lines and `#` comments skipped.
@@ -207,24 +222,46 @@ impl Agent {
             self.nova.with_deadline(deadline),
         );
         let mut desired: BTreeMap<Placement, u64> = BTreeMap::new();
+        let now = Instant::now();
+        let mut listed: BTreeSet<Placement> = BTreeSet::new();
         for server in self.guests.keys() {
             for att in nova.list_volume_attachments(server).await? {
+                let key = (server.clone(), att.volume_id.clone());
+                listed.insert(key.clone());
+                // what was read a moment ago stands (Nova's list drops a
+                // detached volume at once); only a size may change, and
+                // the node plugin waits for its device to grow
+                if let Some(read) = self.read.get(&key)
+                    && now.duration_since(read.at) < REREAD_AFTER
+                {
+                    if let Some(size) = read.size {
+                        desired.insert(key, size);
+                    }
+                    continue;
+                }
                 let v = match cinder.get_volume(&att.volume_id).await {
                     Ok(v) => v,
                     Err(e) if e.is_not_found() => continue,
                     Err(e) => return Err(e.into()),
                 };
-                // the server's root disk is no test device
-                if v.bootable {
+                // the server's root disk is no test device; attached for
+                // Cinder: an attachment to this server exists (it stays
+                // until a detach completes); until then it is read again
+                // on every pass
+                let size = if v.bootable {
+                    None
+                } else if v.attached_servers().any(|s| s == server) {
+                    Some(v.size)
+                } else {
                     continue;
-                }
-                // attached for Cinder: an attachment to this server exists
-                // (it stays until a detach completes)
-                if v.attached_servers().any(|s| s == server) {
-                    desired.insert((server.clone(), v.id.clone()), v.size);
+                };
+                self.read.insert(key.clone(), Read { at: now, size });
+                if let Some(size) = size {
+                    desired.insert(key, size);
                 }
             }
         }
+        self.read.retain(|k, _| listed.contains(k));
         // detaches first: a volume moving between servers leaves the old
         // guest before it shows up in the new one
         let leaving: Vec<Placement> = self
