@@ -256,11 +256,25 @@ fuzzing() {
 free_disk_mib() { df -Pm . | awk 'NR == 2 { print $4 }'; }
 disk_at_start=$(free_disk_mib)
 echo "disk: $disk_at_start MiB free at the start (df -m .)"
+# what held the space near the lowest point: the places the run fills,
+# measured again each time the free space fell another 512 MiB
+disk_holders() {
+  nice -n 19 du -smx target/debug target/release target/images .openstack-cloud \
+    .k8s-cluster "${FUZZ_TARGET_DIR:-fuzz/target}" 2>/dev/null |
+    awk '{ printf "%s%s %s MiB", sep, $2, $1; sep = ", " }'
+}
 (
   lowest=$disk_at_start
+  measured=$disk_at_start
   while sleep 5; do
     now=$(free_disk_mib)
-    ((now < lowest)) && lowest=$now && echo "$lowest" >"$work/disk-lowest"
+    ((now < lowest)) || continue
+    lowest=$now
+    echo "$lowest" >"$work/disk-lowest"
+    if ((measured - now >= 512)); then
+      measured=$now
+      echo "$(disk_holders) (at $now MiB free)" >"$work/disk-holders"
+    fi
   done
 ) &
 disk_sampler_pid=$!
@@ -270,6 +284,7 @@ disk_summary() {
   local lowest
   lowest=$(cat "$work/disk-lowest" 2>/dev/null || echo "$disk_at_start")
   echo "disk: $disk_at_start MiB free at the start, $lowest MiB at the lowest (the run took up to $((disk_at_start - lowest)) MiB)"
+  [[ -s $work/disk-holders ]] && echo "disk, where it went: $(cat "$work/disk-holders")"
 }
 
 phase "prerequisites" bash scripts/install-test-deps.sh
