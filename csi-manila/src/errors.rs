@@ -37,6 +37,23 @@ pub fn scheduling_may_pass_later(messages: &[UserMessage]) -> bool {
         .is_some_and(|m| matches!(m.detail_id.as_deref(), Some("002") | Some("008")))
 }
 
+/// The answer when the scheduler refused a share again after the pause
+/// (see [`scheduling_may_pass_later`]): FailedPrecondition, a final answer
+/// (nothing is left in Manila: the failed shares are deleted) that the
+/// provisioner retries with its usual backoff while the claim exists.
+/// Not InvalidArgument: the external-provisioner (v6) takes that as
+/// infeasible and leaves the claim alone for five minutes, which a burst of
+/// 100 CephFS claims on the test cloud showed (Manila's scheduler missed a
+/// backend's report for every share created in the same few seconds, and
+/// one claim was Bound after 342 s instead of 44). Not a retryable code
+/// either: a share type no backend serves would then be created and
+/// deleted again and again even after its claim is gone.
+pub fn scheduling_refused_again(refusal: DriverError) -> DriverError {
+    DriverError::FailedPrecondition(format!(
+        "{refusal} (twice, a few seconds apart: no backend has the share type's capabilities, or one's periodic report is late)"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

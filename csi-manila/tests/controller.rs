@@ -582,7 +582,8 @@ async fn manila_failures_are_explained_and_leave_nothing() {
     assert_eq!(err.code(), Code::ResourceExhausted, "{}", err.message());
     assert!(err.message().contains("Capacity"), "{}", err.message());
     // a scheduler refusal that may be a backend's missed report is tried
-    // once more; twice is an answer
+    // once more; twice is a final answer the provisioner retries with its
+    // usual backoff (not InvalidArgument, after which it waits five minutes)
     e.h.emulator.control().fail_next_share_creates(1);
     let v = e.create("pvc-once", 1, &[]).await;
     let named = e.manila.list_shares_named("pvc-once").await.unwrap();
@@ -593,7 +594,12 @@ async fn manila_failures_are_explained_and_leave_nothing() {
         e.c.create_volume(e.create_req("pvc-fails", 1, &[]))
             .await
             .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert!(
+        err.message().contains("Capabilities filter") && err.message().contains("twice"),
+        "{}",
+        err.message()
+    );
     // the failed shares are deleted (Manila takes its time to)
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     for name in ["pvc-huge", "pvc-fails"] {

@@ -19,7 +19,7 @@ use proto::csi::v1 as csi;
 use super::ControllerService;
 use crate::TOPOLOGY_KEY;
 use crate::capabilities::parse_capabilities;
-use crate::errors::scheduling_may_pass_later;
+use crate::errors::{scheduling_may_pass_later, scheduling_refused_again};
 use crate::parameters::ShareParameters;
 use crate::share_protocol::ShareProtocol;
 use crate::shares::{
@@ -27,7 +27,6 @@ use crate::shares::{
     provisioned_here, wait_share_available,
 };
 
-/// ListVolumes page size when the caller sets no limit.
 /// A share the scheduler could not place is created once more after this
 /// pause (Manila's backends report their capabilities every few seconds),
 /// when at least [`RETRY_MARGIN`] of the caller's time is left.
@@ -202,7 +201,13 @@ impl ControllerService {
                         .await?;
                     self.wait_created(&manila, &again, deadline)
                         .await
-                        .map_err(|(e, _)| e)?
+                        .map_err(|(e, refused)| {
+                            if refused {
+                                scheduling_refused_again(e)
+                            } else {
+                                e
+                            }
+                        })?
                 }
                 Err((e, _)) => return Err(e),
             }
