@@ -947,17 +947,15 @@ async fn main() {
         let calls = calls_to(&proxy, "/share").await;
         let (theirs, failed) = shares_through_manila(&direct_manila, n).await;
         let cpu_theirs = MachineCpu::now();
+        let theirs_calls = calls_to(&proxy, "/share").await;
         manila_errors.push(format!(
-            "N = {n}: Manila put {failed} of its own shares in error (each deleted and made again, as the driver does); this machine, through Kubernetes: {}; straight through Manila: {}",
+            "N = {n}: Manila put {failed} of the bench's client's shares in error (each deleted and made again, as the driver does); this machine, through Kubernetes: {}; straight through Manila: {}; Manila calls per claim, ours: {}; the bench's client's: {}",
             cpu_before.until(&cpu_ours),
-            cpu_ours.until(&cpu_theirs)
+            cpu_ours.until(&cpu_theirs),
+            calls_by_kind(&calls, n),
+            calls_by_kind(&theirs_calls, n)
         ));
-        burst_row(
-            n,
-            &ours,
-            &theirs,
-            [calls.len(), calls_to(&proxy, "/share").await.len()],
-        );
+        burst_row(n, &ours, &theirs, [calls.len(), theirs_calls.len()]);
     }
 
     for line in manila_errors {
