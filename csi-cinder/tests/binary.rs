@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use csi_sanity::harness::{free_port, http_get, wait_for_socket};
 use openstack_emulator::{Emulator, EmulatorConfig, FaultAction, FaultRule};
+use proto::csi::v1 as csi;
+use proto::csi::v1::controller_client::ControllerClient;
 use proto::csi::v1::identity_client::IdentityClient;
 use proto::csi::v1::{GetPluginCapabilitiesRequest, GetPluginInfoRequest, ProbeRequest};
 
@@ -141,6 +143,36 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
         after.len()
     );
 
+    // a change is logged when done, with its time; a read is not (at info)
+    let mut controller = ControllerClient::new(plugin_runtime::connect_unix(&sock).await.unwrap());
+    let made = controller
+        .create_volume(csi::CreateVolumeRequest {
+            name: "logged-when-done".into(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 1 << 30,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![csi::VolumeCapability {
+                access_type: Some(csi::volume_capability::AccessType::Mount(
+                    csi::volume_capability::MountVolume::default(),
+                )),
+                access_mode: Some(csi::volume_capability::AccessMode {
+                    mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+                }),
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let id = made.volume.unwrap().volume_id;
+    controller
+        .controller_get_volume(csi::ControllerGetVolumeRequest {
+            volume_id: id.clone(),
+        })
+        .await
+        .unwrap();
+
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(plugin.0.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -150,6 +182,22 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
     assert!(status.success(), "{status:?}");
     assert!(!sock.exists(), "the socket is removed on SIGTERM");
     let stderr = stderr_reader.join().unwrap();
+    let answered: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| l["message"] == "answered OK")
+        .collect();
+    assert!(
+        answered.iter().any(|l| l["span"]["name"] == "CreateVolume"
+            && l["duration_ms"].as_f64().is_some_and(|ms| ms > 0.0)),
+        "no line for the create, with its time: {stderr}"
+    );
+    assert!(
+        !answered
+            .iter()
+            .any(|l| l["span"]["name"] == "ControllerGetVolume"),
+        "a read logged at info: {stderr}"
+    );
     assert!(
         !stderr.contains("admin-secret"),
         "a password reached the log"

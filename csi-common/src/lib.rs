@@ -54,6 +54,14 @@ pub fn __caller_field(v: &impl std::fmt::Display) -> String {
 pub use tokio as __tokio;
 pub use tracing as __tracing;
 
+/// Whether an RPC changes something (in the cloud or on the node), by its
+/// name: every read is a Get, a List or a Validate.
+pub fn changes_something(rpc: &str) -> bool {
+    !["Get", "List", "Validate"]
+        .iter()
+        .any(|read| rpc.contains(read))
+}
+
 /// Runs a handler `async fn method(&self, request, deadline) ->
 /// DriverResult<Response>` in a span named after the RPC that carries
 /// the id or name the call works on (never the request itself: it may
@@ -71,6 +79,7 @@ pub use tracing as __tracing;
 macro_rules! serve_rpc {
     ($self:ident, $req:ident, $rpc:literal, $field:ident = $id:expr, $method:ident) => {{
         let deadline = $crate::request::deadline_from($req.metadata());
+        let started = ::std::time::Instant::now();
         let r = $req.into_inner();
         let span = $crate::__tracing::info_span!(
             $rpc,
@@ -89,8 +98,19 @@ macro_rules! serve_rpc {
                 $rpc
             )))
         });
-        // the refusal or failure is logged in the call's span, with its id
+        // the refusal or failure is logged in the call's span, with its id;
+        // a change done is logged with its time (a move's timeline is
+        // drawn from these lines), a read only at debug (a CO repeats
+        // them every few seconds)
         span.in_scope(|| {
+            if result.is_ok() {
+                let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+                if $crate::changes_something($rpc) {
+                    $crate::__tracing::info!(duration_ms, "answered OK");
+                } else {
+                    $crate::__tracing::debug!(duration_ms, "answered OK");
+                }
+            }
             result
                 .map($crate::__tonic::Response::new)
                 .map_err($crate::__tonic::Status::from)
