@@ -338,6 +338,7 @@ async fn handle(
     state: Arc<AppState>,
     req: Request<Body>,
 ) -> Result<Response<Body>, DroppedByFault> {
+    let arrived = std::time::Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or_default().to_string();
@@ -364,7 +365,9 @@ async fn handle(
     };
     let mut response = match fault {
         Some(FaultAction::Drop) => {
-            state.world().record_call(&method, &path, &query, None);
+            state
+                .world()
+                .record_call(&method, &path, &query, None, arrived);
             return Err(DroppedByFault);
         }
         Some(FaultAction::Delay { millis }) => {
@@ -381,7 +384,7 @@ async fn handle(
                 tokio::time::sleep(Duration::from_millis(millis)).await;
                 let r = serve(router, req).await;
                 st.world()
-                    .record_call(&method, &at, &asked, Some(r.status().as_u16()));
+                    .record_call(&method, &at, &asked, Some(r.status().as_u16()), arrived);
                 r
             });
             let mut r = served.await.unwrap_or_else(|_| {
@@ -401,14 +404,14 @@ async fn handle(
             let r = serve(router, req).await;
             state
                 .world()
-                .record_call(&method, &path, &query, Some(r.status().as_u16()));
+                .record_call(&method, &path, &query, Some(r.status().as_u16()), arrived);
             return Err(DroppedByFault);
         }
         Some(FaultAction::HoldAnswer { millis }) => {
             let mut r = serve(router, req).await;
             state
                 .world()
-                .record_call(&method, &path, &query, Some(r.status().as_u16()));
+                .record_call(&method, &path, &query, Some(r.status().as_u16()), arrived);
             tokio::time::sleep(Duration::from_millis(millis)).await;
             add_request_id(&mut r, &path, &request_id);
             add_date(&mut r, &state);
@@ -443,9 +446,13 @@ async fn handle(
         Some(FaultAction::Throttle { .. }) | None => serve(router, req).await,
     };
     if !path.starts_with("/_admin") {
-        state
-            .world()
-            .record_call(&method, &path, &query, Some(response.status().as_u16()));
+        state.world().record_call(
+            &method,
+            &path,
+            &query,
+            Some(response.status().as_u16()),
+            arrived,
+        );
     }
     add_request_id(&mut response, &path, &request_id);
     add_date(&mut response, &state);

@@ -58,7 +58,14 @@ impl ProxyState {
         self.faults.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn record(&self, method: &http::Method, path: &str, query: &str, status: Option<u16>) {
+    fn record(
+        &self,
+        method: &http::Method,
+        path: &str,
+        query: &str,
+        status: Option<u16>,
+        arrived: std::time::Instant,
+    ) {
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         if calls.len() >= 100_000 {
             calls.drain(..50_000);
@@ -71,6 +78,7 @@ impl ProxyState {
             at_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
+            took_ms: arrived.elapsed().as_millis() as u64,
         });
     }
 
@@ -181,6 +189,7 @@ async fn handle(
     state: Arc<ProxyState>,
     req: Request<Body>,
 ) -> Result<Response<Body>, Dropped> {
+    let arrived = std::time::Instant::now();
     let method = req.method().clone();
     let path = format!("/{}{}", upstream.service, req.uri().path());
     let query = req.uri().query().unwrap_or_default().to_string();
@@ -198,7 +207,7 @@ async fn handle(
         |r: &Result<Response<Body>, String>| r.as_ref().ok().map(|r| r.status().as_u16());
     let response = match fault {
         Some(FaultAction::Drop) => {
-            state.record(&method, &path, &query, None);
+            state.record(&method, &path, &query, None, arrived);
             return Err(Dropped);
         }
         Some(FaultAction::Delay { millis }) => {
@@ -215,6 +224,7 @@ async fn handle(
                     &path2,
                     &query2,
                     r.as_ref().ok().map(|r| r.status().as_u16()),
+                    arrived,
                 );
                 r
             });
@@ -225,12 +235,12 @@ async fn handle(
         }
         Some(FaultAction::LoseAnswer) => {
             let r = served(req).await;
-            state.record(&method, &path, &query, answered(&r));
+            state.record(&method, &path, &query, answered(&r), arrived);
             return Err(Dropped);
         }
         Some(FaultAction::HoldAnswer { millis }) => {
             let r = served(req).await;
-            state.record(&method, &path, &query, answered(&r));
+            state.record(&method, &path, &query, answered(&r), arrived);
             tokio::time::sleep(Duration::from_millis(millis)).await;
             return r.or_else(|e| Ok(bad_gateway(&path, &e)));
         }
@@ -260,7 +270,7 @@ async fn handle(
         }
         Some(FaultAction::Throttle { .. }) | None => served(req).await,
     };
-    state.record(&method, &path, &query, answered(&response));
+    state.record(&method, &path, &query, answered(&response), arrived);
     Ok(response.unwrap_or_else(|e| bad_gateway(&path, &e)))
 }
 

@@ -408,6 +408,10 @@ pub struct CallRecord {
     /// When it was answered (or dropped), in milliseconds since the Unix
     /// epoch.
     pub at_ms: u64,
+    /// How long it took from its arrival until then (ms): where a wait of
+    /// the plugins' went (a call queued at a busy API, or the work).
+    #[serde(default)]
+    pub took_ms: u64,
 }
 
 pub struct World {
@@ -718,7 +722,14 @@ impl World {
         None
     }
 
-    pub fn record_call(&mut self, method: &Method, path: &str, query: &str, status: Option<u16>) {
+    pub fn record_call(
+        &mut self,
+        method: &Method,
+        path: &str,
+        query: &str,
+        status: Option<u16>,
+        arrived: std::time::Instant,
+    ) {
         // bounded: a long soak must not grow the emulator without limit
         if self.calls.len() >= 100_000 {
             self.calls.drain(..50_000);
@@ -731,6 +742,7 @@ impl World {
             at_ms: SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
+            took_ms: arrived.elapsed().as_millis() as u64,
         });
     }
 
