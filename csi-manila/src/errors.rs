@@ -54,6 +54,16 @@ pub fn scheduling_refused_again(refusal: DriverError) -> DriverError {
     ))
 }
 
+/// The answer when the scheduler refused a share once and the caller's
+/// deadline leaves no time to create it again: FailedPrecondition, as
+/// after a second refusal (see [`scheduling_refused_again`]); the next
+/// call tries again.
+pub fn scheduling_refused_without_time(refusal: DriverError) -> DriverError {
+    DriverError::FailedPrecondition(format!(
+        "{refusal} (once; too little of the call's deadline was left to create it again: the next call does)"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -600,9 +600,21 @@ async fn manila_failures_are_explained_and_leave_nothing() {
         "{}",
         err.message()
     );
+    // refused once with too little of the deadline left to ask again: the
+    // same final answer, not the first refusal's InvalidArgument
+    e.h.emulator.control().fail_next_share_creates(1);
+    let mut short = tonic::Request::new(e.create_req("pvc-late", 1, &[]));
+    short.set_timeout(Duration::from_secs(10));
+    let err = e.c.create_volume(short).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert!(
+        err.message().contains("Capabilities filter") && err.message().contains("too little"),
+        "{}",
+        err.message()
+    );
     // the failed shares are deleted (Manila takes its time to)
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    for name in ["pvc-huge", "pvc-fails"] {
+    for name in ["pvc-huge", "pvc-fails", "pvc-late"] {
         while !e.manila.list_shares_named(name).await.unwrap().is_empty() {
             assert!(
                 std::time::Instant::now() < deadline,

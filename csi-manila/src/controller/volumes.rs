@@ -19,7 +19,9 @@ use proto::csi::v1 as csi;
 use super::ControllerService;
 use crate::TOPOLOGY_KEY;
 use crate::capabilities::parse_capabilities;
-use crate::errors::{scheduling_may_pass_later, scheduling_refused_again};
+use crate::errors::{
+    scheduling_may_pass_later, scheduling_refused_again, scheduling_refused_without_time,
+};
 use crate::parameters::ShareParameters;
 use crate::share_protocol::ShareProtocol;
 use crate::shares::{
@@ -209,6 +211,10 @@ impl ControllerService {
                             }
                         })?
                 }
+                // no time left to ask again: the same final answer as a
+                // second refusal, not the first refusal's InvalidArgument
+                // (which the provisioner would leave alone for five minutes)
+                Err((e, true)) => return Err(scheduling_refused_without_time(e)),
                 Err((e, _)) => return Err(e),
             }
         };
