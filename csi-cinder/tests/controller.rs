@@ -814,6 +814,78 @@ async fn publishes_to_one_server_at_once_never_pass_its_limit() {
     );
 }
 
+/// Publishes to one server a moment apart share one listing of it (the
+/// attach-detach controller sends a wave's over a few seconds, and each
+/// listing is two Nova calls); a slot a detach freed since is still seen:
+/// a publish the reused listing would refuse lists the server afresh.
+#[tokio::test]
+async fn publishes_a_moment_apart_share_a_listing_and_a_freed_slot_is_seen() {
+    if !root() {
+        return;
+    }
+    let mut o = HarnessOptions::new(BIN);
+    o.extra_cloud_conf = "\n[BlockStorage]\nnode-volume-attach-limit = 5\n".into();
+    let h = CinderOnEmulator::start(o).await.unwrap();
+    let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
+    csi_sanity::harness::wait_until_ready(&h.socket)
+        .await
+        .unwrap();
+    let mut c = ControllerClient::new(ch);
+    let own = csi_sanity::harness::cinder::own_disks_of_this_machine() as usize;
+    let fits = 5 - own;
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let mut ids = Vec::new();
+    for i in 0..=fits {
+        ids.push(
+            c.create_volume(create_req(&format!("apart-{i}"), cap.clone(), 1))
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap()
+                .volume_id,
+        );
+    }
+    let listings = || {
+        h.emulator
+            .control()
+            .calls()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path.ends_with(&format!("/servers/{}", h.node_id)))
+            .count()
+    };
+    let publish = |id: &str| csi::ControllerPublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: h.node_id.clone(),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    };
+    // one after another, each answered before the next is asked
+    for id in &ids[..fits] {
+        c.controller_publish_volume(publish(id)).await.unwrap();
+    }
+    assert_eq!(listings(), 1, "{fits} publishes a moment apart, one listing");
+    // full: one detached, and the last fits though the listing still
+    // reused shows the detached one
+    c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+        volume_id: ids[0].clone(),
+        node_id: h.node_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    c.controller_publish_volume(publish(&ids[fits]))
+        .await
+        .unwrap();
+    assert_eq!(listings(), 2, "listed afresh before refusing");
+    // and full again: refused, on a fresh count
+    let err = c
+        .controller_publish_volume(publish(&ids[0]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{}", err.message());
+}
+
 #[tokio::test]
 async fn publishing_past_novas_disk_limit_is_resource_exhausted_and_attaches_nothing() {
     if !root() {
