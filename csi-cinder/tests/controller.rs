@@ -860,11 +860,39 @@ async fn publishes_a_moment_apart_share_a_listing_and_a_freed_slot_is_seen() {
         volume_capability: Some(cap.clone()),
         ..Default::default()
     };
+    // the first lists the server beside its read of the volume, not after
+    h.emulator.control().add_fault(
+        FaultRule::new(
+            Some("GET"),
+            &format!("/volumes/{}", ids[0]),
+            FaultAction::Delay { millis: 300 },
+        )
+        .times(1),
+    );
     // one after another, each answered before the next is asked
     for id in &ids[..fits] {
         c.controller_publish_volume(publish(id)).await.unwrap();
     }
-    assert_eq!(listings(), 1, "{fits} publishes a moment apart, one listing");
+    assert_eq!(
+        listings(),
+        1,
+        "{fits} publishes a moment apart, one listing"
+    );
+    let calls = h.emulator.control().calls();
+    let first = |what: &dyn Fn(&openstack_emulator::CallRecord) -> bool| {
+        calls
+            .iter()
+            .find(|r| r.method == "GET" && what(r))
+            .cloned()
+            .unwrap()
+    };
+    // the publish's read, held 300 ms by the fault
+    let read = first(&|r| r.path.ends_with(&format!("/volumes/{}", ids[0])) && r.took_ms >= 300);
+    let listing = first(&|r| r.path.ends_with(&format!("/servers/{}", h.node_id)));
+    assert!(
+        listing.at_ms - listing.took_ms < read.at_ms,
+        "the server listed only after the volume's read was answered: {read:?} {listing:?}"
+    );
     // full: one detached, and the last fits though the listing still
     // reused shows the detached one
     c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {

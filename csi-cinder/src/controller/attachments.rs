@@ -40,7 +40,11 @@ impl ControllerService {
         let _guard = self.locks.lock(id, deadline).await?;
         let block = cloud.block.with_deadline(deadline);
         let compute = cloud.compute.with_deadline(deadline);
-        let v = block.get_volume(id).await.context(format!("volume {id}"))?;
+        // the server's listing for its attach limit beside the volume's
+        // read (one round trip less at a busy API; none if a listing of
+        // the server is recent or under way)
+        let (v, ()) = tokio::join!(block.get_volume(id), self.slots.prefetch(&compute, node));
+        let v = v.context(format!("volume {id}"))?;
         let v = self.repair_before_attach(&block, &compute, v, node).await?;
         if let Some(why) = capability_unsupported(&cap, v.multiattach) {
             return Err(DriverError::InvalidArgument(why));

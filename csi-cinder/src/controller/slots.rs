@@ -143,6 +143,15 @@ impl AttachSlots {
         }
     }
 
+    /// Lists `server` unless a listing is in flight or recent: a publish
+    /// runs it beside its read of the volume, so that an attach that needs
+    /// a slot does not wait for one call after the other. A failure is
+    /// left for [`AttachSlots::take`], which lists again and says why.
+    pub async fn prefetch(&self, compute: &Compute, server: &str) {
+        let slots = self.server(server);
+        let _ = Self::list(&slots, compute, server, None).await;
+    }
+
     /// Whether the newest listing began at or after `since`.
     fn listed_since(slots: &ServerSlots, since: Instant) -> bool {
         slots
