@@ -33,12 +33,20 @@
 //!    against its baseline.
 //! 4. **Snapshots and expansion at rate**: snapshots of M volumes taken at
 //!    once (time until 50/90/99/100 % are ready), and M claims expanded at
-//!    5 a second (until each PV has its new size).
+//!    5 a second (until each PV has its new size); against the same
+//!    snapshots and extends straight through Cinder.
+//!
+//! 5. **Where a move's time goes**: one StatefulSet pod moved between two
+//!    nodes of a zone, drawn as one timeline (the apiserver's reports, our
+//!    plugins' RPCs from their log lines, the OpenStack calls at the fault
+//!    proxy), every millisecond given to Kubernetes, our node plugins or
+//!    our controller (inside an OpenStack call, or between its calls);
+//!    against the same detach and attach straight through Nova.
 //!
 //! Needs the cluster tier up (`tests/cluster/cluster.py up`): `cargo bench
 //! -p cluster-tests --bench scale`; `SCALE_N=30,100,300` and
 //! `SCALE_SHARES_N=30,100` (the defaults), `SCALE_PARTS` a choice of
-//! cinder, cephfs, wave, churn, snapshots (all by default).
+//! cinder, cephfs, wave, churn, snapshots, move (all by default).
 //! `BENCH_QUICK=1`: N = 3 (2 shares), each part through once.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
@@ -48,6 +56,8 @@
 mod cost;
 #[path = "scale/direct.rs"]
 mod direct;
+#[path = "scale/timeline.rs"]
+mod timeline;
 #[path = "scale/watch.rs"]
 mod watch;
 
@@ -57,15 +67,18 @@ use std::time::{Duration, Instant};
 use cluster_tests::{Cluster, bench_cluster, bench_quick, claim};
 use openstack_client::cinder::BlockStorage;
 use openstack_client::manila::SharedFileSystems;
+use openstack_emulator::CallRecord;
 use openstack_emulator::proxy::ProxyControl;
 
 use cost::{
-    CINDER_CONTROLLER_METRICS, MachineCpu, cinder_plugin_usage, cluster_volumes, codes_between,
-    controller_manager_log_end, controller_manager_throttled, controller_rpc_codes,
-    controller_rpc_totals, controller_rss_mib, rpc_since, throttled,
+    CINDER_CONTROLLER_METRICS, MachineCpu, attachment_wait_totals, cinder_plugin_usage,
+    cluster_volumes, codes_between, controller_manager_log_end, controller_manager_throttled,
+    controller_rpc_codes, controller_rpc_totals, controller_rss_mib, rpc_since, since_totals,
+    throttled,
 };
 use direct::{
-    shares_through_manila, through_cinder, until_gone, until_shares_gone, wave_through_openstack,
+    shares_through_manila, snapshots_and_expansion_through_cinder, through_cinder, until_gone,
+    until_shares_gone, wave_through_openstack,
 };
 use watch::{Watch, name_of, ready_times};
 
@@ -125,38 +138,61 @@ fn burst_row(n: usize, ours: &Burst, theirs: &Burst, calls: [usize; 2]) -> [Dura
 }
 
 /// The calls the fault proxy saw to one service (`/volume`, `/share`)
-/// since it last forgot them, each as its method, its path with every id
-/// as `{id}` and the names of its query's parameters; it forgets them.
+/// since it last forgot them, each as its [`call_kind`]; it forgets them.
 async fn calls_to(proxy: &ProxyControl, service: &str) -> Vec<String> {
     let calls = proxy.calls().await.unwrap();
     proxy.clear_calls().await.unwrap();
     calls
         .iter()
         .filter(|r| r.path.starts_with(service))
-        .map(|r| {
-            let path: Vec<&str> = r
-                .path
-                .split('/')
-                .map(|seg| {
-                    let id =
-                        seg.len() >= 32 && seg.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
-                    if id { "{id}" } else { seg }
-                })
-                .collect();
-            let keys: Vec<&str> = r
-                .query
-                .split('&')
-                .filter_map(|kv| kv.split('=').next())
-                .filter(|k| !k.is_empty())
-                .collect();
-            let query = if keys.is_empty() {
-                String::new()
-            } else {
-                format!("?{}", keys.join("&"))
-            };
-            format!("{} {}{query}", r.method, path.join("/"))
-        })
+        .map(call_kind)
         .collect()
+}
+
+/// A call as its method, its path with every id as `{id}` and the names
+/// of its query's parameters.
+fn call_kind(r: &CallRecord) -> String {
+    let path: Vec<&str> = r
+        .path
+        .split('/')
+        .map(|seg| {
+            let id = seg.len() >= 32 && seg.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+            if id { "{id}" } else { seg }
+        })
+        .collect();
+    let keys: Vec<&str> = r
+        .query
+        .split('&')
+        .filter_map(|kv| kv.split('=').next())
+        .filter(|k| !k.is_empty())
+        .collect();
+    let query = if keys.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", keys.join("&"))
+    };
+    format!("{} {}{query}", r.method, path.join("/"))
+}
+
+/// How long the calls of each kind took at the fault proxy (from their
+/// arrival to their answer: queued at a busy API, and the work), mean and
+/// longest, the most frequent kinds first.
+fn call_times(calls: &[CallRecord]) -> String {
+    let mut kinds: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for c in calls {
+        kinds.entry(call_kind(c)).or_default().push(c.took_ms);
+    }
+    let mut kinds: Vec<(String, Vec<u64>)> = kinds.into_iter().collect();
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1.len()));
+    let kinds: Vec<String> = kinds
+        .iter()
+        .map(|(k, took)| {
+            let mean = took.iter().sum::<u64>() as f64 / took.len().max(1) as f64;
+            let longest = took.iter().max().copied().unwrap_or_default();
+            format!("{k} x{}: {mean:.0} ms (longest {longest})", took.len())
+        })
+        .collect();
+    kinds.join(", ")
 }
 
 /// The calls of `calls_to` per claim, by kind, most first.
@@ -624,7 +660,7 @@ async fn churn(c: &Cluster, cinder: &BlockStorage, per_wave: usize) {
     );
 }
 
-async fn snapshots_and_expansion(c: &Cluster, m: usize) {
+async fn snapshots_and_expansion(c: &Cluster, cinder: &BlockStorage, m: usize) {
     let ns = c.namespace("scale-snap").await.unwrap();
     let name = ns.name.clone();
     let claims: Vec<String> = (0..m)
@@ -704,11 +740,20 @@ async fn snapshots_and_expansion(c: &Cluster, m: usize) {
         .collect();
     let e = quantiles(&took);
     ns.close().await.unwrap();
+    let (snapshots, grown) = snapshots_and_expansion_through_cinder(cinder, m).await;
+    let (qt, et) = (quantiles(&snapshots), quantiles(&grown));
     println!();
     println!(
-        "snapshots of {m} volumes at once: ready 50 / 90 / 99 / 100 % after {} s; {m} claims expanded at 5 a second: each PV grown {} s after its claim was",
+        "snapshots of {m} volumes at once: ready 50 / 90 / 99 / 100 % after {} s; straight through Cinder {} s; ratio at 100 % {:.2}",
         marks(&q),
-        marks(&e)
+        marks(&qt),
+        ratio(&q, &qt)
+    );
+    println!(
+        "{m} claims expanded at 5 a second: each PV grown {} s after its claim was; each volume extended straight through Cinder at 5 a second, until its new size showed, {} s; ratio at 100 % {:.2}",
+        marks(&e),
+        marks(&et),
+        ratio(&e, &et)
     );
 }
 
@@ -742,6 +787,8 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
         controller_rpc_totals(CINDER_CONTROLLER_METRICS, "ControllerPublishVolume").await;
     let unpublish_before =
         controller_rpc_totals(CINDER_CONTROLLER_METRICS, "ControllerUnpublishVolume").await;
+    let attach_waits_before = attachment_wait_totals("attach").await;
+    let detach_waits_before = attachment_wait_totals("detach").await;
     let since = Instant::now();
     let nodes_before = cinder_plugin_usage(false);
     let controller_before = cinder_plugin_usage(true);
@@ -766,10 +813,14 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
     );
     let (unpublishes, unpublish_mean) =
         rpc_since("ControllerUnpublishVolume", unpublish_before).await;
+    let attach_waits = since_totals(attachment_wait_totals("attach").await, attach_waits_before);
+    let detach_waits = since_totals(attachment_wait_totals("detach").await, detach_waits_before);
     let (waits, longest) = throttled(c, "csi-cinder-controllerplugin", "csi-attacher", since).await;
+    proxy.clear_calls().await.unwrap();
     let cpu_theirs_before = MachineCpu::now();
     let (theirs, direct) = wave_through_openstack(c, cinder, &rooms).await;
     let cpu_theirs = MachineCpu::now();
+    let recorded_theirs = proxy.calls().await.unwrap();
     let (q, t) = (quantiles(&ours.running), quantiles(&theirs.running));
     println!();
     println!(
@@ -850,6 +901,28 @@ async fn attach_wave(c: &Cluster, cinder: &BlockStorage) {
     for (what, from, to, note) in segments {
         println!("  {what}: {}{note}", marks(&quantiles(&segment(from, to))));
     }
+    // where ControllerPublish's and ControllerUnpublish's time went: the
+    // wait for Cinder to show the change, and the calls before it
+    println!(
+        "our ControllerPublish, {publish_mean:.2} s on average: waiting for Cinder to show the attachment {:.2} s ({:.0} waits), before that {:.2} s (the volume read, the server's listing, Nova's attach call); our ControllerUnpublish, {unpublish_mean:.2} s: Nova's detach call and the wait until Cinder no longer shows it {:.2} s ({:.0})",
+        attach_waits.1,
+        attach_waits.0,
+        publish_mean - attach_waits.1 * attach_waits.0 / publishes.max(1.0),
+        detach_waits.1,
+        detach_waits.0
+    );
+    let openstack =
+        |r: &&CallRecord| r.path.starts_with("/volume") || r.path.starts_with("/compute");
+    let ours_calls: Vec<CallRecord> = recorded.iter().filter(openstack).cloned().collect();
+    let theirs_calls: Vec<CallRecord> = recorded_theirs.iter().filter(openstack).cloned().collect();
+    println!(
+        "each call's time at the fault proxy (queued at the API and served), through Kubernetes: {}",
+        call_times(&ours_calls)
+    );
+    println!(
+        "straight through Cinder and Nova: {}",
+        call_times(&theirs_calls)
+    );
     let per_100 = 100.0 / n.max(1) as f64;
     println!(
         "the wave's cost per 100 volumes attached and detached: the node plugins (three) {:.2} s of CPU, {:+.1} MiB of memory ({:.1} MiB after); the controller {:.2} s of CPU, {:+.1} MiB",
@@ -968,7 +1041,35 @@ async fn main() {
         churn(&c, &cinder, if bench_quick() { 1 } else { 10 }).await;
     }
     if part("snapshots") {
-        snapshots_and_expansion(&c, if bench_quick() { 2 } else { 50 }).await;
+        snapshots_and_expansion(&c, &direct_cinder, if bench_quick() { 2 } else { 50 }).await;
+    }
+    if part("move") {
+        let moves = if bench_quick() { 1 } else { 5 };
+        let mut shares = Vec::new();
+        for _ in 0..moves {
+            shares.extend(timeline::one_move(&c, &direct_cinder).await);
+        }
+        if !shares.is_empty() {
+            let median = |f: &dyn Fn(&timeline::Shares) -> f64| {
+                let mut v: Vec<f64> = shares.iter().map(f).collect();
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            println!(
+                "{} moves, medians: {:.1} s in all; Kubernetes {:.1} s; our controller on the move's path {:.2} s against OpenStack's own {:.2} s: {:.2} times (each move's: {})",
+                shares.len(),
+                median(&|s| s.total),
+                median(&|s| s.kubernetes),
+                median(&|s| s.controller),
+                median(&|s| s.openstack_own),
+                median(&|s| s.controller / s.openstack_own.max(0.001)),
+                shares
+                    .iter()
+                    .map(|s| format!("{:.2}", s.controller / s.openstack_own.max(0.001)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
     }
     c.kubectl(&["delete", "storageclass", CLASS, "--ignore-not-found"])
         .await

@@ -126,6 +126,22 @@ pub(super) async fn controller_rpc_totals(port: u16, method: &str) -> (f64, f64)
     )
 }
 
+/// The Cinder controller's attach (or detach) waits so far: how many, and
+/// their seconds in all (`cinder_csi_attachment_wait_seconds`): the part
+/// of a ControllerPublish spent waiting for Cinder to show the attachment.
+pub(super) async fn attachment_wait_totals(operation: &str) -> (f64, f64) {
+    let text = cluster_tests::controller_metrics(CINDER_CONTROLLER_METRICS).await;
+    let value = |series: &str| {
+        let key =
+            format!("cinder_csi_attachment_wait_seconds_{series}{{operation=\"{operation}\"}}");
+        text.lines()
+            .find(|l| l.starts_with(&key))
+            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (value("count"), value("sum"))
+}
+
 /// How many answers of a CSI Controller RPC the Cinder controller gave
 /// so far, by gRPC code (its `grpc_server_handled_total`).
 pub(super) async fn controller_rpc_codes(method: &str) -> BTreeMap<String, f64> {
@@ -160,10 +176,18 @@ pub(super) fn codes_between(
 }
 
 /// The calls of a controller RPC answered since `before`, and their mean time.
+/// What a pair of totals (how many, their seconds) gained since
+/// `before`: how many, and their mean.
+pub(super) fn since_totals(now: (f64, f64), before: (f64, f64)) -> (f64, f64) {
+    let count = now.0 - before.0;
+    (count, (now.1 - before.1) / count.max(1.0))
+}
+
 pub(super) async fn rpc_since(method: &str, before: (f64, f64)) -> (f64, f64) {
-    let (count, seconds) = controller_rpc_totals(CINDER_CONTROLLER_METRICS, method).await;
-    let calls = count - before.0;
-    (calls, (seconds - before.1) / calls.max(1.0))
+    since_totals(
+        controller_rpc_totals(CINDER_CONTROLLER_METRICS, method).await,
+        before,
+    )
 }
 
 /// Clock ticks per second: 100 on Linux for /proc's utime and stime.

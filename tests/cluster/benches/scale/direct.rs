@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use cluster_tests::Cluster;
-use openstack_client::cinder::{BlockStorage, CreateVolume};
+use openstack_client::cinder::{BlockStorage, CreateSnapshot, CreateVolume};
 use openstack_client::manila::{
     AccessRuleState, CreateShare, GrantAccess, ShareStatus, SharedFileSystems,
 };
@@ -313,4 +313,174 @@ pub(super) async fn wave_through_openstack(
         },
         DirectAttaches(done.iter().map(|(_, _, _, attach)| *attach).collect()),
     )
+}
+
+/// OpenStack's own time for one move's work: a volume attached to
+/// `servers[0]`, detached from it (until `available`), then attached to
+/// `servers[1]` (until `in-use`), straight through Nova (through the fault
+/// proxy, as the plugins are), one after the other as a move must.
+pub(super) async fn move_through_nova(
+    c: &Cluster,
+    cinder: &BlockStorage,
+    servers: &[String; 2],
+    zone: &str,
+) -> (Duration, Duration) {
+    let nova = openstack_client::nova::Compute::new(c.member_via_proxy().unwrap());
+    let name = "scale-move-direct";
+    clear_volumes_named(cinder, std::iter::once(name.to_string())).await;
+    let v = cinder
+        .create_volume(&CreateVolume {
+            name: name.into(),
+            size_gib: 1,
+            availability_zone: Some(zone.into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let until = |status: &'static str| {
+        let (cinder, id) = (cinder.clone(), v.id.clone());
+        async move {
+            let t = Instant::now();
+            loop {
+                tokio::time::sleep(POLL).await;
+                let now = cinder.get_volume(&id).await.unwrap();
+                match now.status.as_str() {
+                    s if s == status => return t.elapsed(),
+                    "error" | "error_attaching" | "error_detaching" => {
+                        panic!("{id} went {}", now.status)
+                    }
+                    _ => {}
+                }
+            }
+        }
+    };
+    until("available").await;
+    nova.attach_volume(&servers[0], &v.id, false).await.unwrap();
+    until("in-use").await;
+    let t = Instant::now();
+    nova.detach_volume(&servers[0], &v.id).await.unwrap();
+    until("available").await;
+    let detach = t.elapsed();
+    let t = Instant::now();
+    nova.attach_volume(&servers[1], &v.id, false).await.unwrap();
+    until("in-use").await;
+    let attach = t.elapsed();
+    nova.detach_volume(&servers[1], &v.id).await.unwrap();
+    until("available").await;
+    cinder.delete_volume(&v.id).await.unwrap();
+    until_gone(cinder, vec![v.id.clone()]).await;
+    (detach, attach)
+}
+
+/// OpenStack's own time for part 4's work: `m` volumes (made first,
+/// untimed), a snapshot of each asked at once, each until `available`;
+/// then each volume extended to 2 GiB at 5 a second, each until Cinder
+/// shows its new size and `available` again, from its own ask.
+pub(super) async fn snapshots_and_expansion_through_cinder(
+    cinder: &BlockStorage,
+    m: usize,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let names = (0..m).map(|i| format!("scale-snap-direct-{i}"));
+    clear_volumes_named(cinder, names.clone()).await;
+    let made: Vec<_> = names
+        .map(|name| {
+            let cinder = cinder.clone();
+            tokio::spawn(async move {
+                let v = cinder
+                    .create_volume(&CreateVolume {
+                        name,
+                        size_gib: 1,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                until_volume(&cinder, &v.id, |v| v.status.as_str() == "available").await;
+                (v.id, Duration::ZERO)
+            })
+        })
+        .collect();
+    let (ids, _) = finished(made).await;
+    let started = Instant::now();
+    let snapshots: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let (cinder, id) = (cinder.clone(), id.clone());
+            tokio::spawn(async move {
+                let s = cinder
+                    .create_snapshot(&CreateSnapshot {
+                        volume_id: id,
+                        name: format!("scale-snap-direct-{i}"),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                loop {
+                    tokio::time::sleep(POLL).await;
+                    let now = cinder.get_snapshot(&s.id).await.unwrap();
+                    assert!(
+                        !now.status.is_error(),
+                        "{} went {}",
+                        s.id,
+                        now.status.as_str()
+                    );
+                    if now.status.as_str() == "available" {
+                        return (s.id, started.elapsed());
+                    }
+                }
+            })
+        })
+        .collect();
+    let (snapshot_ids, snapshots_ready) = finished(snapshots).await;
+    // at 5 a second, each timed from its own ask
+    let mut extends = Vec::new();
+    for id in &ids {
+        let (cinder, id) = (cinder.clone(), id.clone());
+        extends.push(tokio::spawn(async move {
+            let asked = Instant::now();
+            cinder.extend_volume(&id, 2, false).await.unwrap();
+            until_volume(&cinder, &id, |v| {
+                v.size == 2 && v.status.as_str() == "available"
+            })
+            .await;
+            (id, asked.elapsed())
+        }));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, grown) = finished(extends).await;
+    for s in &snapshot_ids {
+        cinder.delete_snapshot(s).await.unwrap();
+    }
+    until_none_left("snapshots", snapshot_ids, |id| {
+        let cinder = cinder.clone();
+        async move { !matches!(cinder.get_snapshot(&id).await, Err(e) if e.is_not_found()) }
+    })
+    .await;
+    for id in &ids {
+        cinder.delete_volume(id).await.unwrap();
+    }
+    until_gone(cinder, ids).await;
+    (snapshots_ready, grown)
+}
+
+/// Polls a volume every `POLL` until `done` says so.
+async fn until_volume(
+    cinder: &BlockStorage,
+    id: &str,
+    done: impl Fn(&openstack_client::cinder::Volume) -> bool,
+) {
+    let started = Instant::now();
+    loop {
+        tokio::time::sleep(POLL).await;
+        let v = cinder.get_volume(id).await.unwrap();
+        assert!(!v.status.is_error(), "{id} went {}", v.status.as_str());
+        if done(&v) {
+            return;
+        }
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "{id} still {}",
+            v.status.as_str()
+        );
+    }
 }
