@@ -878,6 +878,24 @@ async fn publishes_a_moment_apart_share_a_listing_and_a_freed_slot_is_seen() {
         1,
         "{fits} publishes a moment apart, one listing"
     );
+    // asked again once attached (the external attacher does, once its
+    // cache shows the attach): no listing, and Nova's record of the
+    // attachment not read again (this controller asked Nova for it)
+    let nova_reads = || {
+        h.emulator
+            .control()
+            .calls()
+            .iter()
+            .filter(|r| {
+                r.method == "GET"
+                    && r.path
+                        .contains(&format!("/servers/{}/os-volume_attachments", h.node_id))
+            })
+            .count()
+    };
+    let reads = nova_reads();
+    c.controller_publish_volume(publish(&ids[1])).await.unwrap();
+    assert_eq!((listings(), nova_reads()), (1, reads));
     let calls = h.emulator.control().calls();
     let first = |what: &dyn Fn(&openstack_emulator::CallRecord) -> bool| {
         calls

@@ -43,7 +43,10 @@ impl ControllerService {
         // the server's listing for its attach limit beside the volume's
         // read (one round trip less at a busy API; none if a listing of
         // the server is recent or under way)
-        let (v, ()) = tokio::join!(block.get_volume(id), self.slots.prefetch(&compute, node));
+        let (v, ()) = tokio::join!(
+            block.get_volume(id),
+            self.slots.prefetch(&compute, node, id)
+        );
         let v = v.context(format!("volume {id}"))?;
         let v = self.repair_before_attach(&block, &compute, v, node).await?;
         if let Some(why) = capability_unsupported(&cap, v.multiattach) {

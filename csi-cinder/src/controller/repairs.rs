@@ -261,6 +261,12 @@ impl ControllerService {
                 continue;
             };
             if server == node {
+                // asked of Nova by this controller since the server's last
+                // listing: Nova's own (the external attacher asking again
+                // once its cache shows the attach, a call per publish saved)
+                if self.slots.asked_here(node, &id) {
+                    continue;
+                }
                 // Cinder says attached here: Nova must say so too, or the
                 // node would wait for a disk that never comes
                 match nova_record(compute, node, &id).await? {

@@ -143,13 +143,30 @@ impl AttachSlots {
         }
     }
 
-    /// Lists `server` unless a listing is in flight or recent: a publish
-    /// runs it beside its read of the volume, so that an attach that needs
-    /// a slot does not wait for one call after the other. A failure is
-    /// left for [`AttachSlots::take`], which lists again and says why.
-    pub async fn prefetch(&self, compute: &Compute, server: &str) {
+    /// Lists `server` unless a listing is in flight or recent, or this
+    /// controller asked Nova to attach `volume` there since the last one
+    /// (the external attacher asks again once its cache shows the attach:
+    /// that publish needs no slot): a publish runs it beside its read of
+    /// the volume, so that an attach that needs a slot does not wait for
+    /// one call after the other. A failure is left for
+    /// [`AttachSlots::take`], which lists again and says why.
+    pub async fn prefetch(&self, compute: &Compute, server: &str, volume: &str) {
+        if self.asked_here(server, volume) {
+            return;
+        }
         let slots = self.server(server);
         let _ = Self::list(&slots, compute, server, None).await;
+    }
+
+    /// Whether this controller asked Nova to attach `volume` to `server`
+    /// (and Nova answered) since the server's newest listing began.
+    pub fn asked_here(&self, server: &str, volume: &str) -> bool {
+        let servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+        servers.get(server).is_some_and(|s| {
+            let l = s.ledger();
+            let since = l.listing.as_ref().map(|x| x.started);
+            matches!(l.requested.get(volume), Some(Some(ended)) if since.is_none_or(|t| *ended >= t))
+        })
     }
 
     /// Whether the newest listing began at or after `since`.
