@@ -12,7 +12,11 @@ use openstack_emulator::{Emulator, EmulatorConfig, FaultAction, FaultRule};
 use proto::csi::v1 as csi;
 use proto::csi::v1::controller_client::ControllerClient;
 use proto::csi::v1::identity_client::IdentityClient;
+use proto::csi::v1::volume_capability::access_mode::Mode;
 use proto::csi::v1::{GetPluginCapabilitiesRequest, GetPluginInfoRequest, ProbeRequest};
+
+mod common;
+use common::{create_req, mount_cap};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cinder-csi-plugin");
 
@@ -146,22 +150,11 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
     // a change is logged when done, with its time; a read is not (at info)
     let mut controller = ControllerClient::new(plugin_runtime::connect_unix(&sock).await.unwrap());
     let made = controller
-        .create_volume(csi::CreateVolumeRequest {
-            name: "logged-when-done".into(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: 1 << 30,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![csi::VolumeCapability {
-                access_type: Some(csi::volume_capability::AccessType::Mount(
-                    csi::volume_capability::MountVolume::default(),
-                )),
-                access_mode: Some(csi::volume_capability::AccessMode {
-                    mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-                }),
-            }],
-            ..Default::default()
-        })
+        .create_volume(create_req(
+            "logged-when-done",
+            mount_cap("ext4", Mode::SingleNodeWriter),
+            1,
+        ))
         .await
         .unwrap()
         .into_inner();

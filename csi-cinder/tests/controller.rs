@@ -647,6 +647,19 @@ async fn legacy_fs_type_formats_and_unknown_class_keys_are_ignored() {
     e.unpublish(&v.volume_id).await;
 }
 
+/// The plugin on the emulator with `[BlockStorage]
+/// node-volume-attach-limit = limit`, ready, and a channel to it.
+async fn with_attach_limit(limit: u32) -> (CinderOnEmulator, Channel) {
+    let mut o = HarnessOptions::new(BIN);
+    o.extra_cloud_conf = format!("\n[BlockStorage]\nnode-volume-attach-limit = {limit}\n");
+    let h = CinderOnEmulator::start(o).await.unwrap();
+    let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
+    csi_sanity::harness::wait_until_ready(&h.socket)
+        .await
+        .unwrap();
+    (h, ch)
+}
+
 /// Where Nova sets no limit (its default), the controller keeps the
 /// server within `[BlockStorage] node-volume-attach-limit`, counting the
 /// server's own disks as Nova does; the node reports the same limit less
@@ -657,13 +670,7 @@ async fn the_attach_limit_holds_without_nova_and_the_node_reports_what_is_left()
     if !root() {
         return;
     }
-    let mut o = HarnessOptions::new(BIN);
-    o.extra_cloud_conf = "\n[BlockStorage]\nnode-volume-attach-limit = 4\n".into();
-    let h = CinderOnEmulator::start(o).await.unwrap();
-    let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
-    csi_sanity::harness::wait_until_ready(&h.socket)
-        .await
-        .unwrap();
+    let (h, ch) = with_attach_limit(4).await;
     let (mut c, mut n) = (ControllerClient::new(ch.clone()), NodeClient::new(ch));
     let own = csi_sanity::harness::cinder::own_disks_of_this_machine() as i64;
     let max = |n: &mut NodeClient<Channel>| {
@@ -753,13 +760,7 @@ async fn publishes_to_one_server_at_once_never_pass_its_limit() {
     if !root() {
         return;
     }
-    let mut o = HarnessOptions::new(BIN);
-    o.extra_cloud_conf = "\n[BlockStorage]\nnode-volume-attach-limit = 6\n".into();
-    let h = CinderOnEmulator::start(o).await.unwrap();
-    let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
-    csi_sanity::harness::wait_until_ready(&h.socket)
-        .await
-        .unwrap();
+    let (h, ch) = with_attach_limit(6).await;
     let c = ControllerClient::new(ch);
     let own = csi_sanity::harness::cinder::own_disks_of_this_machine() as usize;
     let fits = 6 - own;
@@ -823,13 +824,7 @@ async fn publishes_a_moment_apart_share_a_listing_and_a_freed_slot_is_seen() {
     if !root() {
         return;
     }
-    let mut o = HarnessOptions::new(BIN);
-    o.extra_cloud_conf = "\n[BlockStorage]\nnode-volume-attach-limit = 5\n".into();
-    let h = CinderOnEmulator::start(o).await.unwrap();
-    let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
-    csi_sanity::harness::wait_until_ready(&h.socket)
-        .await
-        .unwrap();
+    let (h, ch) = with_attach_limit(5).await;
     let mut c = ControllerClient::new(ch);
     let own = csi_sanity::harness::cinder::own_disks_of_this_machine() as usize;
     let fits = 5 - own;

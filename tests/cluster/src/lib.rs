@@ -760,14 +760,21 @@ pub async fn controller_rpc_seconds(port: u16, methods: &[&str]) -> f64 {
     methods
         .iter()
         .map(|m| {
-            let key =
-                format!("grpc_server_handling_seconds_sum{{method=\"/csi.v1.Controller/{m}\"}}");
-            text.lines()
-                .find(|l| l.starts_with(&key))
-                .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-                .unwrap_or(0.0)
+            metric_value(
+                &text,
+                &format!("grpc_server_handling_seconds_sum{{method=\"/csi.v1.Controller/{m}\"}}"),
+            )
         })
         .sum()
+}
+
+/// The value of one series (its name and labels as `/metrics` writes
+/// them) in a Prometheus text page; 0 where the page has none.
+pub fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .unwrap_or(0.0)
 }
 
 /// A controller's metrics on the host network, as text (empty when it

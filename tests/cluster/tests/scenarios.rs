@@ -1001,11 +1001,10 @@ async fn a_changed_cloud_conf_reaches_the_controllers_without_rolling_a_pod() {
             .output()
             .await
             .unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .find(|l| l.starts_with("config_reloads_total{result=\"applied\"}"))
-            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
+        cluster_tests::metric_value(
+            &String::from_utf8_lossy(&out.stdout),
+            "config_reloads_total{result=\"applied\"}",
+        )
     };
     let applied = reloads().await;
     // the operator edits the Cinder controller's cloud.conf beside the

@@ -53,23 +53,27 @@ pub(super) async fn throttled(
     container: &str,
     since: Instant,
 ) -> (usize, Duration) {
+    throttle_waits(&suite_logs(c, app, container, since).await)
+}
+
+/// What the `container` of the suite's pods labelled `app` logged since
+/// `since` (every replica's, the node plugins' on every node).
+pub(super) async fn suite_logs(c: &Cluster, app: &str, container: &str, since: Instant) -> String {
     let window = format!("--since={}s", since.elapsed().as_secs() + 5);
     let selector = format!("app={app}");
-    let logs = c
-        .kubectl(&[
-            "-n",
-            cluster_tests::SUITE_NAMESPACE,
-            "logs",
-            "-l",
-            &selector,
-            "-c",
-            container,
-            &window,
-            "--tail=-1",
-        ])
-        .await
-        .unwrap_or_default();
-    throttle_waits(&logs)
+    c.kubectl(&[
+        "-n",
+        cluster_tests::SUITE_NAMESPACE,
+        "logs",
+        "-l",
+        &selector,
+        "-c",
+        container,
+        &window,
+        "--tail=-1",
+    ])
+    .await
+    .unwrap_or_default()
 }
 
 /// Where kube-controller-manager's log ends now: [`controller_manager_throttled`]
@@ -114,11 +118,10 @@ fn throttle_waits(logs: &str) -> (usize, Duration) {
 pub(super) async fn controller_rpc_totals(port: u16, method: &str) -> (f64, f64) {
     let text = cluster_tests::controller_metrics(port).await;
     let value = |series: &str| {
-        let key = format!("{series}{{method=\"/csi.v1.Controller/{method}\"}}");
-        text.lines()
-            .find(|l| l.starts_with(&key))
-            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
+        cluster_tests::metric_value(
+            &text,
+            &format!("{series}{{method=\"/csi.v1.Controller/{method}\"}}"),
+        )
     };
     (
         value("grpc_server_handling_seconds_count"),
@@ -132,12 +135,10 @@ pub(super) async fn controller_rpc_totals(port: u16, method: &str) -> (f64, f64)
 pub(super) async fn attachment_wait_totals(operation: &str) -> (f64, f64) {
     let text = cluster_tests::controller_metrics(CINDER_CONTROLLER_METRICS).await;
     let value = |series: &str| {
-        let key =
-            format!("cinder_csi_attachment_wait_seconds_{series}{{operation=\"{operation}\"}}");
-        text.lines()
-            .find(|l| l.starts_with(&key))
-            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
+        cluster_tests::metric_value(
+            &text,
+            &format!("cinder_csi_attachment_wait_seconds_{series}{{operation=\"{operation}\"}}"),
+        )
     };
     (value("count"), value("sum"))
 }

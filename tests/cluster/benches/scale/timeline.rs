@@ -18,6 +18,7 @@ use cluster_tests::nodes::stateful_set;
 use openstack_client::cinder::BlockStorage;
 use openstack_emulator::CallRecord;
 
+use super::cost::suite_logs;
 use super::direct::move_through_nova;
 use super::watch::Watch;
 
@@ -427,23 +428,9 @@ async fn watch_the_move(
 /// ("answered OK", with the time each took), in milliseconds since
 /// `wall_start`.
 async fn our_rpcs(c: &Cluster, volume: &str, started: Instant, wall_start: i64) -> Vec<Rpc> {
-    let window = format!("--since={}s", started.elapsed().as_secs() + 5);
     let mut rpcs = Vec::new();
     for app in ["csi-cinder-controllerplugin", "csi-cinder-nodeplugin"] {
-        let logs = c
-            .kubectl(&[
-                "-n",
-                cluster_tests::SUITE_NAMESPACE,
-                "logs",
-                "-l",
-                &format!("app={app}"),
-                "-c",
-                "cinder-csi-plugin",
-                &window,
-                "--tail=-1",
-            ])
-            .await
-            .unwrap_or_default();
+        let logs = suite_logs(c, app, "cinder-csi-plugin", started).await;
         for line in logs.lines() {
             let Ok(l) = serde_json::from_str::<serde_json::Value>(line) else {
                 continue;
