@@ -76,6 +76,7 @@ async fn attach_extend_detach_on_real_loop_devices() {
     let emu = Emulator::start(EmulatorConfig {
         hypervisor: Some(HypervisorConfig {
             by_id_dir: by_id.path().into(),
+            also_link_in: Vec::new(),
             image_dir: images.path().into(),
         }),
         ..Default::default()
@@ -169,8 +170,28 @@ fn a_restart_cleans_up_what_a_crashed_run_left() {
     assert_eq!(loop_devices_backed_by(images.path()).len(), 1);
     std::mem::forget(crashed);
 
+    // another hypervisor linking in the same folder (the cluster tier's
+    // agent beside a bench's emulator): its device and link are not ours
+    let their_images = tempfile::tempdir().unwrap();
+    let theirs = Hypervisor::new(by_id.path().into(), their_images.path().into()).unwrap();
+    let their_volume = "99999999-8888-7777-6666-555555555555";
+    let their_link = theirs.attach(their_volume, 1).unwrap();
+
     let restarted = Hypervisor::new(by_id.path().into(), images.path().into()).unwrap();
     restarted.cleanup_all();
     assert!(loop_devices_backed_by(images.path()).is_empty());
+    let left: Vec<String> = std::fs::read_dir(by_id.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(
+        left,
+        vec![by_id_name(their_volume)],
+        "only the other's link is left"
+    );
+    assert!(their_link.exists(), "the other's device is still linked");
+    assert_eq!(loop_devices_backed_by(their_images.path()).len(), 1);
+    theirs.cleanup_all();
+    assert!(loop_devices_backed_by(their_images.path()).is_empty());
     assert!(std::fs::read_dir(by_id.path()).unwrap().next().is_none());
 }

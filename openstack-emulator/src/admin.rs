@@ -296,6 +296,40 @@ impl Control {
             .clone();
         Some(crate::nova::insert_server(&mut w, &pid, name, availability_zone, local_disks).id)
     }
+    /// An ACTIVE server under the id a real machine has (one whose
+    /// metadata service names it: a cluster node whose plugins are to be
+    /// served by this emulator); false when the project is unknown or the
+    /// id taken.
+    pub fn create_server_as(
+        &self,
+        id: &str,
+        project: &str,
+        name: &str,
+        availability_zone: &str,
+        local_disks: u32,
+    ) -> bool {
+        let mut w = self.state.world();
+        let Some(pid) = w
+            .projects
+            .iter()
+            .find(|p| p.name == project || p.id == project)
+            .map(|p| p.id.clone())
+        else {
+            return false;
+        };
+        if w.servers.contains_key(id) {
+            return false;
+        }
+        crate::nova::insert_server_as(
+            &mut w,
+            id.to_string(),
+            &pid,
+            name,
+            availability_zone,
+            local_disks,
+        );
+        true
+    }
     pub fn set_metadata_instance(&self, server_id: Option<String>) {
         self.state.world().metadata_instance = server_id;
     }

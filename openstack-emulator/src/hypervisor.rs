@@ -232,39 +232,54 @@ impl Hypervisor {
     }
 
     /// Detaches every loop device backed by our image directory, removes
-    /// their links and the backing files.
+    /// their links and the backing files. A link to another's loop device
+    /// (a second hypervisor linking in the same directory, as the cluster
+    /// tier's agent and a bench's emulator do) is left alone.
     pub fn cleanup_all(&self) {
         let ids: Vec<String> = self.attached().keys().cloned().collect();
         for id in ids {
             self.detach(&id);
         }
         // leftovers of a crashed run: loop devices whose backing file lives
-        // in our image directory
+        // in our image directory, and the links to them (removed first:
+        // once detached, a device's number may be taken by another)
+        let backing_of = |device: &str| -> Option<String> {
+            let name = device.strip_prefix("/dev/")?;
+            let backing = std::fs::read_to_string(
+                Path::new("/sys/block").join(name).join("loop/backing_file"),
+            )
+            .ok()?;
+            Some(backing.trim().trim_end_matches(" (deleted)").to_string())
+        };
+        let ours = |backing: &str| Path::new(backing).starts_with(&self.inner.image_dir);
+        for entries in self.link_dirs().filter_map(|d| std::fs::read_dir(d).ok()) {
+            for e in entries.flatten() {
+                let p = e.path();
+                if !e.file_name().to_string_lossy().starts_with("virtio-") {
+                    continue;
+                }
+                let Ok(target) = std::fs::read_link(&p) else {
+                    continue;
+                };
+                let target = target.to_string_lossy().to_string();
+                if !target.starts_with("/dev/loop") {
+                    continue;
+                }
+                // ours, or a link to a loop device backed by nothing at
+                // all (stale for whoever made it)
+                if backing_of(&target).is_none_or(|b| ours(&b)) {
+                    let _ = std::fs::remove_file(&p);
+                }
+            }
+        }
         if let Ok(entries) = std::fs::read_dir("/sys/block") {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().to_string();
                 if !name.starts_with("loop") {
                     continue;
                 }
-                let backing =
-                    std::fs::read_to_string(e.path().join("loop/backing_file")).unwrap_or_default();
-                let backing = backing.trim().trim_end_matches(" (deleted)");
-                if !backing.is_empty() && Path::new(backing).starts_with(&self.inner.image_dir) {
+                if backing_of(&format!("/dev/{name}")).is_some_and(|b| !b.is_empty() && ours(&b)) {
                     let _ = run("losetup", &["-d", &format!("/dev/{name}")]);
-                }
-            }
-        }
-        for entries in self.link_dirs().filter_map(|d| std::fs::read_dir(d).ok()) {
-            for e in entries.flatten() {
-                let p = e.path();
-                let is_ours = e.file_name().to_string_lossy().starts_with("virtio-")
-                    && std::fs::symlink_metadata(&p)
-                        .map(|m| m.file_type().is_symlink())
-                        .unwrap_or(false)
-                    && std::fs::read_link(&p)
-                        .is_ok_and(|t| t.to_string_lossy().starts_with("/dev/loop"));
-                if is_ours {
-                    let _ = std::fs::remove_file(&p);
                 }
             }
         }

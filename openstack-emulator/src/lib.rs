@@ -55,6 +55,9 @@ pub const APP_CRED_SECRET: &str = "emulator-app-cred-secret";
 pub struct HypervisorConfig {
     /// Where `virtio-<id[:20]>` links to the loop devices are made.
     pub by_id_dir: std::path::PathBuf,
+    /// Further folders linked alike (the by-id folders of the machines
+    /// whose node plugins are to see the devices).
+    pub also_link_in: Vec<std::path::PathBuf>,
     /// Where the sparse backing files live.
     pub image_dir: std::path::PathBuf,
 }
@@ -143,7 +146,11 @@ impl Emulator {
         let url = Url::parse(&format!("http://{addr}/"))?;
         let hypervisor = match &config.hypervisor {
             Some(h) => {
-                let hv = hypervisor::Hypervisor::new(h.by_id_dir.clone(), h.image_dir.clone())?;
+                let hv = hypervisor::Hypervisor::linking_in(
+                    h.by_id_dir.clone(),
+                    h.also_link_in.clone(),
+                    h.image_dir.clone(),
+                )?;
                 // an earlier run may have crashed with devices attached
                 hv.cleanup_all();
                 Some(hv)

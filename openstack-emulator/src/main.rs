@@ -70,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
     let hypervisor = match (args.hypervisor_by_id_dir, args.hypervisor_image_dir) {
         (Some(by_id_dir), Some(image_dir)) => Some(HypervisorConfig {
             by_id_dir,
+            also_link_in: Vec::new(),
             image_dir,
         }),
         _ => None,

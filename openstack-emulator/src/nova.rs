@@ -121,8 +121,20 @@ pub fn insert_server(
     az: &str,
     local_disks: u32,
 ) -> ServerRec {
+    insert_server_as(w, new_id(), project_id, name, az, local_disks)
+}
+
+/// The same under a given id.
+pub fn insert_server_as(
+    w: &mut World,
+    id: String,
+    project_id: &str,
+    name: &str,
+    az: &str,
+    local_disks: u32,
+) -> ServerRec {
     let s = ServerRec {
-        id: new_id(),
+        id,
         name: name.to_string(),
         project_id: project_id.to_string(),
         status: "ACTIVE".into(),

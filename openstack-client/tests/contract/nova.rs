@@ -226,6 +226,7 @@ async fn attached_volumes_become_block_devices() {
             let emu = Emulator::start(EmulatorConfig {
                 hypervisor: Some(openstack_emulator::HypervisorConfig {
                     by_id_dir: scratch.path().join("by-id"),
+                    also_link_in: Vec::new(),
                     image_dir: scratch.path().join("images"),
                 }),
                 ..Backend::emulator_config()

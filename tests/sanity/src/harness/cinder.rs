@@ -90,6 +90,7 @@ impl CinderOnEmulator {
             availability_zones: options.availability_zones.clone(),
             hypervisor: options.hypervisor.then(|| HypervisorConfig {
                 by_id_dir: by_id_dir.clone(),
+                also_link_in: Vec::new(),
                 image_dir: dir.path().join("images"),
             }),
             ..Default::default()
