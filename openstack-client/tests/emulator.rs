@@ -451,6 +451,51 @@ async fn application_credentials_and_member_user() {
 }
 
 #[tokio::test]
+async fn a_server_made_under_a_real_machines_id_is_the_members_and_attaches() {
+    let emu = Emulator::start(EmulatorConfig {
+        availability_zones: vec!["az1".into(), "az2".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let id = "6f1c3a52-0d5e-4c8e-9a41-2b7d9e3f8a10";
+    assert!(
+        emu.control()
+            .create_server_as(id, "demo", "node-b", "az2", 1)
+    );
+    // an id taken, or a project nobody knows: refused
+    assert!(
+        !emu.control()
+            .create_server_as(id, "demo", "again", "az2", 1)
+    );
+    assert!(
+        !emu.control()
+            .create_server_as("other", "nobody", "x", "az1", 1)
+    );
+
+    let member = session(&emu, "member");
+    let nova = Compute::new(member.clone());
+    let server = nova.get_server(id).await.unwrap();
+    assert_eq!(
+        (server.id.as_str(), server.availability_zone.as_deref()),
+        (id, Some("az2"))
+    );
+    let cinder = BlockStorage::new(member);
+    let v = cinder
+        .create_volume(&CreateVolume {
+            name: "v".into(),
+            size_gib: 1,
+            availability_zone: Some("az2".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_volume(&cinder, &v.id, VolumeStatus::Available).await;
+    nova.attach_volume(id, &v.id, false).await.unwrap();
+    wait_volume(&cinder, &v.id, VolumeStatus::InUse).await;
+}
+
+#[tokio::test]
 async fn idempotent_requests_retry_and_posts_never_do() {
     let emu = start().await;
     let s = session(&emu, "");
