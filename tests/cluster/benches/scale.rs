@@ -41,7 +41,10 @@
 //!    plugins' RPCs from their log lines, the OpenStack calls at the fault
 //!    proxy), every millisecond given to Kubernetes, our node plugins or
 //!    our controller (inside an OpenStack call, or between its calls);
-//!    against the same detach and attach straight through Nova.
+//!    against the same detach and attach straight through Nova. Then the
+//!    floor: the same moves through a second driver of ours whose cloud
+//!    (an emulator in this process) answers at once (`scale/floor.rs`),
+//!    and our move's time above it against OpenStack's own.
 //!
 //! Needs the cluster tier up (`tests/cluster/cluster.py up`): `cargo bench
 //! -p cluster-tests --bench scale`; `SCALE_N=30,100,300` and
@@ -56,6 +59,8 @@
 mod cost;
 #[path = "scale/direct.rs"]
 mod direct;
+#[path = "scale/floor.rs"]
+mod floor;
 #[path = "scale/timeline.rs"]
 mod timeline;
 #[path = "scale/watch.rs"]
@@ -1053,29 +1058,21 @@ async fn main() {
         let moves = if bench_quick() { 1 } else { 5 };
         let mut shares = Vec::new();
         for _ in 0..moves {
-            shares.extend(timeline::one_move(&c, &direct_cinder).await);
+            shares.extend(timeline::one_move(&c, &direct_cinder, None).await);
         }
-        if !shares.is_empty() {
-            let median = |f: &dyn Fn(&timeline::Shares) -> f64| {
-                let mut v: Vec<f64> = shares.iter().map(f).collect();
-                v.sort_by(f64::total_cmp);
-                v[v.len() / 2]
-            };
-            println!(
-                "{} moves, medians: {:.1} s in all; Kubernetes {:.1} s; our controller on the move's path {:.2} s against OpenStack's own {:.2} s: {:.2} times (each move's: {})",
-                shares.len(),
-                median(&|s| s.total),
-                median(&|s| s.kubernetes),
-                median(&|s| s.controller),
-                median(&|s| s.openstack_own),
-                median(&|s| s.controller / s.openstack_own.max(0.001)),
-                shares
-                    .iter()
-                    .map(|s| format!("{:.2}", s.controller / s.openstack_own.max(0.001)))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+        // the same moves through the floor driver (full mode: the quick
+        // one only proves the part runs)
+        let mut floor_shares = Vec::new();
+        if !bench_quick()
+            && !shares.is_empty()
+            && let Some(floor) = floor::Floor::deploy(&c).await
+        {
+            for _ in 0..moves {
+                floor_shares.extend(timeline::one_move(&c, &direct_cinder, Some(&floor)).await);
+            }
+            floor.remove(&c).await;
         }
+        timeline::print_medians(&shares, &floor_shares);
     }
     c.kubectl(&["delete", "storageclass", CLASS, "--ignore-not-found"])
         .await

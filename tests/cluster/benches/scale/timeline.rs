@@ -20,6 +20,7 @@ use openstack_emulator::CallRecord;
 
 use super::cost::suite_logs;
 use super::direct::move_through_nova;
+use super::floor::{FLOOR_CLASS, Floor, floor_app};
 use super::watch::Watch;
 
 const CLASS: &str = "csi-cinder-sc-delete";
@@ -102,27 +103,42 @@ async fn pair_in_a_zone(c: &Cluster) -> Option<(String, String, String)> {
 }
 
 /// One move's shares (s): all of it, Kubernetes', our controller's on
-/// the move's path, and OpenStack's own for the same detach and attach.
+/// the move's path, and OpenStack's own for the same detach and attach;
+/// and the part from the detach's ask until Running (what comes before it
+/// is Kubernetes' alone, up to 10 s of it waiting for kubelet's next
+/// node status: the part of a move that varies most between moves).
 pub(super) struct Shares {
     pub(super) total: f64,
+    pub(super) from_detach: f64,
     pub(super) kubernetes: f64,
     pub(super) controller: f64,
     pub(super) openstack_own: f64,
 }
 
-pub(super) async fn one_move(c: &Cluster, cinder: &BlockStorage) -> Option<Shares> {
+/// One move, its timeline printed; its shares. With `floor`, the same
+/// move through the floor driver (whose cloud answers at once): no
+/// OpenStack's own to compare with.
+pub(super) async fn one_move(
+    c: &Cluster,
+    cinder: &BlockStorage,
+    floor: Option<&Floor>,
+) -> Option<Shares> {
     let Some((a, b, zone)) = pair_in_a_zone(c).await else {
         println!("one move's timeline: no two nodes share a zone here, nothing to move");
         return None;
     };
-    let ns = c.namespace("scale-move").await.unwrap();
+    let (class, prefix) = match floor {
+        Some(_) => (FLOOR_CLASS, "scale-floor-move"),
+        None => (CLASS, "scale-move"),
+    };
+    let ns = c.namespace(prefix).await.unwrap();
     let n = ns.name.clone();
     let keep_off_b = c.cordon(&b).await.unwrap();
     c.apply_in(
         &n,
         &stateful_set(
             "app",
-            CLASS,
+            class,
             &[&a, &b],
             "while true; do date >> /data/log; sleep 1; done",
         ),
@@ -144,7 +160,10 @@ pub(super) async fn one_move(c: &Cluster, cinder: &BlockStorage) -> Option<Share
     drop(keep_off_b);
     let _keep_off_a = c.cordon(&a).await.unwrap();
     let proxy = c.fault_proxy().unwrap();
-    proxy.clear_calls().await.unwrap();
+    match floor {
+        Some(f) => f.clear_calls(),
+        None => proxy.clear_calls().await.unwrap(),
+    }
 
     let started = Instant::now();
     let wall_start = unix_ms(SystemTime::now());
@@ -167,10 +186,11 @@ pub(super) async fn one_move(c: &Cluster, cinder: &BlockStorage) -> Option<Share
     )
     .await;
     drop((pods, attachments));
-    let calls: Vec<CallRecord> = proxy
-        .calls()
-        .await
-        .unwrap()
+    let calls = match floor {
+        Some(f) => f.calls(),
+        None => proxy.calls().await.unwrap(),
+    };
+    let calls: Vec<CallRecord> = calls
         .into_iter()
         .filter(|r| {
             (r.path.starts_with("/volume") || r.path.starts_with("/compute"))
@@ -180,7 +200,7 @@ pub(super) async fn one_move(c: &Cluster, cinder: &BlockStorage) -> Option<Share
     let end = marks.running.unwrap();
     // the move's own RPCs: those that ended after the delete was asked
     // (the pod's first start on A is not part of it)
-    let rpcs: Vec<Rpc> = our_rpcs(c, &volume, started, wall_start)
+    let rpcs: Vec<Rpc> = our_rpcs(c, floor.is_some(), &volume, started, wall_start)
         .await
         .into_iter()
         .filter(|r| r.end > deleted_at && r.start < end)
@@ -226,7 +246,11 @@ pub(super) async fn one_move(c: &Cluster, cinder: &BlockStorage) -> Option<Share
         *owned.entry(owner).or_default() += 1;
     }
 
-    let theirs = move_through_nova(c, cinder, &servers, &zone).await;
+    // the floor's OpenStack takes no time: nothing to compare with
+    let theirs = match floor {
+        Some(_) => (Duration::ZERO, Duration::ZERO),
+        None => move_through_nova(c, cinder, &servers, &zone).await,
+    };
     ns.close().await.unwrap();
 
     let secs = |t: i64| (t - deleted_at) as f64 / 1000.0;
@@ -309,7 +333,12 @@ pub(super) async fn one_move(c: &Cluster, cinder: &BlockStorage) -> Option<Share
     lines.sort_by_key(|l| l.0);
     println!();
     println!(
-        "one move of a StatefulSet's pod with a Cinder claim from {a} to {b} ({a} cordoned, the pod deleted): {:.1} s from the delete until Running on {b}",
+        "one move of a StatefulSet's pod with a Cinder claim from {a} to {b} ({a} cordoned, the pod deleted){}: {:.1} s from the delete until Running on {b}",
+        if floor.is_some() {
+            ", through the floor driver (its cloud answers at once)"
+        } else {
+            ""
+        },
         secs(end)
     );
     for (t, what) in &lines {
@@ -330,6 +359,22 @@ pub(super) async fn one_move(c: &Cluster, cinder: &BlockStorage) -> Option<Share
         .map(|(_, t)| t)
         .sum();
     let own = theirs.0 + theirs.1;
+    let from_detach = marks
+        .detach_asked
+        .map_or(0.0, |t| (end - t) as f64 / 1000.0);
+    if floor.is_some() {
+        println!(
+            "the floor's controller took {:.2} s of the move between and inside its calls to a cloud that answers at once",
+            controller as f64 / 1000.0
+        );
+        return Some(Shares {
+            total: total / 1000.0,
+            from_detach,
+            kubernetes: *owned.get(&Owner::Kubernetes).unwrap_or(&0) as f64 / 1000.0,
+            controller: controller as f64 / 1000.0,
+            openstack_own: 0.0,
+        });
+    }
     println!(
         "OpenStack's own for the same work, straight through Nova one after the other (polled every {} ms): detach {:.2} s, attach {:.2} s, {:.2} s in all; our controller's share of the move {:.2} s: {:.2} times OpenStack's own (goal: at most 1.2). Kubernetes' share, {:.2} s, is the floor a driver whose cloud answered at once would still meet (read off this move's timeline, not measured with such a driver)",
         super::POLL.as_millis(),
@@ -342,10 +387,68 @@ pub(super) async fn one_move(c: &Cluster, cinder: &BlockStorage) -> Option<Share
     );
     Some(Shares {
         total: total / 1000.0,
+        from_detach,
         kubernetes: *owned.get(&Owner::Kubernetes).unwrap_or(&0) as f64 / 1000.0,
         controller: controller as f64 / 1000.0,
         openstack_own: own.as_secs_f64(),
     })
+}
+
+/// The medians of our moves against OpenStack's own, and against the
+/// floor's where it was measured.
+pub(super) fn print_medians(shares: &[Shares], floor_shares: &[Shares]) {
+    if !shares.is_empty() {
+        let median_of = |shares: &[Shares], f: &dyn Fn(&Shares) -> f64| {
+            let mut v: Vec<f64> = shares.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let median = |f: &dyn Fn(&Shares) -> f64| median_of(shares, f);
+        println!(
+            "{} moves, medians: {:.1} s in all; Kubernetes {:.1} s; our controller on the move's path {:.2} s against OpenStack's own {:.2} s: {:.2} times (each move's: {})",
+            shares.len(),
+            median(&|s| s.total),
+            median(&|s| s.kubernetes),
+            median(&|s| s.controller),
+            median(&|s| s.openstack_own),
+            median(&|s| s.controller / s.openstack_own.max(0.001)),
+            shares
+                .iter()
+                .map(|s| format!("{:.2}", s.controller / s.openstack_own.max(0.001)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if !floor_shares.is_empty() {
+            // from the detach's ask: before it, both drivers' moves
+            // wait alike for kubelet's next node status (up to 10 s,
+            // at random), which would drown the difference
+            let floor_from_detach = median_of(floor_shares, &|s| s.from_detach);
+            let above = median(&|s| s.from_detach) - floor_from_detach;
+            println!(
+                "the floor (the same {} moves through a second driver of ours whose cloud answers at once), medians: {:.1} s in all (each: {}); Kubernetes {:.1} s; its controller {:.2} s; from the detach's ask until Running {:.2} s, ours {:.2} s (each move, ours / the floor's: {}). Our move above the floor from the detach's ask: {:.2} s against OpenStack's own {:.2} s: {:.2} times (goal: at most 1.2)",
+                floor_shares.len(),
+                median_of(floor_shares, &|s| s.total),
+                floor_shares
+                    .iter()
+                    .map(|s| format!("{:.1}", s.total))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                median_of(floor_shares, &|s| s.kubernetes),
+                median_of(floor_shares, &|s| s.controller),
+                floor_from_detach,
+                median(&|s| s.from_detach),
+                shares
+                    .iter()
+                    .zip(floor_shares)
+                    .map(|(o, f)| format!("{:.2} / {:.2}", o.from_detach, f.from_detach))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                above,
+                median(&|s| s.openstack_own),
+                above / median(&|s| s.openstack_own).max(0.001)
+            );
+        }
+    }
 }
 
 /// A call as its method and the last two parts of its path, ids as
@@ -424,13 +527,24 @@ async fn watch_the_move(
     m
 }
 
-/// Our plugins' RPCs for `volume` since `started`, from their log lines
-/// ("answered OK", with the time each took), in milliseconds since
-/// `wall_start`.
-async fn our_rpcs(c: &Cluster, volume: &str, started: Instant, wall_start: i64) -> Vec<Rpc> {
+/// Our plugins' RPCs for `volume` since `started` (the floor driver's
+/// with `floor`), from their log lines ("answered OK", with the time each
+/// took), in milliseconds since `wall_start`.
+async fn our_rpcs(
+    c: &Cluster,
+    floor: bool,
+    volume: &str,
+    started: Instant,
+    wall_start: i64,
+) -> Vec<Rpc> {
     let mut rpcs = Vec::new();
     for app in ["csi-cinder-controllerplugin", "csi-cinder-nodeplugin"] {
-        let logs = suite_logs(c, app, "cinder-csi-plugin", started).await;
+        let app = if floor {
+            floor_app(app)
+        } else {
+            app.to_string()
+        };
+        let logs = suite_logs(c, &app, "cinder-csi-plugin", started).await;
         for line in logs.lines() {
             let Ok(l) = serde_json::from_str::<serde_json::Value>(line) else {
                 continue;
