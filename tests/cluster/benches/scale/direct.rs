@@ -362,7 +362,21 @@ pub(super) async fn move_through_nova(
     until("available").await;
     let detach = t.elapsed();
     let t = Instant::now();
-    nova.attach_volume(&servers[1], &v.id, false).await.unwrap();
+    // Cinder may still hold the old attachment for a moment after the
+    // volume shows `available` (seen once: "already attached to
+    // instances"): asked again until it lets go, on OpenStack's clock
+    loop {
+        match nova.attach_volume(&servers[1], &v.id, false).await {
+            Ok(_) => break,
+            Err(openstack_client::Error::BadRequest(e))
+                if e.message.contains("already attached")
+                    && t.elapsed() < Duration::from_secs(120) =>
+            {
+                tokio::time::sleep(POLL).await;
+            }
+            Err(e) => panic!("attaching {} to {}: {e}", v.id, servers[1]),
+        }
+    }
     until("in-use").await;
     let attach = t.elapsed();
     nova.detach_volume(&servers[1], &v.id).await.unwrap();

@@ -376,7 +376,7 @@ pub(super) async fn one_move(
         });
     }
     println!(
-        "OpenStack's own for the same work, straight through Nova one after the other (polled every {} ms): detach {:.2} s, attach {:.2} s, {:.2} s in all; our controller's share of the move {:.2} s: {:.2} times OpenStack's own (goal: at most 1.2). Kubernetes' share, {:.2} s, is the floor a driver whose cloud answered at once would still meet (read off this move's timeline, not measured with such a driver)",
+        "OpenStack's own for the same work, straight through Nova one after the other (polled every {} ms): detach {:.2} s, attach {:.2} s, {:.2} s in all; our controller's share of the move {:.2} s: {:.2} times OpenStack's own (goal: at most 1.2). Kubernetes' share, {:.2} s (read off this move's timeline; the floor a driver whose cloud answers at once meets is measured after the moves, in full mode)",
         super::POLL.as_millis(),
         theirs.0.as_secs_f64(),
         theirs.1.as_secs_f64(),
