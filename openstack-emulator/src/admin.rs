@@ -288,12 +288,7 @@ impl Control {
         local_disks: u32,
     ) -> Option<String> {
         let mut w = self.state.world();
-        let pid = w
-            .projects
-            .iter()
-            .find(|p| p.name == project || p.id == project)?
-            .id
-            .clone();
+        let pid = project_id(&w, project)?;
         Some(crate::nova::insert_server(&mut w, &pid, name, availability_zone, local_disks).id)
     }
     /// An ACTIVE server under the id a real machine has (one whose
@@ -309,12 +304,7 @@ impl Control {
         local_disks: u32,
     ) -> bool {
         let mut w = self.state.world();
-        let Some(pid) = w
-            .projects
-            .iter()
-            .find(|p| p.name == project || p.id == project)
-            .map(|p| p.id.clone())
-        else {
+        let Some(pid) = project_id(&w, project) else {
             return false;
         };
         if w.servers.contains_key(id) {
@@ -354,6 +344,14 @@ impl Control {
     pub fn volume_status(&self, id: &str) -> Option<String> {
         self.state.world().volumes.get(id).map(|v| v.status.clone())
     }
+}
+
+/// A project's id, found by its name or id.
+fn project_id(w: &crate::state::World, project: &str) -> Option<String> {
+    w.projects
+        .iter()
+        .find(|p| p.name == project || p.id == project)
+        .map(|p| p.id.clone())
 }
 
 pub fn routes() -> axum::Router<Arc<AppState>> {
