@@ -494,6 +494,40 @@ async fn cinder_allocatable(c: &Cluster, node: &str) -> i64 {
         .unwrap_or_else(|| panic!("no Cinder allocatable count on {node}: {n}"))
 }
 
+/// Some(node) once the pod runs; None once the scheduler holds it back
+/// because a node's CSI volume limit is reached (its PodScheduled
+/// condition); else what it waits for.
+async fn scheduled_or_refused_for_volumes(
+    c: &Cluster,
+    ns: &str,
+    pod: &str,
+) -> cluster_tests::Result<Result<Option<String>, String>> {
+    let Some(p) = c.get("pod", pod, Some(ns)).await? else {
+        return Ok(Err("no such pod".into()));
+    };
+    if p["status"]["phase"] == "Running" {
+        return Ok(Ok(Some(
+            p["spec"]["nodeName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        )));
+    }
+    let refused = p["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter().any(|cond| {
+            cond["type"] == "PodScheduled"
+                && cond["status"] == "False"
+                && cond["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("exceed max volume count"))
+        })
+    });
+    if refused {
+        return Ok(Ok(None));
+    }
+    Ok(Err(format!("{}", p["status"])))
+}
+
 #[tokio::test]
 #[ignore = "needs the cluster tier with two nodes or more: tests/cluster/cluster.py up"]
 async fn a_node_at_its_attach_limit_sends_the_next_pod_elsewhere() {
@@ -540,27 +574,59 @@ async fn a_node_at_its_attach_limit_sends_the_next_pod_elsewhere() {
         "{room} Cinder pods running on {a} in {:?}",
         filled.elapsed()
     );
+    // One more at a time, allowed on either node and preferring A, while
+    // B is still cordoned: the first that A's scheduler refuses for its
+    // volume limit is the pod beyond A's limit. A's count is its node
+    // plugin's (the server's limit less the disks Kubernetes does not
+    // manage), which kubelet refreshes every 30 s: a disk of an earlier
+    // test still leaving A when `room` was read raises it since, and a pod
+    // that still fits on A joins the fill (its count must then have grown)
+    let mut filled_on_a = room;
+    let mut beyond = None;
+    for k in 0..3 {
+        let name = format!("extra-{k}");
+        let extra_pod = placed_on(
+            &pod(&name, &name, "sleep 100000", PodOptions::default()),
+            &[a, b],
+        );
+        let extra = [
+            claim(&name, "csi-cinder-sc-delete", "1Gi", "ReadWriteOnce", false),
+            preferring(&extra_pod, a),
+        ];
+        assert!(extra[1].contains("preferredDuring"));
+        c.apply_in(&n, &extra.join("---\n")).await.unwrap();
+        let placed = c
+            .wait_for(
+                &format!("{name} running on {a} or refused for A's volume limit"),
+                3 * MINUTE,
+                || scheduled_or_refused_for_volumes(&c, &n, &name),
+            )
+            .await
+            .unwrap();
+        match placed {
+            None => {
+                beyond = Some(name);
+                break;
+            }
+            Some(node) => {
+                assert_eq!(node, a, "{name} ran beside cordoned B");
+                filled_on_a += 1;
+                let count = cinder_allocatable(&c, a).await;
+                assert!(
+                    count >= filled_on_a,
+                    "{name} was placed on {a} beyond its count: {filled_on_a} Cinder pods there, \
+                     its count {count}"
+                );
+                println!("{name} still fitted on {a}: its count grew from {room} to {count}");
+            }
+        }
+    }
+    let beyond = beyond.unwrap_or_else(|| {
+        panic!("{a}'s scheduler refused none of three pods beyond its count of {room}")
+    });
+    // B opened: only A's limit can send the preferring pod there
     drop(cordon_b);
-
-    // one more, allowed on either and preferring A: only A's limit can
-    // send it to B
-    let extra_pod = placed_on(
-        &pod("extra", "extra", "sleep 100000", PodOptions::default()),
-        &[a, b],
-    );
-    let extra = [
-        claim(
-            "extra",
-            "csi-cinder-sc-delete",
-            "1Gi",
-            "ReadWriteOnce",
-            false,
-        ),
-        preferring(&extra_pod, a),
-    ];
-    assert!(extra[1].contains("preferredDuring"));
-    c.apply_in(&n, &extra.join("---\n")).await.unwrap();
-    let p = c.wait_running(&n, "extra", 3 * MINUTE).await.unwrap();
+    let p = c.wait_running(&n, &beyond, 3 * MINUTE).await.unwrap();
     assert_eq!(
         p["spec"]["nodeName"], b,
         "the pod beyond A's limit went to B"
