@@ -77,25 +77,33 @@ failed_outs=()
 # the tests' plugin logs go here, not into /tmp
 export TEST_LOG_DIR=$work/logs
 
-# background_tests NAME FUNCTION: a test phase run beside the next ones
-# (a CPU-bound phase beside one that mostly waits on the emulator's
-# delays); its output and verdict come at await_background
+# background_job FUNCTION: test phases run beside the next ones (CPU-bound
+# phases beside ones that mostly wait on kubelet, the controllers or the
+# cloud); FUNCTION calls `tests` for each; their output and verdicts come
+# at await_background
 background_pid=
-background_name=
-background_tests() {
-  background_name=$1
-  # its own phase number: its output file is known, and no other phase's
-  ( phases=1000; tests "$@" ) >"$work/background.out" 2>&1 &
+failed_background=0
+background_job() {
+  # phase numbers of their own: their output files are known, and no
+  # other phase's
+  ( phases=1000; "$@" ) >"$work/background.out" 2>&1 &
   background_pid=$!
 }
+# background_tests NAME COMMAND...: one test phase so
+background_tests() { background_job tests "$@"; }
 await_background() {
+  local failed
   wait "$background_pid" || true
   background_pid=
   cat "$work/background.out"
-  if [[ -e $work/phase-1001.out.failed ]]; then
-    failed_phases+=("$background_name")
-    failed_outs+=("$work/phase-1001.out")
-  fi
+  for failed in "$work"/phase-1???.out.failed; do
+    [[ -e $failed ]] || continue
+    # kept aside: a later background job's phases reuse these numbers
+    cp "${failed%.failed}" "$work/failed-background-$((++failed_background)).out"
+    failed_phases+=("$(cat "${failed%.failed}.name")")
+    failed_outs+=("$work/failed-background-$failed_background.out")
+    rm -f "$failed"
+  done
 }
 
 phase() {
@@ -115,6 +123,7 @@ tests() {
   local name=$1; shift
   local start=$SECONDS out=$work/phase-$((++phases)).out
   echo "== $name"
+  echo "$name" >"$out.name"
   rm -f "$out.failed"
   { "$@" || touch "$out.failed"; } 2>&1 | tee "$out"
   if [[ -e $out.failed ]]; then
@@ -293,10 +302,9 @@ disk_summary() {
 }
 
 phase "prerequisites" bash scripts/install-test-deps.sh
-# the test cloud comes up beside the lints, the build and the emulator
-# tier (its services mostly wait on their own start, and on cargo's lock
-# for its two binaries); its output and verdict come where the real tier
-# starts
+# the test cloud comes up beside the build and the emulator tier (its
+# services mostly wait on their own start, and on cargo's lock for its
+# two binaries); its output and verdict come where the real tier starts
 cloud_started=1
 python3 tests/openstack/cloud.py up "$cloud_profile" >"$work/cloud-up.out" 2>&1 &
 cloud_up_pid=$!
@@ -309,7 +317,6 @@ cloud_up() {
 }
 phase "cargo fmt --check" cargo fmt --all -- --check
 phase "cargo fmt --check (fuzz/)" cargo fmt --manifest-path fuzz/Cargo.toml -- --check
-phase "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 phase "manifests (deploy/)" python3 deploy/validate.py
 # the charts through Helm's own engine (no cluster): lint, renderings
 # with upstream-shaped values, and the default one against deploy/
@@ -409,12 +416,19 @@ cluster_up() {
 cluster_started=1
 dead_node=a_dead_nodes_pods_run_elsewhere_once_it_is_out_of_service_and_a_new_node_waits_for_its_drivers
 fuzz_phase="fuzzing (each target ${FUZZ_SECONDS:-20} s over its seeds)"
+lints_phase="cargo clippy (every target, warnings denied)"
+lints=(cargo clippy --workspace --all-targets --locked -- -D warnings)
+# the lints and fuzzing (about 10 minutes of CPU between them: clippy's
+# own check of every crate, the fuzz targets' build, then each target)
+# run niced beside the cluster's scenarios, which mostly wait on kubelet,
+# the controllers and the cloud: they take what those leave
+lints_then_fuzzing() {
+  tests "$lints_phase (niced)" nice -n 10 "${lints[@]}"
+  tests "$fuzz_phase" fuzzing_niced
+}
 tests "cluster tier: Kubernetes v1.36 up, deploy/suite applied" cluster_up
 if [[ -e $work/cluster-up ]]; then
-  # fuzzing (about 7 minutes of CPU: the targets' build, then each
-  # target) runs niced beside the cluster's scenarios, which mostly wait
-  # on kubelet, the controllers and the cloud: it takes what they leave
-  background_tests "$fuzz_phase" fuzzing_niced
+  background_job lints_then_fuzzing
   tests "cluster tier: scenarios through kubectl and app pods" \
     run_tests cluster-tests scenarios --ignored --test-threads=1 --show-output
   tests "cluster tier: what a plugin's own token may do (security)" \
@@ -446,8 +460,8 @@ if [[ -e $work/cluster-up ]]; then
   tests "cluster tier: the Helm charts (through the apiserver, install, upgrade under writers, rollback, uninstall; the KMS chart serving an apiserver)" \
     python3 tests/helm/charts.py --cluster
 fi
-# without the cluster, fuzzing has nothing to run beside
-[[ -e $work/cluster-up ]] || tests "$fuzz_phase" fuzzing
+# without the cluster, the lints and fuzzing have nothing to run beside
+[[ -e $work/cluster-up ]] || { tests "$lints_phase" "${lints[@]}"; tests "$fuzz_phase" fuzzing; }
 # down fails when anything of the cluster is left on the machine
 tests "cluster tier down (nothing left)" python3 tests/cluster/cluster.py down
 cluster_started=
