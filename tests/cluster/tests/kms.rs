@@ -13,12 +13,27 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cluster_tests::Cluster;
 use serde_json::Value;
 
 const MINUTE: Duration = Duration::from_secs(60);
+
+/// Prints when each step of a scenario ended, from its start: where the
+/// test's time goes (most of it waits on restarts).
+struct Steps(Instant);
+
+impl Steps {
+    fn start() -> Self {
+        Self(Instant::now())
+    }
+
+    #[allow(clippy::print_stdout)]
+    fn done(&self, what: &str) {
+        println!("{:>6.1} s  {what}", self.0.elapsed().as_secs_f64());
+    }
+}
 
 /// The two control-plane "nodes": each its apiserver and its plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -342,6 +357,7 @@ async fn migrate(c: &Cluster) {
 #[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
 async fn secrets_are_stored_under_barbican_keys_and_a_rotation_survives_restarts_and_a_kill() {
     let (c, ns, n) = scenario("kms").await;
+    let steps = Steps::start();
     let old_key = kms_key(Node::A);
     c.kubectl(&[
         "create",
@@ -380,6 +396,7 @@ async fn secrets_are_stored_under_barbican_keys_and_a_rotation_survives_restarts
     set_keys(Node::B, &new_key, &[], &[]);
     let rotated = wait_sealed_under(&c, Node::A, &n, &new_key, "rotated").await;
     wait_sealed_under(&c, Node::B, &n, &new_key, "rotated b").await;
+    steps.done("both nodes seal under the new key");
     let secrets = [("s1", "hunter2-old"), (rotated.as_str(), "probe")];
     all_read_back(&c, &n, &secrets, "after the rotation").await;
 
@@ -387,7 +404,9 @@ async fn secrets_are_stored_under_barbican_keys_and_a_rotation_survives_restarts
     // gone): the old key is asked for again, and only the plugin's own
     // record names it
     restart_plugin_a(&c, || {}).await;
+    steps.done("plugin A restarted");
     restart_apiservers(&c).await;
+    steps.done("apiservers restarted");
     all_read_back(&c, &n, &secrets, "after the plugin's restart").await;
 
     // the same after kill -9 of the plugin: kubelet starts it again
@@ -402,7 +421,9 @@ async fn secrets_are_stored_under_barbican_keys_and_a_rotation_survives_restarts
     )
     .unwrap();
     plugin_a_running(&c, restarts + 1).await;
+    steps.done("plugin A back after kill -9");
     restart_apiservers(&c).await;
+    steps.done("apiservers restarted");
     all_read_back(&c, &n, &secrets, "after kill -9").await;
 
     // what the record guards: without it, a restarted plugin no longer
@@ -410,11 +431,13 @@ async fn secrets_are_stored_under_barbican_keys_and_a_rotation_survives_restarts
     let record = Path::new("/var/lib/kms/kms-keys.json");
     let kept = std::fs::read(record).unwrap();
     restart_plugin_a(&c, || std::fs::remove_file(record).unwrap()).await;
+    steps.done("plugin A restarted without its record");
     // an apiserver that cannot open every Secret never gets ready
     // (informer-sync), but it serves
     c.cluster_py(&["restart-apiservers", "--live"])
         .await
         .unwrap();
+    steps.done("apiservers restarted (live)");
     let lost = read_via(&c, Node::A, &n, "s1").await;
     assert!(lost.is_err(), "s1 read without the key record: {lost:?}");
     assert_eq!(
@@ -422,7 +445,9 @@ async fn secrets_are_stored_under_barbican_keys_and_a_rotation_survives_restarts
         Ok("probe")
     );
     restart_plugin_a(&c, || std::fs::write(record, &kept).unwrap()).await;
+    steps.done("plugin A restarted with its record");
     restart_apiservers(&c).await;
+    steps.done("apiservers restarted");
     all_read_back(&c, &n, &secrets, "with the record put back").await;
 
     // rewriting moves an old Secret under the new key
@@ -438,13 +463,16 @@ async fn secrets_are_stored_under_barbican_keys_and_a_rotation_survives_restarts
         new_key.as_bytes()
     ));
     settle_on(&c, &n, &new_key).await;
+    steps.done("settled");
     ns.close().await.unwrap();
+    steps.done("namespace gone");
 }
 
 #[tokio::test]
 #[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
 async fn a_rotation_on_two_control_plane_nodes_follows_the_documented_steps() {
     let (c, ns, n) = scenario("kms-nodes").await;
+    let steps = Steps::start();
     let old = kms_key(Node::A);
     settle_on(&c, &n, &old).await;
     create_via(&c, Node::A, &n, "before", "written-before")
@@ -454,6 +482,7 @@ async fn a_rotation_on_two_control_plane_nodes_follows_the_documented_steps() {
     let mut secrets: Vec<(String, String)> = vec![("before".into(), "written-before".into())];
     all_read_back(&c, &n, &secrets, "at the start").await;
     let new = new_barbican_key(&c, "k8s-test-kek-multi-node").await;
+    steps.done("settled on the old key, a new key made");
 
     // what the procedure prevents: node A switches first, node B has not
     // staged the new key, and B's apiserver cannot read what A writes
@@ -471,6 +500,7 @@ async fn a_rotation_on_two_control_plane_nodes_follows_the_documented_steps() {
     // back out: A encrypts under the old key again, keeping the new one
     set_keys(Node::A, &old, &[&new], &[]);
     wait_sealed_under(&c, Node::A, &n, &old, "back out").await;
+    steps.done("A switched early and backed out");
 
     // 1. stage the new key on every node (each still encrypts under the
     // old one): B now reads what A wrote early
@@ -486,6 +516,7 @@ async fn a_rotation_on_two_control_plane_nodes_follows_the_documented_steps() {
     all_read_back(&c, &n, &secrets, "after staging").await;
     restart_apiservers(&c).await;
     all_read_back(&c, &n, &secrets, "after staging, apiservers restarted").await;
+    steps.done("staged, apiservers restarted");
 
     // 2. switch every node, keeping the old key for Decrypt
     set_keys(Node::A, &new, &[&old], &[]);
@@ -505,6 +536,7 @@ async fn a_rotation_on_two_control_plane_nodes_follows_the_documented_steps() {
         );
     }
     all_read_back(&c, &n, &secrets, "after migrating").await;
+    steps.done("switched and migrated");
 
     // 4. retire the old key on every node; apiservers restarted, so that
     // every Secret's key is asked for again
@@ -522,6 +554,7 @@ async fn a_rotation_on_two_control_plane_nodes_follows_the_documented_steps() {
     .unwrap();
     restart_apiservers(&c).await;
     all_read_back(&c, &n, &secrets, "after retiring the old key").await;
+    steps.done("old key retired, apiservers restarted");
 
     // a Secret the migration missed (an old value put back behind the
     // apiserver's back) is refused, and the plugin says under which key
@@ -541,6 +574,9 @@ async fn a_rotation_on_two_control_plane_nodes_follows_the_documented_steps() {
     // the retired key named again for Decrypt reads it: nothing was lost
     set_keys(Node::A, &new, &[&old], &[]);
     set_keys(Node::B, &new, &[&old], &[]);
+    steps.done("a missed Secret refused, apiservers restarted");
     settle_on(&c, &n, &new).await;
+    steps.done("settled");
     ns.close().await.unwrap();
+    steps.done("namespace gone");
 }
