@@ -605,6 +605,9 @@ async fn a_node_at_its_attach_limit_sends_the_next_pod_elsewhere() {
             .unwrap();
         match placed {
             None => {
+                println!(
+                    "{name} refused on {a} for its volume limit ({filled_on_a} Cinder pods there)"
+                );
                 beyond = Some(name);
                 break;
             }
