@@ -257,11 +257,6 @@ fuzzing() {
   done
   return $failed
 }
-# the same at a lower priority (its own subshell, and what it starts)
-fuzzing_niced() {
-  renice -n 10 -p "$BASHPID" >/dev/null
-  fuzzing
-}
 
 # free disk where the build, the cloud and the cluster keep their state,
 # in MiB: sampled through the run, its lowest printed at the end (a CI
@@ -356,7 +351,7 @@ community_csi_sanity() {
   [[ -f $work/community.results ]] && cat "$work/community.results" >>"$log"
   return $rc
 }
-tests "community csi-sanity v5.4.0 and master (Cinder, Manila NFS, Manila CephFS; emulator)" community_csi_sanity
+community_phase="community csi-sanity v5.4.0 and master (Cinder, Manila NFS, Manila CephFS; emulator)"
 
 phase "real OpenStack up ($cloud_profile; started with the run)" cloud_up
 export OPENSTACK_TEST_BACKEND=real
@@ -418,17 +413,25 @@ dead_node=a_dead_nodes_pods_run_elsewhere_once_it_is_out_of_service_and_a_new_no
 fuzz_phase="fuzzing (each target ${FUZZ_SECONDS:-20} s over its seeds)"
 lints_phase="cargo clippy (every target, warnings denied)"
 lints=(cargo clippy --workspace --all-targets --locked -- -D warnings)
-# the lints and fuzzing (about 10 minutes of CPU between them: clippy's
-# own check of every crate, the fuzz targets' build, then each target)
-# run niced beside the cluster's scenarios, which mostly wait on kubelet,
-# the controllers and the cloud: they take what those leave
-lints_then_fuzzing() {
-  tests "$lints_phase (niced)" nice -n 10 "${lints[@]}"
-  tests "$fuzz_phase" fuzzing_niced
+# the phases that need neither cloud nor cluster and mostly use the CPU:
+# the lints, fuzzing and the community csi-sanity (about 13 minutes of
+# CPU between them: clippy's own check of every crate, the fuzz targets'
+# build and runs, csi-sanity's drivers and emulators)
+cpu_phases() {
+  tests "$lints_phase" "${lints[@]}"
+  tests "$fuzz_phase" fuzzing
+  tests "$community_phase" community_csi_sanity
+}
+# with the cluster up they run niced beside its scenarios, which mostly
+# wait on kubelet, the controllers and the cloud: they take what those
+# leave (their own tests have timeouts of minutes, csi-sanity's too)
+cpu_phases_niced() {
+  renice -n 10 -p "$BASHPID" >/dev/null
+  cpu_phases
 }
 tests "cluster tier: Kubernetes v1.36 up, deploy/suite applied" cluster_up
 if [[ -e $work/cluster-up ]]; then
-  background_job lints_then_fuzzing
+  background_job cpu_phases_niced
   tests "cluster tier: scenarios through kubectl and app pods" \
     run_tests cluster-tests scenarios --ignored --test-threads=1 --show-output
   tests "cluster tier: what a plugin's own token may do (security)" \
@@ -460,8 +463,8 @@ if [[ -e $work/cluster-up ]]; then
   tests "cluster tier: the Helm charts (through the apiserver, install, upgrade under writers, rollback, uninstall; the KMS chart serving an apiserver)" \
     python3 tests/helm/charts.py --cluster
 fi
-# without the cluster, the lints and fuzzing have nothing to run beside
-[[ -e $work/cluster-up ]] || { tests "$lints_phase" "${lints[@]}"; tests "$fuzz_phase" fuzzing; }
+# without the cluster, they have nothing to run beside
+[[ -e $work/cluster-up ]] || cpu_phases
 # down fails when anything of the cluster is left on the machine
 tests "cluster tier down (nothing left)" python3 tests/cluster/cluster.py down
 cluster_started=
