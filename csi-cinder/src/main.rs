@@ -9,7 +9,11 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     if csi_common::orphans::invoked() {
-        print!("{}", csi_cinder::orphans::main().await?);
+        let printed = csi_cinder::orphans::main().await?;
+        print!("{}", printed.text);
+        if let Some(failure) = printed.failure {
+            anyhow::bail!(failure);
+        }
         return Ok(());
     }
     let opts = Options::parse();

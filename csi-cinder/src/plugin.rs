@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use csi_common::orphans::ClusterIdentity;
 use csi_common::readiness::Readiness;
 use openstack_client::cinder::BlockStorage;
 use openstack_client::nova::Compute;
@@ -81,6 +82,7 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
                 ignore_volume_az: conf.block_storage.ignore_volume_az,
                 attach_limit: attach_limit(conf.block_storage.node_volume_attach_limit),
                 stuck_after: Duration::from_secs(opts.stuck_attachment_secs),
+                identity: ClusterIdentity::resolve(&opts.cluster, &opts.orphans.kube),
             },
         );
         controller

@@ -13,7 +13,11 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     if csi_common::orphans::invoked() {
-        print!("{}", csi_manila::orphans::main().await?);
+        let printed = csi_manila::orphans::main().await?;
+        print!("{}", printed.text);
+        if let Some(failure) = printed.failure {
+            anyhow::bail!(failure);
+        }
         return Ok(());
     }
     let opts = Options::parse();

@@ -1,18 +1,22 @@
 //! The Manila shares tagged with this cluster
 //! (`manila.csi.openstack.org/cluster`) of the protocol this instance
-//! serves, and their snapshots (Manila's snapshots carry no tag: a
-//! snapshot of one of those shares is the cluster's), for the orphan
-//! report of `csi_common::orphans`; and `manila-csi-plugin orphans`,
-//! which prints it and deletes on demand.
+//! serves, with the cluster's identity they carry (`.../cluster-uid`),
+//! and the snapshots the driver made of them (Manila's snapshots carry no
+//! tag: one of those shares' snapshots is the driver's when it bears the
+//! driver's description, and carries its share's identity), for the
+//! orphan report of `csi_common::orphans`; and `manila-csi-plugin
+//! orphans`, which prints it and deletes on demand.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
-use csi_common::orphans::{CommandError, Inventory, NamedBy, ReportArgs, Tagged, created};
-use openstack_client::manila::{ShareSnapshotStatus, ShareStatus, SharedFileSystems};
+use csi_common::orphans::{
+    CommandError, Inventory, NamedBy, Printed, ReportArgs, Tagged, changed_since_scan, created,
+};
+use openstack_client::manila::{Share, ShareSnapshotStatus, ShareStatus, SharedFileSystems};
 
 use crate::share_protocol::ShareProtocol;
-use crate::shares::CLUSTER_KEY;
+use crate::shares::{CLONE_SNAPSHOT_DESCRIPTION, CLUSTER_KEY, DESCRIPTION, IDENTITY_KEY};
 
 /// What the report counts, by its metric's `kind` label.
 pub const KINDS: &[&str] = &["share", "snapshot"];
@@ -29,6 +33,32 @@ fn keep_unless(settled: bool, status: &str) -> Option<String> {
     (!settled).then(|| format!("{status} (neither available nor in error)"))
 }
 
+/// Why a snapshot is not the driver's, whatever share it is of: the
+/// driver describes each snapshot it makes with one of its two
+/// descriptions.
+fn not_made_by_driver(description: Option<&str>) -> Option<String> {
+    let ours = matches!(description, Some(DESCRIPTION | CLONE_SNAPSHOT_DESCRIPTION));
+    (!ours).then(|| {
+        format!(
+            "a snapshot the driver did not make (its description is {:?}, not {DESCRIPTION:?}): a backup's or an operator's",
+            description.unwrap_or_default()
+        )
+    })
+}
+
+impl ManilaInventory {
+    /// Why a share, as it is now, is not this cluster's with `identity`.
+    fn not_ours(&self, s: &Share, identity: &str) -> Option<&'static str> {
+        if s.metadata.get(CLUSTER_KEY) != Some(&self.cluster) {
+            Some("no longer tagged with this cluster")
+        } else if s.metadata.get(IDENTITY_KEY).map(String::as_str) != Some(identity) {
+            Some("no longer carries this cluster's identity")
+        } else {
+            None
+        }
+    }
+}
+
 impl Inventory for ManilaInventory {
     async fn tagged(&self) -> Result<Vec<Tagged>, openstack_client::Error> {
         let tag = BTreeMap::from([(CLUSTER_KEY.to_string(), self.cluster.clone())]);
@@ -42,7 +72,10 @@ impl Inventory for ManilaInventory {
                     .eq_ignore_ascii_case(self.protocol.as_manila())
             })
             .collect();
-        let ours: HashSet<String> = shares.iter().map(|s| s.id.clone()).collect();
+        let identities: HashMap<String, Option<String>> = shares
+            .iter()
+            .map(|s| (s.id.clone(), s.metadata.get(IDENTITY_KEY).cloned()))
+            .collect();
         let mut out: Vec<Tagged> = shares
             .into_iter()
             .map(|s| Tagged {
@@ -52,6 +85,8 @@ impl Inventory for ManilaInventory {
                     matches!(s.status, ShareStatus::Available) || s.status.is_error(),
                     s.status.as_str(),
                 ),
+                identity: s.metadata.get(IDENTITY_KEY).cloned(),
+                not_made_by_driver: None,
                 status: s.status.to_string(),
                 id: s.id,
                 name: s.name,
@@ -63,40 +98,70 @@ impl Inventory for ManilaInventory {
                 .all_snapshots()
                 .await?
                 .into_iter()
-                .filter(|s| ours.contains(&s.share_id))
-                .map(|s| Tagged {
-                    kind: "snapshot",
-                    created: created(s.created_at.as_deref()),
-                    keep: keep_unless(
-                        matches!(
-                            s.status,
-                            ShareSnapshotStatus::Available | ShareSnapshotStatus::Error
+                .filter_map(|s| {
+                    let identity = identities.get(&s.share_id)?.clone();
+                    Some(Tagged {
+                        kind: "snapshot",
+                        created: created(s.created_at.as_deref()),
+                        keep: keep_unless(
+                            matches!(
+                                s.status,
+                                ShareSnapshotStatus::Available | ShareSnapshotStatus::Error
+                            ),
+                            s.status.as_str(),
                         ),
-                        s.status.as_str(),
-                    ),
-                    status: s.status.to_string(),
-                    id: s.id,
-                    name: s.name,
-                    named_by: NamedBy::SnapshotContent,
+                        identity,
+                        not_made_by_driver: not_made_by_driver(s.description.as_deref()),
+                        status: s.status.to_string(),
+                        id: s.id,
+                        name: s.name,
+                        named_by: NamedBy::SnapshotContent,
+                    })
                 }),
         );
         Ok(out)
     }
 
-    async fn delete(&self, t: &Tagged) -> Result<(), openstack_client::Error> {
+    async fn delete(&self, t: &Tagged, identity: &str) -> Result<(), openstack_client::Error> {
         match t.named_by {
-            NamedBy::SnapshotContent => self.manila.delete_snapshot(&t.id).await,
+            NamedBy::SnapshotContent => {
+                // as it is now, with its share as it is now
+                let snap = self.manila.get_snapshot(&t.id).await?;
+                if let Some(why) = not_made_by_driver(snap.description.as_deref()) {
+                    return Err(changed_since_scan("snapshot_delete", &why));
+                }
+                let share = self.manila.get_share(&snap.share_id).await?;
+                if let Some(why) = self.not_ours(&share, identity) {
+                    return Err(changed_since_scan("snapshot_delete", why));
+                }
+                self.manila.delete_snapshot(&t.id).await
+            }
             NamedBy::PersistentVolume => {
                 let s = self.manila.get_share(&t.id).await?;
-                if s.metadata.get(CLUSTER_KEY) != Some(&self.cluster) {
-                    return Err(openstack_client::Error::Unsupported {
-                        operation: "share_delete",
-                        message: "no longer this cluster's: left alone".into(),
-                    });
+                if let Some(why) = self.not_ours(&s, identity) {
+                    return Err(changed_since_scan("share_delete", why));
                 }
                 self.manila.delete_share(&t.id).await
             }
         }
+    }
+
+    async fn adopt(&self, t: &Tagged, identity: &str) -> Result<(), openstack_client::Error> {
+        let s = self.manila.get_share(&t.id).await?;
+        if s.metadata.get(CLUSTER_KEY) != Some(&self.cluster) {
+            return Err(changed_since_scan(
+                "share_metadata_update",
+                "no longer tagged with this cluster",
+            ));
+        }
+        if let Some(has) = s.metadata.get(IDENTITY_KEY) {
+            return Err(changed_since_scan(
+                "share_metadata_update",
+                &format!("it carries an identity now ({has})"),
+            ));
+        }
+        let identity = BTreeMap::from([(IDENTITY_KEY.to_string(), identity.to_string())]);
+        self.manila.update_share_metadata(&t.id, &identity).await
     }
 }
 
@@ -105,8 +170,9 @@ impl Inventory for ManilaInventory {
 #[command(
     name = "manila-csi-plugin orphans",
     about = "Lists the Manila shares tagged with this cluster (of one protocol) and their snapshots that no PersistentVolume or VolumeSnapshotContent names (older than --older-than), and deletes them with --delete",
-    long_about = "Lists the Manila shares tagged with this cluster (manila.csi.openstack.org/cluster=--cluster-id) of the protocol --share-protocol-selector names, and their snapshots, that no PersistentVolume or VolumeSnapshotContent of --drivername names, older than --older-than; with --delete, deletes them (snapshots first; never one busy), after reading the cluster's PVs again. Uses the [Global] credentials of --cloud-config.\n\n\
-        In the controller's pod it uses the pod's credentials for the apiserver; elsewhere give --kube-apiserver and --kube-token-file."
+    long_about = "Lists the Manila shares of this cluster of the protocol --share-protocol-selector names, and the snapshots the driver made of them, that no PersistentVolume (by volume handle, or a static PV's shareID or shareName) or VolumeSnapshotContent of --drivername names, older than --older-than. A share is this cluster's only when it carries both the cluster id (manila.csi.openstack.org/cluster=--cluster-id) and the cluster's identity (manila.csi.openstack.org/cluster-uid, the uid of kube-system, which the controller writes); a snapshot carries its share's, and only one with the driver's description is the driver's. Anything else is listed as not proven and never deleted; --adopt writes the identity into shares an older version made.\n\n\
+        A dry run unless --delete: then it deletes the orphans (snapshots first; never one busy), after reading the cluster again, and refuses when its view of the cluster looks wrong (no PV of the driver, another cluster's apiserver, more orphans than shares in use) unless each is named with --force-delete. Uses the [Global] credentials of --cloud-config.\n\n\
+        It reads the apiserver only (get namespace kube-system, list persistentvolumes and volumesnapshotcontents): in the controller's pod it uses the pod's own credentials; elsewhere give --kube-apiserver, --kube-ca-file and --kube-token-file with a token of a role that can read no more than that."
 )]
 pub struct OrphansCommand {
     /// cloud.conf files with the credentials to look with.
@@ -120,8 +186,10 @@ pub struct OrphansCommand {
     /// The cluster id the controller tags with (its --cluster-id).
     #[arg(long = "cluster-id")]
     pub cluster_id: String,
-    /// The CSI driver name the cluster's PVs carry.
-    #[arg(long = "drivername", default_value = crate::DEFAULT_DRIVER_NAME)]
+    /// The CSI driver name the cluster's PVs carry, as the controller's
+    /// --drivername (nfs.manila.csi.openstack.org or
+    /// cephfs.manila.csi.openstack.org in deploy/ and the charts).
+    #[arg(long = "drivername")]
     pub driver_name: String,
     /// The protocol of the shares this driver makes.
     #[arg(long = "share-protocol-selector", value_enum)]
@@ -134,7 +202,7 @@ pub struct OrphansCommand {
 
 /// Runs `manila-csi-plugin orphans ...`: the report (and what was
 /// deleted), for standard output.
-pub async fn main() -> Result<String, CommandError> {
+pub async fn main() -> Result<Printed, CommandError> {
     use clap::Parser;
     let cmd = OrphansCommand::parse_from(std::env::args().skip(1));
     plugin_runtime::logging::init(&cmd.log)?;
@@ -157,5 +225,5 @@ pub async fn main() -> Result<String, CommandError> {
         &cmd.report,
     )
     .await?;
-    Ok(out.render(&cmd.report.output))
+    Ok(out.printed(&cmd.report.output))
 }

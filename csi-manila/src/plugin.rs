@@ -107,6 +107,10 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
                     .transpose()
                     .map_err(PluginError::Flags)?
                     .unwrap_or_default(),
+                identity: csi_common::orphans::ClusterIdentity::resolve(
+                    &opts.cluster_id,
+                    &opts.orphans.kube,
+                ),
             },
         );
         routes = routes.add_service(ControllerServer::new(controller));

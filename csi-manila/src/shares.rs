@@ -22,8 +22,14 @@ use crate::share_protocol::ShareProtocol;
 /// deletes only shares that carry it (ours, and upstream's before a
 /// migration), never one a static PV merely points at.
 pub const DESCRIPTION: &str = "provisioned-by=manila.csi.openstack.org";
+/// The description of the snapshot a clone is made from (deleted once the
+/// clone is made).
+pub const CLONE_SNAPSHOT_DESCRIPTION: &str = "temporary snapshot of a clone";
 /// Share metadata keys.
 pub const CLUSTER_KEY: &str = "manila.csi.openstack.org/cluster";
+/// Beside the cluster id: the cluster's identity (its kube-system uid),
+/// which the orphan tool needs before it deletes anything (ours).
+pub const IDENTITY_KEY: &str = "manila.csi.openstack.org/cluster-uid";
 /// The source share of a clone (its snapshot is a temporary one).
 pub const CLONE_OF_KEY: &str = "manila.csi.openstack.org/clone-of";
 /// The size (GiB) a share made from a snapshot is grown to once created.

@@ -1,16 +1,19 @@
 //! The orphan report through the binary: `manila-csi-plugin orphans`
 //! against the emulator's Manila and a stand-in apiserver listing the
-//! cluster's PVs and snapshot contents, and the controller's
-//! `manila_csi_orphans{kind}`. The CephFS instance reports its own
-//! protocol's shares of the cluster and their snapshots that nothing
-//! names, never the NFS instance's nor one made by hand, and deletes only
-//! when asked.
+//! cluster's PVs and snapshot contents and answering with the cluster's
+//! identity, and the controller's `manila_csi_orphans{kind}`. The CephFS
+//! instance reports its own protocol's shares of the cluster and the
+//! snapshots it made of them that nothing names, never the NFS
+//! instance's, one made by hand, another cluster's, a static PV's (by
+//! `shareID` or `shareName`) or a backup's snapshot, and deletes only
+//! when asked, and never on a view of the cluster that looks wrong.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use csi_sanity::harness::kube::StandInApiserver;
+use csi_sanity::harness::kube::{CLUSTER_UID, StandInApiserver};
 use csi_sanity::harness::{free_port, wait_for_metrics};
 use openstack_client::manila::CreateShare;
 use proto::csi::v1 as csi;
@@ -19,32 +22,91 @@ mod common;
 use common::*;
 
 const DRIVER: &str = "cephfs.manila.csi.openstack.org";
+const CLUSTER_KEY: &str = "manila.csi.openstack.org/cluster";
+const IDENTITY_KEY: &str = "manila.csi.openstack.org/cluster-uid";
+const LONG_AGO: Duration = Duration::from_secs(2 * 3600);
 
-async fn orphans(e: &Env, api: &StandInApiserver, extra: &[&str]) -> String {
+/// `manila-csi-plugin orphans ...`: its exit, standard output and error.
+async fn orphans_run(api: &StandInApiserver, e: &Env, extra: &[&str]) -> (bool, String, String) {
     let out = tokio::process::Command::new(BIN)
         .arg("orphans")
         .arg(format!("--cloud-config={}", e.h.cloud_conf.display()))
         .arg("--cluster-id=sanity")
-        .arg(format!("--drivername={DRIVER}"))
         .arg("--share-protocol-selector=CEPHFS")
         .args(api.flags())
         .args(extra)
         .output()
         .await
         .unwrap();
-    assert!(
+    (
         out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The same with the deployment's driver name; it must succeed.
+async fn orphans(e: &Env, api: &StandInApiserver, extra: &[&str]) -> String {
+    let mut extra = extra.to_vec();
+    let driver = format!("--drivername={DRIVER}");
+    extra.push(&driver);
+    let (ok, out, err) = orphans_run(api, e, &extra).await;
+    assert!(ok, "{err}");
+    out
+}
+
+async fn share_by_hand(e: &Env, protocol: &str, name: &str, metadata: &[(&str, &str)]) -> String {
+    e.manila
+        .create_share(&CreateShare {
+            protocol: protocol.into(),
+            size_gib: 1,
+            name: name.into(),
+            metadata: metadata
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .id
+}
+
+async fn share_stays(e: &Env, id: &str) -> bool {
+    e.manila
+        .get_share(id)
+        .await
+        .is_ok_and(|s| !s.status.to_string().starts_with("deleting"))
+}
+
+async fn snapshot_stays(e: &Env, id: &str) -> bool {
+    e.manila
+        .get_snapshot(id)
+        .await
+        .is_ok_and(|s| !s.status.to_string().starts_with("deleting"))
+}
+
+/// A CephFS controller that knows the stand-in's cluster identity.
+async fn env_of(api: &StandInApiserver, extra: &[String]) -> Env {
+    let mut flags = api.flags();
+    flags.extend(extra.iter().cloned());
+    env_with("CEPHFS", |o| o.extra_args.extend(flags)).await
+}
+
+fn line_with<'a>(text: &'a str, start: &str, id: &str) -> Option<&'a str> {
+    text.lines()
+        .find(|l| l.starts_with(start) && l.contains(id))
 }
 
 #[tokio::test]
 async fn a_cephfs_instance_reports_and_deletes_only_its_own_orphans() {
-    let mut e = env("CEPHFS").await;
+    let api = StandInApiserver::start().await.unwrap();
+    let mut e = env_of(&api, &[]).await;
     let named = e.create("orphan-named", 1, &[]).await.volume_id;
     let gone = e.create("orphan-gone", 1, &[]).await.volume_id;
+    let static_by_id = e.create("orphan-static-by-id", 1, &[]).await.volume_id;
+    let static_by_name_id = e.create("orphan-static-by-name", 1, &[]).await.volume_id;
+    let static_by_name = e.manila.get_share(&static_by_name_id).await.unwrap().name;
     let snapshot =
         e.c.create_snapshot(csi::CreateSnapshotRequest {
             source_volume_id: named.clone(),
@@ -58,68 +120,202 @@ async fn a_cephfs_instance_reports_and_deletes_only_its_own_orphans() {
         .snapshot
         .unwrap()
         .snapshot_id;
-    // the same cluster's NFS share (the NFS instance's), and one by hand
-    let tag = BTreeMap::from([(
-        "manila.csi.openstack.org/cluster".to_string(),
-        "sanity".to_string(),
-    )]);
-    let nfs = e
+    assert_eq!(
+        e.manila
+            .get_share(&gone)
+            .await
+            .unwrap()
+            .metadata
+            .get(IDENTITY_KEY)
+            .map(String::as_str),
+        Some(CLUSTER_UID),
+        "the controller wrote the identity the apiserver answered with"
+    );
+    // a backup job's snapshot of one of the cluster's shares
+    let backup = e
         .manila
-        .create_share(&CreateShare {
-            protocol: "NFS".into(),
-            size_gib: 1,
-            name: "nfs-of-the-cluster".into(),
-            metadata: tag,
-            ..Default::default()
-        })
+        .create_snapshot(&named, "nightly-backup", Some("made by the backup job"))
         .await
         .unwrap()
         .id;
-    let by_hand = e
-        .manila
-        .create_share(&CreateShare {
-            protocol: "CEPHFS".into(),
-            size_gib: 1,
-            name: "by-hand".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .id;
-    let api = StandInApiserver::start().await.unwrap();
-    api.objects().pvs = vec![(DRIVER.into(), named.clone())];
+    // the same cluster id's NFS share (the NFS instance's), one by hand,
+    // another cluster's under the same id, and an older version's
+    let tag = [(CLUSTER_KEY, "sanity"), (IDENTITY_KEY, CLUSTER_UID)];
+    let nfs = share_by_hand(&e, "NFS", "nfs-of-the-cluster", &tag).await;
+    let by_hand = share_by_hand(&e, "CEPHFS", "by-hand", &[]).await;
+    let theirs = share_by_hand(
+        &e,
+        "CEPHFS",
+        "pvc-of-another-cluster",
+        &[(CLUSTER_KEY, "sanity"), (IDENTITY_KEY, "uid-of-another")],
+    )
+    .await;
+    let old_version = share_by_hand(
+        &e,
+        "CEPHFS",
+        "pvc-of-an-older-version",
+        &[(CLUSTER_KEY, "sanity")],
+    )
+    .await;
+    let control = e.h.emulator.control();
+    for id in [
+        &named,
+        &gone,
+        &static_by_id,
+        &static_by_name_id,
+        &snapshot,
+        &backup,
+        &nfs,
+        &by_hand,
+        &theirs,
+        &old_version,
+    ] {
+        assert!(control.backdate(id, LONG_AGO), "{id}");
+    }
+    {
+        let mut o = api.objects();
+        o.pvs = vec![(DRIVER.into(), named.clone())];
+        // upstream's static PVs: the share named by id, or by name
+        o.static_pvs = vec![
+            (
+                DRIVER.into(),
+                BTreeMap::from([("shareID".to_string(), static_by_id.clone())]),
+            ),
+            (
+                DRIVER.into(),
+                BTreeMap::from([("shareName".to_string(), static_by_name.clone())]),
+            ),
+        ];
+    }
 
-    let text = orphans(&e, &api, &["--older-than=0s"]).await;
+    let text = orphans(&e, &api, &[]).await;
     println!("{text}");
-    assert!(text.contains("3 tagged, 2 orphan(s)"), "{text}");
+    assert!(
+        text.contains("3 PV(s); 8 tagged, 3 in use, 2 orphan(s) older than 1h00m, 0 younger not counted, 3 not proven"),
+        "{text}"
+    );
     for id in [&gone, &snapshot] {
+        assert!(line_with(&text, "orphan", id).is_some(), "{id}: {text}");
+    }
+    for (id, why) in [
+        (&backup, "a snapshot the driver did not make"),
+        (&theirs, "another cluster's identity"),
+        (&old_version, "no cluster identity"),
+    ] {
         assert!(
-            text.lines()
-                .any(|l| l.starts_with("orphan") && l.contains(id.as_str())),
+            line_with(&text, "not proven", id).is_some_and(|l| l.contains(why)),
             "{id}: {text}"
         );
     }
-    for id in [&named, &nfs, &by_hand] {
+    for id in [&named, &static_by_id, &static_by_name_id, &nfs, &by_hand] {
         assert!(!text.contains(id.as_str()), "{id}: {text}");
     }
-    assert!(!text.contains("deleted"), "nothing deleted unasked: {text}");
+    assert!(
+        !text.lines().any(|l| l.starts_with("deleted")),
+        "nothing deleted unasked: {text}"
+    );
 
-    let text = orphans(&e, &api, &["--older-than=0s", "--delete"]).await;
+    let text = orphans(&e, &api, &["--delete"]).await;
     println!("{text}");
     for id in [&gone, &snapshot] {
-        assert!(
-            text.lines()
-                .any(|l| l.starts_with("deleted") && l.contains(id.as_str())),
-            "{id}: {text}"
-        );
+        assert!(line_with(&text, "deleted", id).is_some(), "{id}: {text}");
     }
-    for id in [&named, &nfs, &by_hand] {
-        let s = e.manila.get_share(id).await.unwrap();
-        assert!(
-            !s.status.to_string().starts_with("deleting"),
-            "{id} must stay"
-        );
+    for id in [
+        &named,
+        &static_by_id,
+        &static_by_name_id,
+        &nfs,
+        &by_hand,
+        &theirs,
+        &old_version,
+    ] {
+        assert!(share_stays(&e, id).await, "{id} must stay");
     }
+    assert!(
+        snapshot_stays(&e, &backup).await,
+        "the backup's snapshot must stay"
+    );
+    assert!(!share_stays(&e, &gone).await);
+
+    // an older version's share, adopted by name, is this cluster's
+    let text = orphans(&e, &api, &[&format!("--adopt={old_version}")]).await;
+    println!("{text}");
+    assert!(
+        line_with(&text, "adopted", &old_version).is_some(),
+        "{text}"
+    );
+    assert!(line_with(&text, "orphan", &old_version).is_some(), "{text}");
+}
+
+#[tokio::test]
+async fn a_wrong_driver_name_apiserver_or_snapshot_api_deletes_nothing() {
+    let api = StandInApiserver::start().await.unwrap();
+    let mut e = env_of(&api, &[]).await;
+    let kept = e.create("wrong-view-kept", 1, &[]).await.volume_id;
+    let gone = e.create("wrong-view-gone", 1, &[]).await.volume_id;
+    let snapshot =
+        e.c.create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: kept.clone(),
+            name: "wrong-view-snapshot".into(),
+            secrets: e.secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap()
+        .snapshot_id;
+    let control = e.h.emulator.control();
+    for id in [&kept, &gone, &snapshot] {
+        control.backdate(id, LONG_AGO);
+    }
+    api.objects().pvs = vec![(DRIVER.into(), kept.clone())];
+
+    // upstream's default driver name, which no shipped deployment uses
+    let (ok, text, err) = orphans_run(
+        &api,
+        &e,
+        &["--delete", "--drivername=manila.csi.openstack.org"],
+    )
+    .await;
+    println!("{text}{err}");
+    assert!(
+        !ok && err.contains("no PersistentVolume of this driver"),
+        "{err}"
+    );
+    // no driver name at all
+    let (ok, _, err) = orphans_run(&api, &e, &[]).await;
+    assert!(!ok && err.contains("--drivername"), "{err}");
+    // another cluster's apiserver
+    let elsewhere = StandInApiserver::start().await.unwrap();
+    {
+        let mut o = elsewhere.objects();
+        o.cluster_uid = "uid-of-the-wrong-cluster".into();
+        o.pvs = vec![(DRIVER.into(), "a-share-of-that-cluster".into())];
+    }
+    let (ok, text, err) = orphans_run(
+        &elsewhere,
+        &e,
+        &["--delete", &format!("--drivername={DRIVER}")],
+    )
+    .await;
+    println!("{text}{err}");
+    assert!(
+        !ok && err.contains("not the cluster that made them"),
+        "{err}"
+    );
+    // a snapshot API answering 404: no snapshot can be told unnamed
+    api.objects().no_snapshot_api = true;
+    let text = orphans(&e, &api, &["--delete"]).await;
+    println!("{text}");
+    assert!(
+        line_with(&text, "not proven", &snapshot).is_some_and(|l| l.contains("no snapshot API")),
+        "{text}"
+    );
+    assert!(line_with(&text, "deleted", &gone).is_some(), "{text}");
+    assert!(snapshot_stays(&e, &snapshot).await);
+    assert!(share_stays(&e, &kept).await);
 }
 
 #[tokio::test]

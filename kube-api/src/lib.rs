@@ -62,6 +62,17 @@ impl KubeError {
 
 pub type Result<T> = std::result::Result<T, KubeError>;
 
+/// Whether a URL's host is this machine's loopback (`127.0.0.0/8`,
+/// `::1`, `localhost`).
+fn is_loopback(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(a)) => a.is_loopback(),
+        Some(url::Host::Ipv6(a)) => a.is_loopback(),
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        None => false,
+    }
+}
+
 /// Where the bearer token comes from.
 #[derive(Debug, Clone)]
 pub enum Token {
@@ -128,6 +139,13 @@ impl Client {
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .timeout(CALL_TIMEOUT);
+        // a bearer token in clear text leaves this machine never: plain
+        // http only to a loopback address (a test's stand-in apiserver)
+        if base.scheme() != "https" && !is_loopback(&base) {
+            return Err(KubeError::Config(format!(
+                "{base}: the apiserver must be https (plain http only on a loopback address): its bearer token would cross the network in clear text"
+            )));
+        }
         if ca_pem.is_none() && base.scheme() == "https" {
             return Err(KubeError::Config(
                 "an https apiserver needs its CA certificate".into(),
@@ -144,6 +162,11 @@ impl Client {
             http,
             token: Arc::new(token),
         })
+    }
+
+    /// The apiserver this client asks.
+    pub fn base(&self) -> &Url {
+        &self.base
     }
 
     /// The namespace of this pod: `POD_NAMESPACE`, else the service
@@ -725,5 +748,34 @@ impl Pod {
             }
             Some(s)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_goes_in_clear_text_only_to_this_machine() {
+        let token = || Token::Fixed("t".into());
+        for ok in [
+            "http://127.0.0.1:8080/",
+            "http://127.9.0.1/",
+            "http://[::1]:80/",
+            "http://localhost:1/",
+        ] {
+            assert!(
+                Client::new(Url::parse(ok).unwrap(), None, token()).is_ok(),
+                "{ok}"
+            );
+        }
+        for refused in [
+            "http://10.0.0.1:6443/",
+            "http://apiserver.example:80/",
+            "http://localhost.example/",
+        ] {
+            let e = Client::new(Url::parse(refused).unwrap(), None, token()).unwrap_err();
+            assert!(e.to_string().contains("must be https"), "{refused}: {e}");
+        }
     }
 }

@@ -1,10 +1,12 @@
 //! What a controller reads to know which of its cloud resources the
 //! cluster still uses: the volume handles of its driver's
 //! PersistentVolumes and the snapshot handles of its
-//! VolumeSnapshotContents. Listed a page at a time (500), so that a
-//! cluster of thousands costs a few calls and bounded memory per page.
+//! VolumeSnapshotContents, and the share a static Manila PV names by its
+//! attributes; and the uid of the namespace that tells one cluster from
+//! another. Listed a page at a time (500), so that a cluster of
+//! thousands costs a few calls and bounded memory per page.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use serde::Deserialize;
 
@@ -46,6 +48,28 @@ struct CsiSource {
     driver: String,
     #[serde(default)]
     volume_handle: String,
+    /// A static PV's way of naming what it mounts (Manila's `shareID`,
+    /// `shareName`).
+    #[serde(default)]
+    volume_attributes: BTreeMap<String, String>,
+}
+
+/// What one PersistentVolume of a driver names.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CsiVolumeRef {
+    pub volume_handle: String,
+    pub volume_attributes: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ObjectMeta {
+    #[serde(default)]
+    uid: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Namespace {
+    metadata: ObjectMeta,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -101,15 +125,35 @@ impl Client {
         }
     }
 
-    /// The volume handles of every PersistentVolume of `driver`.
-    pub async fn csi_volume_handles(&self, driver: &str) -> Result<HashSet<String>> {
+    /// What every PersistentVolume of `driver` names: its volume handle
+    /// and its attributes.
+    pub async fn csi_volumes(&self, driver: &str) -> Result<Vec<CsiVolumeRef>> {
         let pvs: Vec<PersistentVolume> = self.list_all("api/v1/persistentvolumes").await?;
         Ok(pvs
             .into_iter()
             .filter_map(|pv| pv.spec.csi)
-            .filter(|csi| csi.driver == driver && !csi.volume_handle.is_empty())
-            .map(|csi| csi.volume_handle)
+            .filter(|csi| csi.driver == driver)
+            .map(|csi| CsiVolumeRef {
+                volume_handle: csi.volume_handle,
+                volume_attributes: csi.volume_attributes,
+            })
             .collect())
+    }
+
+    /// The uid of a namespace (`kube-system`'s tells one cluster from
+    /// another: it is made once, with the cluster, and never changes).
+    pub async fn namespace_uid(&self, name: &str) -> Result<String> {
+        let path = format!("api/v1/namespaces/{name}");
+        let v = self.call("GET", &path, &[], None).await?;
+        let ns: Namespace = decode("GET", &path, v)?;
+        if ns.metadata.uid.is_empty() {
+            return Err(KubeError::Decode {
+                method: "GET",
+                path,
+                message: "the namespace has no uid".into(),
+            });
+        }
+        Ok(ns.metadata.uid)
     }
 
     /// The snapshot handles of every VolumeSnapshotContent of `driver`;

@@ -405,6 +405,24 @@ impl SharedFileSystems {
         Ok(share)
     }
 
+    /// Merges `metadata` into the share's metadata.
+    pub async fn update_share_metadata(
+        &self,
+        id: &str,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let req = self
+            .req(
+                Method::POST,
+                format!("shares/{}/metadata", seg(id)),
+                "share_metadata_update",
+            )
+            .await?
+            .json(json!({ "metadata": metadata }));
+        self.session.send(req).await?;
+        Ok(())
+    }
+
     pub async fn list_shares_named(&self, name: &str) -> Result<Vec<Share>> {
         #[derive(Deserialize)]
         struct L {

@@ -258,6 +258,25 @@ impl Control {
             v.updated_at = crate::state::iso_at(std::time::SystemTime::now() - age);
         }
     }
+    /// Makes a volume, snapshot, share or share snapshot look made `age`
+    /// ago (its `created_at`), as one left from long before a test.
+    /// Whether `id` names one.
+    pub fn backdate(&self, id: &str, age: std::time::Duration) -> bool {
+        let at = crate::state::iso_at(std::time::SystemTime::now() - age);
+        let mut w = self.state.world();
+        if let Some(v) = w.volumes.get_mut(id) {
+            v.created_at = at;
+        } else if let Some(s) = w.snapshots.get_mut(id) {
+            s.created_at = at;
+        } else if let Some(s) = w.shares.get_mut(id) {
+            s.created_at = at;
+        } else if let Some(s) = w.share_snapshots.get_mut(id) {
+            s.created_at = at;
+        } else {
+            return false;
+        }
+        true
+    }
     /// The cloud's clock `secs` from this machine's (negative: behind):
     /// its answers' `Date` and volumes' `updated_at` read so.
     pub fn set_clock_offset(&self, secs: i64) {

@@ -37,6 +37,9 @@ use volumes::content_source;
 
 /// Volume metadata and context keys (upstream's).
 pub const CLUSTER_KEY: &str = "cinder.csi.openstack.org/cluster";
+/// Beside the cluster id: the cluster's identity (its kube-system uid),
+/// which the orphan tool needs before it deletes anything (ours).
+pub const IDENTITY_KEY: &str = "cinder.csi.openstack.org/cluster-uid";
 pub const RESIZE_REQUIRED_KEY: &str = "cinder.csi.openstack.org/resizeRequired";
 /// Metadata of a volume restored from a Cinder backup: Cinder itself does
 /// not show a volume's backup, and CreateVolume must name its source.
@@ -64,6 +67,8 @@ pub struct ControllerOptions {
     /// `--stuck-attachment-secs`: a volume `reserved`, `attaching` or
     /// `detaching` this long is repaired (see [`repairs`]).
     pub stuck_after: std::time::Duration,
+    /// The cluster's identity, written beside `cluster` once known.
+    pub identity: csi_common::orphans::ClusterIdentity,
 }
 
 #[derive(Debug, Clone)]

@@ -45,6 +45,7 @@ impl ControllerService {
         let mut metadata = params.metadata.clone();
         if !self.opts.cluster.is_empty() {
             metadata.insert(CLUSTER_KEY.to_string(), self.opts.cluster.clone());
+            self.opts.identity.tag(IDENTITY_KEY, &mut metadata);
         }
         let requested_zone = self.requested_zone(&r, params.availability.as_deref());
         let requested = RequestedSource::of(&r)?;

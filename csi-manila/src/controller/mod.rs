@@ -34,6 +34,8 @@ pub struct ControllerOptions {
     pub with_topology: bool,
     /// `--default-nfs-share-client`, already checked.
     pub default_nfs_share_clients: Vec<String>,
+    /// The cluster's identity, written beside `cluster_id` once known.
+    pub identity: csi_common::orphans::ClusterIdentity,
 }
 
 #[derive(Debug, Clone)]

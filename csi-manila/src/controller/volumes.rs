@@ -25,8 +25,8 @@ use crate::errors::{
 use crate::parameters::ShareParameters;
 use crate::share_protocol::ShareProtocol;
 use crate::shares::{
-    CLONE_OF_KEY, CLUSTER_KEY, DESCRIPTION, GROW_TO_KEY, clone_snapshot_name, is_gone,
-    provisioned_here, wait_share_available,
+    CLONE_OF_KEY, CLONE_SNAPSHOT_DESCRIPTION, CLUSTER_KEY, DESCRIPTION, GROW_TO_KEY, IDENTITY_KEY,
+    clone_snapshot_name, is_gone, provisioned_here, wait_share_available,
 };
 
 /// A share the scheduler could not place is created once more after this
@@ -373,6 +373,7 @@ impl ControllerService {
         let mut metadata: BTreeMap<String, String> = p.metadata.clone();
         if !self.opts.cluster_id.is_empty() {
             metadata.insert(CLUSTER_KEY.into(), self.opts.cluster_id.clone());
+            self.opts.identity.tag(IDENTITY_KEY, &mut metadata);
         }
         let snapshot = match source {
             Source::Empty => None,
@@ -553,7 +554,7 @@ impl ControllerService {
         let snap = match existing {
             Some(s) => s,
             None => manila
-                .create_snapshot(source_id, &snap_name, Some("temporary snapshot of a clone"))
+                .create_snapshot(source_id, &snap_name, Some(CLONE_SNAPSHOT_DESCRIPTION))
                 .await
                 .context(format!("snapshotting volume {source_id} to clone it"))?,
         };

@@ -13,7 +13,10 @@ mod shares;
 mod snapshots;
 
 use access::{get_access_rule, list_access_rules};
-use shares::{create_share, delete_share, export_locations, get_share, list_shares, share_action};
+use shares::{
+    create_share, delete_share, export_locations, get_share, list_shares, share_action,
+    update_share_metadata,
+};
 use snapshots::{create_snapshot, delete_snapshot, get_snapshot, list_snapshots};
 
 use crate::AppState;
@@ -40,6 +43,7 @@ pub fn routes(state: Arc<AppState>) -> axum::Router<Arc<AppState>> {
         .route("/shares/detail", get(list_shares))
         .route("/shares/{id}", get(get_share).delete(delete_share))
         .route("/shares/{id}/action", post(share_action))
+        .route("/shares/{id}/metadata", post(update_share_metadata))
         .route("/shares/{id}/export_locations", get(export_locations))
         .route("/share-access-rules", get(list_access_rules))
         .route("/share-access-rules/{id}", get(get_access_rule))

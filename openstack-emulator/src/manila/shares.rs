@@ -247,6 +247,39 @@ pub(super) async fn get_share(
     ))
 }
 
+/// `POST /shares/{id}/metadata`: merges the keys given into the share's
+/// metadata and answers with all of it (Manila's "update share metadata").
+pub(super) async fn update_share_metadata(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path((project, id)): Path<(String, String)>,
+    Json(body): Json<Value>,
+) -> ApiResult<Json<Value>> {
+    check_project(&ctx, &project)?;
+    let given = body
+        .get("metadata")
+        .and_then(Value::as_object)
+        .ok_or_else(|| ApiErr::bad(S, "Malformed request body"))?;
+    let mut merged = Vec::new();
+    for (k, v) in given {
+        let v = v
+            .as_str()
+            .ok_or_else(|| ApiErr::bad(S, format!("Metadata value for {k} must be a string")))?;
+        if k.is_empty() || k.len() > 255 || v.len() > 1023 {
+            return Err(ApiErr::bad(S, "Invalid metadata key or value length"));
+        }
+        merged.push((k.clone(), v.to_string()));
+    }
+    let mut w = state.world();
+    visible_share(&w, &ctx, &id)?;
+    let share = w
+        .shares
+        .get_mut(&id)
+        .ok_or_else(|| ApiErr::not_found(S, format!("Share {id} could not be found.")))?;
+    share.metadata.extend(merged);
+    Ok(Json(json!({ "metadata": share.metadata })))
+}
+
 pub(super) async fn delete_share(
     State(state): State<Arc<AppState>>,
     ctx: Ctx,

@@ -220,14 +220,16 @@ impl Campaign {
         })
     }
 
-    /// The controllers' orphan reports, for what the campaign made.
+    /// The controllers' orphan reports, for what the campaign made: the
+    /// orphans, and what is tagged and unnamed but not proven the
+    /// cluster's (a leak all the same).
     pub async fn orphans(&self) -> Result<Vec<String>> {
         let mut found = Vec::new();
         for (deployment, container, command) in [
             (
                 "csi-cinder-controllerplugin",
                 "cinder-csi-plugin",
-                "cinder-csi-plugin orphans --cloud-config=/etc/config/cloud.conf --cluster=kubernetes",
+                "cinder-csi-plugin orphans --cloud-config=/etc/config/cloud.conf --cluster=kubernetes --drivername=cinder.csi.openstack.org",
             ),
             (
                 "csi-manila-cephfs-controllerplugin",
@@ -252,11 +254,13 @@ impl Campaign {
                 .await?;
             let report: Value = serde_json::from_str(&out)
                 .map_err(|e| ClusterError::Other(format!("{deployment} orphans: {e}: {out}")))?;
-            for o in report["report"]["orphans"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-            {
+            let listed = |key: &str| {
+                report["report"][key]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            for o in listed("orphans").into_iter().chain(listed("unproven")) {
                 if o["created"].as_u64().unwrap_or(0) >= self.started {
                     found.push(format!("{} {} {}", o["kind"], o["id"], o["name"]));
                 }

@@ -1,16 +1,17 @@
-//! A stand-in apiserver for what a controller reads of the cluster: its
+//! A stand-in apiserver for what a controller reads of the cluster: the
+//! kube-system namespace (its uid is the cluster's identity), its
 //! PersistentVolumes and VolumeSnapshotContents, a page (of two) at a
 //! time as an apiserver pages with `limit` and `continue`, to the bearer
-//! of one token only. A test sets what it lists, and can make a PV
-//! appear from a given listing on (one made between a report and its
-//! deletions).
+//! of one token only. A test sets what it lists, can make a PV appear
+//! from a given listing on (one made between a report and its
+//! deletions), and can take the snapshot API away.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -20,11 +21,22 @@ use super::HarnessError;
 
 const TOKEN: &str = "stand-in-t0ken";
 
+/// The uid of the stand-in's kube-system namespace, unless a test sets
+/// another.
+pub const CLUSTER_UID: &str = "5b1d0c7e-2f4a-4f7e-9a43-000000000001";
+
 /// What the stand-in lists.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Objects {
+    /// The uid of kube-system: the cluster's identity.
+    pub cluster_uid: String,
     /// (driver, volume handle) of each PV.
     pub pvs: Vec<(String, String)>,
+    /// (driver, volume attributes) of each static PV naming a share by
+    /// its attributes (its handle is a name of the operator's).
+    pub static_pvs: Vec<(String, BTreeMap<String, String>)>,
+    /// The snapshot API is not installed (the list answers 404).
+    pub no_snapshot_api: bool,
     /// (driver, snapshot handle) of each VolumeSnapshotContent.
     pub contents: Vec<(String, String)>,
     /// A PV listed from the `late_from`-th listing of PVs on.
@@ -32,6 +44,21 @@ pub struct Objects {
     pub late_from: usize,
     /// Listings of PVs so far (their first pages).
     pub pv_lists: usize,
+}
+
+impl Default for Objects {
+    fn default() -> Self {
+        Self {
+            cluster_uid: CLUSTER_UID.into(),
+            pvs: Vec::new(),
+            static_pvs: Vec::new(),
+            no_snapshot_api: false,
+            contents: Vec::new(),
+            late_pv: None,
+            late_from: 0,
+            pv_lists: 0,
+        }
+    }
 }
 
 type Shared = Arc<Mutex<Objects>>;
@@ -85,6 +112,18 @@ async fn pvs(
         .map(
             |(driver, handle)| json!({"spec": {"csi": {"driver": driver, "volumeHandle": handle}}}),
         )
+        .chain(
+            o.static_pvs
+                .iter()
+                .enumerate()
+                .map(|(i, (driver, attributes))| {
+                    json!({"spec": {"csi": {
+                        "driver": driver,
+                        "volumeHandle": format!("static-pv-{i}"),
+                        "volumeAttributes": attributes,
+                    }}})
+                }),
+        )
         // a PV of another kind of volume
         .chain([json!({"spec": {"hostPath": {"path": "/x"}}})])
         .collect();
@@ -100,6 +139,13 @@ async fn contents(
         return StatusCode::UNAUTHORIZED.into_response();
     }
     let o = s.lock().unwrap_or_else(|p| p.into_inner());
+    if o.no_snapshot_api {
+        return (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"kind": "Status", "reason": "NotFound", "code": 404})),
+        )
+            .into_response();
+    }
     let items = o
         .contents
         .iter()
@@ -110,10 +156,24 @@ async fn contents(
     axum::Json(paged(items, &q)).into_response()
 }
 
+async fn namespace(State(s): State<Shared>, h: HeaderMap, Path(name): Path<String>) -> Response {
+    if !authorized(&h) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let o = s.lock().unwrap_or_else(|p| p.into_inner());
+    let uid = if name == "kube-system" {
+        o.cluster_uid.clone()
+    } else {
+        format!("uid-of-{name}")
+    };
+    axum::Json(json!({"kind": "Namespace", "metadata": {"name": name, "uid": uid}})).into_response()
+}
+
 impl StandInApiserver {
     pub async fn start() -> Result<Self, HarnessError> {
         let objects: Shared = Arc::default();
         let app = Router::new()
+            .route("/api/v1/namespaces/{name}", get(namespace))
             .route("/api/v1/persistentvolumes", get(pvs))
             .route(
                 "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents",
