@@ -134,6 +134,115 @@ async fn a_detach_still_on_its_way_never_undoes_a_newer_attach() {
     );
 }
 
+/// A gateway answers 504 for Nova's detach while the detach goes on, and
+/// the controller is restarted (a crash, a rollout) before it lands: the
+/// new controller, which never sent it, must still not answer a publish
+/// OK on the attachment the late detach takes away. It learns of it from
+/// the volume's own mark.
+#[tokio::test]
+async fn a_detach_a_gateway_gave_up_on_never_undoes_a_newer_attach_across_a_restart() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let v = e.create("gateway-detach", cap(), 1).await;
+    let id = v.volume_id.clone();
+    e.publish(&id, cap()).await;
+    let control = e.h.emulator.control();
+    let late = Duration::from_secs(6);
+    control.add_fault(
+        FaultRule::new(
+            Some("DELETE"),
+            &format!("/os-volume_attachments/{id}"),
+            FaultAction::GatewayGaveUp {
+                status: 504,
+                serve_after_millis: late.as_millis() as u64,
+            },
+        )
+        .times(1),
+    );
+    let sent = Instant::now();
+    let gave_up =
+        e.c.controller_unpublish_volume(unpublish_req(&e, &id))
+            .await
+            .unwrap_err();
+    assert_eq!(gave_up.code(), Code::Unavailable, "{gave_up:?}");
+    assert_eq!(
+        holders(&e, &id).await.0,
+        vec![e.h.node_id.clone()],
+        "not landed yet"
+    );
+    let marked = e.cinder.get_volume(&id).await.unwrap().metadata;
+    assert!(
+        marked
+            .get("cinder.csi.openstack.org/unanswered-detach")
+            .is_some_and(|m| m.starts_with(&e.h.node_id)),
+        "{marked:?}"
+    );
+    // the attacher asks again: the detach on its way is waited for, not
+    // sent a second time (whose answer could come first)
+    let waited =
+        e.c.controller_unpublish_volume(timed(unpublish_req(&e, &id), Duration::from_secs(2)))
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(waited.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{waited:?}"
+    );
+    assert_eq!(
+        calls(&e, "DELETE", &format!("/os-volume_attachments/{id}")),
+        0,
+        "no second detach while the first is on its way"
+    );
+    e.h.restart_plugin().await.unwrap();
+    csi_sanity::harness::wait_until_ready(&e.h.socket)
+        .await
+        .unwrap();
+    let ch = plugin_runtime::connect_unix(&e.h.socket).await.unwrap();
+    e.c = proto::csi::v1::controller_client::ControllerClient::new(ch.clone());
+    e.n = proto::csi::v1::node_client::NodeClient::new(ch);
+    let mut answers = Vec::new();
+    loop {
+        match e.c.controller_publish_volume(publish_req(&e, &id)).await {
+            Ok(_) => break,
+            Err(s) if matches!(s.code(), Code::Aborted | Code::Unavailable) => {
+                answers.push(format!("{:?}: {}", s.code(), s.message()));
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(s) => panic!("{s:?}"),
+        }
+        assert!(sent.elapsed() < Duration::from_secs(90), "{answers:#?}");
+    }
+    println!(
+        "the restarted controller answered the publish OK {:?} after the detach was sent, after {} retryable answers (the first: {:?})",
+        sent.elapsed(),
+        answers.len(),
+        answers.first()
+    );
+    assert!(
+        answers
+            .first()
+            .is_some_and(|a| a.contains("may still land")),
+        "the restarted controller knew of the detach: {answers:#?}"
+    );
+    // past the moment the late detach reached Nova, and its work
+    tokio::time::sleep((late + Duration::from_secs(2)).saturating_sub(sent.elapsed())).await;
+    let (servers, status) = holders(&e, &id).await;
+    assert_eq!(
+        (servers, status.as_str()),
+        (vec![e.h.node_id.clone()], "in-use"),
+        "the publish answered OK, so the volume must stay attached to the node"
+    );
+    let settled = e.cinder.get_volume(&id).await.unwrap().metadata;
+    assert_eq!(
+        settled
+            .get("cinder.csi.openstack.org/unanswered-detach")
+            .map(String::as_str),
+        Some(""),
+        "the mark is cleared once the detach has shown: {settled:?}"
+    );
+}
+
 /// The same for a multiattach volume, also attached to another server:
 /// the late detach takes neither the node's newer attachment nor the
 /// other server's.

@@ -123,13 +123,15 @@ impl Error {
         matches!(self, Error::RateLimited { .. } | Error::Busy(_))
     }
 
-    /// Whether no answer came back (a dropped connection, a timeout): the
-    /// request may have been done, or may still be, for all the caller
-    /// knows.
-    pub fn unanswered(&self) -> bool {
+    /// Whether the request may have been done, or may still be, for all
+    /// the caller knows: no answer came back (a dropped connection, a
+    /// timeout), or a gateway in front of the service answered for it
+    /// (502 Bad Gateway, 504 Gateway Timeout: a load balancer or proxy
+    /// gave up waiting while the service went on with the request).
+    pub fn outcome_unknown(&self) -> bool {
         match self {
-            Error::Unavailable(e) => e.status.is_none(),
-            Error::Timeout { last, .. } => last.as_ref().is_none_or(|e| e.unanswered()),
+            Error::Unavailable(e) => e.status.is_none_or(|s| s == 502 || s == 504),
+            Error::Timeout { last, .. } => last.as_ref().is_none_or(|e| e.outcome_unknown()),
             _ => false,
         }
     }
@@ -311,5 +313,21 @@ mod tests {
         );
         assert!(matches!(shelved, Error::Conflict(_)) && !shelved.is_transient());
         assert!(!Error::from_status(503, e(), None).refused_before_work());
+        // a gateway's answer is no answer of the service's
+        for gateway in [502, 504] {
+            let status = ApiError {
+                status: Some(gateway),
+                ..e()
+            };
+            assert!(
+                Error::from_status(gateway, status, None).outcome_unknown(),
+                "{gateway}"
+            );
+        }
+        let refused = ApiError {
+            status: Some(503),
+            ..e()
+        };
+        assert!(!Error::from_status(503, refused, None).outcome_unknown());
     }
 }

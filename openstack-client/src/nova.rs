@@ -234,16 +234,21 @@ impl Compute {
     /// Asks Nova to detach; completes asynchronously.
     pub async fn detach_volume(&self, server_id: &str, volume_id: &str) -> Result<()> {
         self.session
-            .send(self.req(
-                Method::DELETE,
-                format!(
-                    "servers/{}/os-volume_attachments/{}",
-                    seg(server_id),
-                    seg(volume_id)
-                ),
-                "volume_detach",
-                None,
-            ))
+            .send(
+                self.req(
+                    Method::DELETE,
+                    format!(
+                        "servers/{}/os-volume_attachments/{}",
+                        seg(server_id),
+                        seg(volume_id)
+                    ),
+                    "volume_detach",
+                    None,
+                )
+                // a second copy, sent while the first may still be on its
+                // way, could land after a newer attach: the caller decides
+                .single_flight(),
+            )
             .await?;
         Ok(())
     }

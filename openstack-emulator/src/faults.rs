@@ -51,6 +51,14 @@ pub enum FaultAction {
         wait: std::time::Duration,
         hint: RetryHint,
     },
+    /// A gateway in front of the service (a load balancer, a proxy) gives
+    /// up on the request and answers `status` (502, 504) while the
+    /// request goes on: the service serves it `serve_after_millis` later,
+    /// with nobody waiting for its answer.
+    GatewayGaveUp {
+        status: u16,
+        serve_after_millis: u64,
+    },
     /// Answer with this JSON body instead of the real one: a cloud that
     /// lies, or one someone else controls (hostile export locations,
     /// access rules, ...).

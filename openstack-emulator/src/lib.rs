@@ -407,6 +407,29 @@ async fn handle(
             add_date(&mut r, &state);
             return Ok(r);
         }
+        Some(FaultAction::GatewayGaveUp {
+            status,
+            serve_after_millis,
+        }) => {
+            let (st, method, at, asked) =
+                (state.clone(), method.clone(), path.clone(), query.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(serve_after_millis)).await;
+                let r = serve(router, req).await;
+                st.world()
+                    .record_call(&method, &at, &asked, Some(r.status().as_u16()), arrived);
+            });
+            let mut r = errors::injected(
+                status,
+                &path,
+                Some("the gateway gave up waiting for the service"),
+                None,
+                Default::default(),
+            );
+            add_request_id(&mut r, &path, &request_id);
+            add_date(&mut r, &state);
+            return Ok(r);
+        }
         Some(FaultAction::LoseAnswer) => {
             let r = serve(router, req).await;
             state

@@ -233,6 +233,32 @@ async fn handle(
                 .unwrap_or_else(|_| Err("the forwarding task failed".into()))
                 .or_else(|e| Ok(bad_gateway(&path, &e)));
         }
+        Some(FaultAction::GatewayGaveUp {
+            status,
+            serve_after_millis,
+        }) => {
+            let (state2, method2, path2, query2) =
+                (state.clone(), method.clone(), path.clone(), query.clone());
+            let upstream2 = upstream.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(serve_after_millis)).await;
+                let r = forward(&upstream2, &state2, req).await;
+                state2.record(
+                    &method2,
+                    &path2,
+                    &query2,
+                    r.as_ref().ok().map(|r| r.status().as_u16()),
+                    arrived,
+                );
+            });
+            return Ok(errors::injected(
+                status,
+                &path,
+                Some("the gateway gave up waiting for the service"),
+                None,
+                Default::default(),
+            ));
+        }
         Some(FaultAction::LoseAnswer) => {
             let r = served(req).await;
             state.record(&method, &path, &query, answered(&r), arrived);

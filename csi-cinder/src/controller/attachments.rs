@@ -57,10 +57,10 @@ impl ControllerService {
             .iter()
             .any(|a| a.server_id.as_deref() == Some(node));
         if attached_here {
-            self.not_being_detached(&v, node)?;
+            self.not_being_detached(&block, &v, node).await?;
         } else {
             // a detach that got no answer has landed (or never will)
-            self.unanswered.settled(id, node);
+            self.unanswered.settle_on_volume(&block, &v, node).await;
         }
         if !attached_here {
             let others: Vec<&str> = v.attached_servers().filter(|s| *s != node).collect();
@@ -89,7 +89,7 @@ impl ControllerService {
                         }
                         Err(e) => {
                             // an attach that got no answer may have been done
-                            if e.unanswered() {
+                            if e.outcome_unknown() {
                                 slot.requested();
                             }
                             return Err(attach_error(e, id, node));
@@ -121,16 +121,21 @@ impl ControllerService {
     /// [`super::unanswered`]). Aborted (the CSI code for an operation
     /// pending on the volume): the caller asks again, and the volume is
     /// attached afresh once the detach is done.
-    fn not_being_detached(&self, v: &Volume, node: &str) -> DriverResult<()> {
+    async fn not_being_detached(
+        &self,
+        block: &BlockStorage,
+        v: &Volume,
+        node: &str,
+    ) -> DriverResult<()> {
         let id = v.id.as_str();
         if v.status == VolumeStatus::Detaching {
-            self.unanswered.settled(id, node);
+            self.unanswered.settle_on_volume(block, v, node).await;
             return Err(DriverError::Aborted(format!(
                 "volume {id} is being detached from {node}: it is attached again once that is done"
             )));
         }
         let bound = self.opts.stuck_after;
-        if let Some(age) = self.unanswered.pending(id, node, bound) {
+        if let Some(age) = self.unanswered.pending_on(v, node, bound) {
             return Err(DriverError::Aborted(format!(
                 "a detach of volume {id} from {node} got no answer {}s ago and may still land: the volume is not reported attached until it has shown, or until {}s (--stuck-attachment-secs) have passed",
                 age.as_secs(),
@@ -224,7 +229,19 @@ impl ControllerService {
             v
         };
         let _pending = self.metrics.waiting("detach");
-        if v.status != VolumeStatus::Detaching {
+        // a detach of unknown outcome still on its way is waited for, not
+        // sent again: two copies in flight, the second answered, the
+        // first could land after a newer attach
+        let on_its_way = self.unanswered.pending_on(&v, node, self.opts.stuck_after);
+        if let Some(age) = on_its_way {
+            tracing::info!(
+                volume_id = id,
+                node,
+                sent_secs_ago = age.as_secs(),
+                "a detach of unknown outcome is on its way: waiting for it to show"
+            );
+        }
+        if v.status != VolumeStatus::Detaching && on_its_way.is_none() {
             match compute.detach_volume(node, id).await {
                 Ok(()) => tracing::info!(volume_id = id, node, "detach requested"),
                 // the attachment is gone meanwhile, or the server
@@ -239,9 +256,9 @@ impl ControllerService {
                     tracing::info!(volume_id = id, node, error = %e, "detach in progress")
                 }
                 Err(e) => {
-                    if e.unanswered() {
-                        tracing::warn!(volume_id = id, node, error = %e, "the detach got no answer: it may still land, and the volume is not reported attached to this node until it has");
-                        self.unanswered.record(id, node);
+                    if e.outcome_unknown() {
+                        tracing::warn!(volume_id = id, node, error = %e, "the detach's outcome is unknown: it may still land, and the volume is not reported attached to this node until it has");
+                        self.unanswered.record_on_volume(&block, id, node).await;
                     }
                     return Err(e).context(format!("detaching volume {id} from {node}"));
                 }
@@ -268,7 +285,7 @@ impl ControllerService {
             },
         )
         .await?;
-        self.unanswered.settled(id, node);
+        self.unanswered.settle_on_volume(&block, &v, node).await;
         Ok(csi::ControllerUnpublishVolumeResponse {})
     }
 }

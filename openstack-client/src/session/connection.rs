@@ -450,7 +450,10 @@ impl Connection {
             // A POST that failed at the transport level, or got a 5xx, may
             // have been applied: never repeat it. A 429 or a busy 409 was
             // refused before any work.
-            if !err.is_transient() || !(req.idempotent() || err.refused_before_work()) {
+            if !err.is_transient()
+                || !(req.idempotent() || err.refused_before_work())
+                || (req.single_flight && err.outcome_unknown())
+            {
                 return Err(err);
             }
             let hinted = match &err {

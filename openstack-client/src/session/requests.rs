@@ -26,6 +26,10 @@ pub(crate) struct ApiRequest {
     /// Use this absolute base instead of the versioned endpoint (Manila's
     /// version document lives at the unversioned root).
     pub absolute_base: Option<Url>,
+    /// Never sent again after an attempt whose outcome is unknown (see
+    /// [`Error::outcome_unknown`]): the first copy may still land after
+    /// the second was answered and the caller acted on it.
+    pub single_flight: bool,
 }
 
 #[derive(Debug)]
@@ -50,7 +54,16 @@ impl ApiRequest {
             operation,
             deadline: None,
             absolute_base: None,
+            single_flight: false,
         }
+    }
+
+    /// Not repeated after an attempt whose outcome is unknown: the caller
+    /// learns of it and decides (a detach sent twice may land after a
+    /// newer attach).
+    pub fn single_flight(mut self) -> Self {
+        self.single_flight = true;
+        self
     }
 
     pub fn json(mut self, body: serde_json::Value) -> Self {
