@@ -58,12 +58,42 @@ def an_operators_values_take_effect():
         expect(arg in args, f"{arg} not in {args}")
     pod = r.pod(*PLUGIN)
     paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
-    expect(paths == {"kms-socket": "/run/kms", "cloud-config": "/etc/barbican"}, paths)
+    expect(paths == {"kms-socket": "/run/kms", "cloud-config": "/etc/barbican/kms.conf"}, paths)
+    expect("--http-endpoint=0.0.0.0:9899" in args, args)
     expect({"name": "kms-socket", "mountPath": "/run/kms"} in plugin["volumeMounts"], plugin["volumeMounts"])
     expect(pod["nodeSelector"] == {"node-role.kubernetes.io/master": "true"}, "nodeSelector")
     expect(not any("secret" in v for v in pod["volumes"]), "credentials never from a Secret")
     monitor = r.get("PodMonitor", "barbican-kms-plugin")
     expect(monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack", "additionalLabels")
+    expect("imagePullSecrets are Secrets, and this plugin encrypts Secrets" in r.notes,
+           "the NOTES warn that a pull Secret cannot be read on a cold start")
+    return [r]
+
+
+def the_plugin_boots_a_cold_control_plane():
+    """Nothing the plugin needs to start may need the apiserver, which
+    needs the plugin: no cluster DNS, no Secret; its port on loopback; its
+    cloud.conf alone, never the folder around it; the node's
+    not-yet-initialised taint tolerated."""
+    for values in (None, {"cloudConfig": {"hostDir": "/etc/kubernetes"}}):
+        r = Rendering(CHART, values)
+        pod = r.pod(*PLUGIN)
+        plugin = r.container(*PLUGIN, "barbican-kms-plugin")
+        expect(pod.get("dnsPolicy") == "Default", f"dnsPolicy {pod.get('dnsPolicy')}: cluster DNS needs the apiserver")
+        expect("--http-endpoint=127.0.0.1:9899" in plugin["args"], plugin["args"])
+        expect(plugin["livenessProbe"]["httpGet"].get("host") == "127.0.0.1", plugin["livenessProbe"])
+        expect("ports" not in plugin, "no port declared for a loopback listener")
+        config = next(v["hostPath"] for v in pod["volumes"] if v["name"] == "cloud-config")
+        expect(config["type"] == "File" and config["path"].endswith("/cloud.conf"),
+               f"cloud.conf alone, never a folder (with /etc/kubernetes, the cluster's keys): {config}")
+        mount = next(m for m in plugin["volumeMounts"] if m["name"] == "cloud-config")
+        expect(mount["mountPath"] == "/etc/kubernetes/cloud-config/cloud.conf", mount)
+        expect({"key": "node.cloudprovider.kubernetes.io/uninitialized", "operator": "Exists",
+                "effect": "NoSchedule"} in pod["tolerations"], pod["tolerations"])
+        expect(not pod.get("imagePullSecrets"), "no pull Secret by default")
+        expect("imagePullSecrets are Secrets" not in r.notes, "the warning only where it applies")
+    fails_to_render(CHART, {"podMonitor": {"enabled": True}}, "Prometheus cannot scrape")
+    fails_to_render(CHART, {"httpEndpoint": {"address": "127.0.0.1; rm -rf /"}}, "/httpEndpoint/address")
     return [r]
 
 
@@ -77,5 +107,6 @@ TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
     the_default_rendering_is_deploy_kms_base,
     the_notes_give_an_encryption_configuration_for_this_socket,
     an_operators_values_take_effect,
+    the_plugin_boots_a_cold_control_plane,
     a_cloud_conf_that_is_not_a_host_path_is_refused,
 )]

@@ -10,3 +10,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- define "kms.socketDir" -}}
 {{- trimSuffix "/" .Values.socketDir -}}
 {{- end -}}
+
+{{/* Whether /metrics and /healthz listen on loopback only. */}}
+{{- define "kms.httpOnLoopback" -}}
+{{- $a := toString .Values.httpEndpoint.address -}}
+{{- or (hasPrefix "127." $a) (eq $a "::1") (eq $a "[::1]") (eq $a "localhost") -}}
+{{- end }}
