@@ -349,8 +349,14 @@ def manila_rules(doc):
                 got = ((env.get(var) or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
                 if got != field:
                     yield f"--mount-pods needs {var} from the downward API ({field})"
-            if pod.get("automountServiceAccountToken") is not True:
-                yield "--mount-pods needs the service account token (automountServiceAccountToken: true)"
+            mounts = {m["mountPath"] for m in plugin.get("volumeMounts", [])}
+            if pod.get("automountServiceAccountToken") is not True \
+                    and "/var/run/secrets/kubernetes.io/serviceaccount" not in mounts:
+                yield ("--mount-pods needs the service account token in the plugin's container (a projected "
+                       "token at /var/run/secrets/kubernetes.io/serviceaccount)")
+            elif pod.get("automountServiceAccountToken") is True:
+                yield ("--mount-pods: automountServiceAccountToken puts the token that makes pods in every "
+                       "container; mount a projected token in the plugin's container alone")
         if kind == "DaemonSet":
             if not (plugin.get("securityContext") or {}).get("privileged"):
                 yield "the Manila node plugin must be privileged (it mounts)"
@@ -384,6 +390,18 @@ def _daemonset(name, container, args, strategy=True, tmp=True, volumes=(), pre_s
     if strategy:
         spec["updateStrategy"] = {"type": "RollingUpdate"}
     return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name}, "spec": spec}
+
+
+def _mount_pods_token_everywhere():
+    """The CephFS node plugin with --mount-pods right but for its token,
+    mounted by automountServiceAccountToken in every container."""
+    ds = _daemonset("csi-manila-cephfs-nodeplugin", "manila-csi-plugin", [
+        "--drivername=cephfs.manila.csi.openstack.org", "--share-protocol-selector=CEPHFS", "--mount-pods"],
+        pre_stop="cephfs.manila.csi.openstack.org")
+    pod = ds["spec"]["template"]["spec"]
+    pod["automountServiceAccountToken"] = True
+    pod["containers"][0]["env"].append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    return ds
 
 
 def _with_registrar(ds, pre_stop=None):
@@ -447,6 +465,7 @@ BROKEN = [
     ("mount pods without the node name", _daemonset("csi-manila-cephfs-nodeplugin", "manila-csi-plugin", [
         "--drivername=cephfs.manila.csi.openstack.org", "--share-protocol-selector=CEPHFS", "--mount-pods"],
         pre_stop="cephfs.manila.csi.openstack.org")),
+    ("mount pods with the token in every container", _mount_pods_token_everywhere()),
     ("node plugin without the pre-stop hook", _daemonset("csi-cinder-nodeplugin", "cinder-csi-plugin", [],
                                                          pre_stop=None)),
     ("registrar leaving before the plugin", _with_registrar(_daemonset("csi-cinder-nodeplugin", "cinder-csi-plugin",

@@ -69,6 +69,26 @@ class Rendering:
                                  f"{sorted(d['metadata']['name'] for d in self.objects(kind))}")
         return found[0]
 
+    def granted(self, service_account):
+        """What the rendering's role bindings give a service account of its
+        namespace: (API group, resource, verb) triples."""
+        roles = {(d["kind"], d["metadata"]["name"]): d for d in self.objects()
+                 if d["kind"] in ("Role", "ClusterRole")}
+        out = set()
+        for b in self.objects():
+            if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+                continue
+            if not any(s.get("kind") == "ServiceAccount" and s.get("name") == service_account
+                       for s in b.get("subjects", [])):
+                continue
+            role = roles.get((b["roleRef"]["kind"], b["roleRef"]["name"]))
+            for rule in (role or {}).get("rules", []):
+                for g in rule.get("apiGroups", []):
+                    for res in rule.get("resources", []):
+                        for v in rule.get("verbs", []):
+                            out.add((g, res, v))
+        return out
+
     def container(self, kind, name, container):
         pod = self.get(kind, name)["spec"]["template"]["spec"]
         found = [c for c in pod["containers"] if c["name"] == container]

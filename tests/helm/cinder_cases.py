@@ -196,6 +196,21 @@ def upstream_keys_with_no_use_here_are_named():
     return [r]
 
 
+def no_policy_no_verb_it_guards():
+    """The node plugins may patch Nodes only under the admission policy
+    that confines the patch to lifting their own startup taint: without the
+    policy, no patch of any Node."""
+    on = Rendering(CHART, None)
+    expect(("", "nodes", "patch") in on.granted("csi-cinder-node-sa"), "the taint lift needs the patch")
+    on.get("ValidatingAdmissionPolicy", "csi-cinder-node-startup-taint")
+    off = Rendering(CHART, {"csi": {"plugin": {"nodePlugin": {"startupTaintPolicy": {"enabled": False}}}}})
+    expect(not off.objects("ValidatingAdmissionPolicy"), "no policy")
+    granted = off.granted("csi-cinder-node-sa")
+    expect(("", "nodes", "patch") not in granted, f"a node's token could taint, label or cordon any node: {granted}")
+    expect(("", "nodes", "get") in granted, "the pre-stop hook still reads its node")
+    return [on, off]
+
+
 TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
     the_default_rendering_is_deploy_cinder_base,
     the_defaults_differ_from_deploy_only_in_the_stated_values,
@@ -205,4 +220,5 @@ TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
     a_custom_kubelet_directory_is_used_everywhere,
     values_that_cannot_work_are_refused_when_rendered,
     upstream_keys_with_no_use_here_are_named,
+    no_policy_no_verb_it_guards,
 )]

@@ -171,6 +171,32 @@ def values_that_cannot_work_are_refused_when_rendered():
     fails_to_render(CHART, {"volumeSnapshotClass": {"enabled": True}}, "snapshot CRDs")
 
 
+def each_protocol_has_its_own_account_and_only_cephfs_makes_mount_pods():
+    """The NFS node plugin's token can make no pod (only the CephFS
+    plugin's may, for its mount pods); each plugin's token is mounted in
+    its plugin container alone; without the startup-taint policy no node
+    plugin may patch a Node."""
+    r = Rendering(CHART, None)
+    nfs, cephfs = r.granted("csi-manila-nfs-node-sa"), r.granted("csi-manila-cephfs-node-sa")
+    expect(("", "pods", "create") in cephfs, f"the CephFS plugin makes its mount pods: {cephfs}")
+    expect(("", "pods", "create") not in nfs and ("", "pods", "delete") not in nfs,
+           f"the NFS plugin's token could make or delete pods: {nfs}")
+    for granted in (nfs, cephfs):
+        expect(("", "nodes", "get") in granted and ("", "nodes", "patch") in granted, granted)
+    for proto in ("nfs", "cephfs"):
+        ds = r.get("DaemonSet", f"csi-manila-{proto}-nodeplugin")["spec"]["template"]["spec"]
+        expect(ds["serviceAccountName"] == f"csi-manila-{proto}-node-sa", ds["serviceAccountName"])
+        expect(ds.get("automountServiceAccountToken") is False, f"{proto}: the token in every container")
+        with_token = [c["name"] for c in ds["containers"]
+                      if any(m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+                             for m in c.get("volumeMounts", []))]
+        expect(with_token == ["manila-csi-plugin"], f"{proto}: the token is in {with_token}")
+    off = Rendering(CHART, {"nodeplugin": {"startupTaintPolicy": {"enabled": False}}})
+    for sa in ("csi-manila-nfs-node-sa", "csi-manila-cephfs-node-sa"):
+        expect(("", "nodes", "patch") not in off.granted(sa), f"{sa} patches Nodes with no policy confining it")
+    return [r, off]
+
+
 TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
     the_default_rendering_is_deploy_manila_base,
     upstreams_values_file_installs_unchanged,
@@ -178,4 +204,5 @@ TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
     a_custom_kubelet_directory_is_used_everywhere,
     another_driver_name_names_every_driver,
     values_that_cannot_work_are_refused_when_rendered,
+    each_protocol_has_its_own_account_and_only_cephfs_makes_mount_pods,
 )]
