@@ -168,6 +168,10 @@ def values_that_cannot_work_are_refused_when_rendered():
     fails_to_render(CHART, {"nodeplugin": {"kubeletDir": "kubelet"}}, "/nodeplugin/kubeletDir")
     # written into the mount pod policy's CEL between quotes
     fails_to_render(CHART, {"nodeplugin": {"kubeletDir": "/var/lib/kubelet' || true || '"}}, "/nodeplugin/kubeletDir")
+    # the image too: a quote in it would end the CEL string and admit any pod
+    fails_to_render(CHART, {"csimanila": {"image": {"repository": "x' || true || 'y"}}},
+                    "/csimanila/image/repository")
+    fails_to_render(CHART, {"csimanila": {"image": {"tag": "v1' || true || '"}}}, "/csimanila/image/tag")
     fails_to_render(CHART, {"volumeSnapshotClass": {"enabled": True}}, "snapshot CRDs")
 
 
