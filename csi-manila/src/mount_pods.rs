@@ -302,6 +302,14 @@ impl MountPods {
             else {
                 continue;
             };
+            // a pod of that name that is not the one this plugin makes
+            // (another owner, command, image, node or share) is never
+            // taken for this share's daemon
+            if let Some(why) = not_made_here(&pod, &spec) {
+                return Err(DriverError::FailedPrecondition(format!(
+                    "pod {name} holds this share's mount pod name but is not this plugin's mount pod ({why}): left alone; delete it if it is not yours"
+                )));
+            }
             if !pod.finished() && pod.metadata.deletion_timestamp.is_none() {
                 return Ok(name);
             }
@@ -372,6 +380,54 @@ impl MountPods {
     }
 }
 
+/// Why `pod` is not a mount pod this plugin made for what `spec`
+/// describes: its controller must be the mount pod template (by uid),
+/// and its node, its labels and annotations of a mount pod (its volume and
+/// staging path), and its daemon (`ceph-fuse -f` on that staging path)
+/// this plugin's. Its image and other arguments are not compared: a mount
+/// pod made by the version before an upgrade is taken over as it runs.
+/// (A pod made by a template remade since has an owner of another uid:
+/// the garbage collector deletes it, and a new one follows.)
+fn not_made_here(pod: &Pod, spec: &serde_json::Value) -> Option<String> {
+    let meta = &spec["metadata"];
+    let owner_uid = meta["ownerReferences"][0]["uid"].as_str().unwrap_or_default();
+    let controlled = pod.metadata.owner_references.len() == 1
+        && pod.metadata.owner_references.iter().all(|o| {
+            o.kind == "PodTemplate" && o.uid == owner_uid && o.controller == Some(true)
+        });
+    if !controlled {
+        return Some("its controller is not the mount pod template".into());
+    }
+    if pod.spec.node_name != spec["spec"]["nodeName"].as_str().unwrap_or_default() {
+        return Some(format!("it is of node {:?}", pod.spec.node_name));
+    }
+    for (key, theirs) in [
+        ("labels", &pod.metadata.labels),
+        ("annotations", &pod.metadata.annotations),
+    ] {
+        let ours = meta[key].as_object().into_iter().flatten();
+        if let Some((k, _)) = ours
+            .filter(|(k, _)| key == "annotations" || *k != "app.kubernetes.io/name")
+            .find(|(k, v)| theirs.get(*k).map(String::as_str) != v.as_str())
+        {
+            return Some(format!("its {key} differ at {k}"));
+        }
+    }
+    let [c] = pod.spec.containers.as_slice() else {
+        return Some(format!("it has {} containers", pod.spec.containers.len()));
+    };
+    let staging = meta["annotations"][STAGING_ANNOTATION]
+        .as_str()
+        .unwrap_or_default();
+    let daemon = c.command.len() > 2
+        && c.command[..2] == ["ceph-fuse", "-f"]
+        && c.command.iter().any(|a| a == staging);
+    if !daemon {
+        return Some(format!("it runs {:?}", c.command));
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,6 +451,54 @@ mod tests {
                 memory_limit: "512Mi".into(),
             },
         )
+    }
+
+    #[test]
+    fn only_a_pod_made_as_this_plugin_makes_it_is_taken_for_a_mount_pod() {
+        let p = pods();
+        let s = Path::new("/var/lib/kubelet/plugins/kubernetes.io/csi/x/globalmount");
+        let owner = Owner {
+            name: "csi-manila-mount-pod".into(),
+            uid: "uid-of-the-template".into(),
+        };
+        let args = ["--id".to_string(), "alice".into(), s.to_string_lossy().into()];
+        let spec = p.spec("ceph-fuse-1", "vol-1", s, &args, &owner);
+        // as the API answers with it
+        let mut answer = spec.clone();
+        answer["metadata"]["uid"] = "uid-of-the-pod".into();
+        answer["status"] = serde_json::json!({"phase": "Running"});
+        let ours: Pod = serde_json::from_value(answer.clone()).unwrap();
+        assert_eq!(not_made_here(&ours, &spec), None);
+        // the version before an upgrade's, of another image
+        let mut older = answer.clone();
+        older["spec"]["containers"][0]["image"] = "manila-csi-plugin:0.0.9".into();
+        let older: Pod = serde_json::from_value(older).unwrap();
+        assert_eq!(not_made_here(&older, &spec), None, "taken over across an upgrade");
+        type Change = fn(&mut serde_json::Value);
+        let impostors: &[(&str, Change)] = &[
+            ("no owner", |a| a["metadata"]["ownerReferences"] = serde_json::json!([])),
+            ("another template", |a| a["metadata"]["ownerReferences"][0]["uid"] = "other".into()),
+            ("another node", |a| a["spec"]["nodeName"] = "node-b".into()),
+            ("another component", |a| {
+                a["metadata"]["labels"][COMPONENT_LABEL] = "kube-dns".into()
+            }),
+            ("another share", |a| {
+                a["metadata"]["annotations"][STAGING_ANNOTATION] = "/var/lib/kubelet/y".into()
+            }),
+            ("two containers", |a| {
+                let c = a["spec"]["containers"][0].clone();
+                a["spec"]["containers"] = serde_json::json!([c.clone(), c]);
+            }),
+            ("another command", |a| {
+                a["spec"]["containers"][0]["command"] = serde_json::json!(["sleep", "infinity"])
+            }),
+        ];
+        for (what, change) in impostors {
+            let mut a = answer.clone();
+            change(&mut a);
+            let pod: Pod = serde_json::from_value(a).unwrap();
+            assert!(not_made_here(&pod, &spec).is_some(), "{what} taken for ours");
+        }
     }
 
     #[test]

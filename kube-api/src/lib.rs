@@ -515,6 +515,9 @@ pub struct OwnerReference {
     pub kind: String,
     #[serde(default)]
     pub uid: String,
+    /// Whether the owner is the object's controller.
+    #[serde(default)]
+    pub controller: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -652,6 +655,8 @@ pub struct ObjectMeta {
     pub annotations: BTreeMap<String, String>,
     #[serde(default)]
     pub deletion_timestamp: Option<String>,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub owner_references: Vec<OwnerReference>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -672,6 +677,8 @@ pub struct Container {
     pub image: String,
     #[serde(default)]
     pub image_pull_policy: Option<String>,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -298,6 +298,83 @@ async fn a_cephfs_node_plugins_token_starts_real_mount_pods_on_its_node_and_noth
             },
             "only mount pods",
         ),
+        // a Ready pod labelled as the cluster's DNS, in kube-system, would
+        // take a share of every lookup into a black hole
+        (
+            "labelled as the cluster's DNS (k8s-app: kube-dns)",
+            |p| p["metadata"]["labels"]["k8s-app"] = json!("kube-dns"),
+            "carries exactly its three labels",
+        ),
+        (
+            "an annotation of its own",
+            |p| p["metadata"]["annotations"]["prometheus.io/scrape"] = json!("true"),
+            "carries exactly its two annotations",
+        ),
+        (
+            "a staging path outside kubelet's CSI staging (hook and mount point alike)",
+            |p| {
+                let outside = "/var/lib/kubelet/pods";
+                p["metadata"]["annotations"]["manila.csi.openstack.org/staging-path"] =
+                    json!(outside);
+                p["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][2] =
+                    json!(format!("--staging-path={outside}"));
+                let args = p["spec"]["containers"][0]["command"].as_array_mut().unwrap();
+                let at = args.len() - 1;
+                args[at] = json!(outside);
+            },
+            "carries exactly its two annotations",
+        ),
+        (
+            "a finalizer (never deleted)",
+            |p| p["metadata"]["finalizers"] = json!(["example.com/keep"]),
+            "has no finalizer",
+        ),
+        (
+            "off the host network",
+            |p| p["spec"]["hostNetwork"] = json!(false),
+            "settings are the node plugin's",
+        ),
+        (
+            "restarted for ever",
+            |p| p["spec"]["restartPolicy"] = json!("Always"),
+            "settings are the node plugin's",
+        ),
+        (
+            "another priority class",
+            |p| p["spec"]["priorityClassName"] = json!("system-cluster-critical"),
+            "settings are the node plugin's",
+        ),
+        (
+            "a termination message written into the kubelet directory",
+            |p| {
+                p["spec"]["containers"][0]["terminationMessagePath"] =
+                    json!("/var/lib/kubelet/termination")
+            },
+            "container is the node plugin's",
+        ),
+        (
+            "no memory limit",
+            |p| {
+                p["spec"]["containers"][0]["resources"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("limits");
+            },
+            "container is the node plugin's",
+        ),
+        (
+            "an argument of its own for ceph-fuse",
+            |p| {
+                let args = p["spec"]["containers"][0]["command"].as_array_mut().unwrap();
+                args.insert(2, json!("--log-file=/var/lib/kubelet/pods/x"));
+            },
+            "with the node plugin's arguments alone",
+        ),
+        (
+            "a ceph.conf of its own",
+            |p| p["spec"]["containers"][0]["command"][3] = json!("/tmp/ceph.conf"),
+            "with the node plugin's arguments alone",
+        ),
     ];
     let mut admitted = Vec::new();
     for (what, change, refusal) in escapes {
@@ -310,6 +387,16 @@ async fn a_cephfs_node_plugins_token_starts_real_mount_pods_on_its_node_and_noth
         }
     }
     assert!(admitted.is_empty(), "{admitted:#?}");
+
+    // the NFS node plugin's token makes no pod at all (its own account,
+    // without the mount pods' role)
+    let nfs_plugin = suite_pod_on_a(&c, "csi-manila-nfs-nodeplugin").await;
+    let nfs_token = c.bound_token(&nfs_plugin).unwrap();
+    let refused = create_as(&c, Some(&nfs_token), &real).await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.contains("forbidden")),
+        "the NFS node plugin's token made a mount pod: {refused:?}"
+    );
 
     // the policy and its binding deleted and created again, as an
     // uninstall and an install do: the policy is in force again at once,
