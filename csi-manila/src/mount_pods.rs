@@ -390,11 +390,14 @@ impl MountPods {
 /// the garbage collector deletes it, and a new one follows.)
 fn not_made_here(pod: &Pod, spec: &serde_json::Value) -> Option<String> {
     let meta = &spec["metadata"];
-    let owner_uid = meta["ownerReferences"][0]["uid"].as_str().unwrap_or_default();
-    let controlled = pod.metadata.owner_references.len() == 1
-        && pod.metadata.owner_references.iter().all(|o| {
-            o.kind == "PodTemplate" && o.uid == owner_uid && o.controller == Some(true)
-        });
+    let owner_uid = meta["ownerReferences"][0]["uid"]
+        .as_str()
+        .unwrap_or_default();
+    let controlled =
+        pod.metadata.owner_references.len() == 1
+            && pod.metadata.owner_references.iter().all(|o| {
+                o.kind == "PodTemplate" && o.uid == owner_uid && o.controller == Some(true)
+            });
     if !controlled {
         return Some("its controller is not the mount pod template".into());
     }
@@ -461,7 +464,11 @@ mod tests {
             name: "csi-manila-mount-pod".into(),
             uid: "uid-of-the-template".into(),
         };
-        let args = ["--id".to_string(), "alice".into(), s.to_string_lossy().into()];
+        let args = [
+            "--id".to_string(),
+            "alice".into(),
+            s.to_string_lossy().into(),
+        ];
         let spec = p.spec("ceph-fuse-1", "vol-1", s, &args, &owner);
         // as the API answers with it
         let mut answer = spec.clone();
@@ -473,11 +480,19 @@ mod tests {
         let mut older = answer.clone();
         older["spec"]["containers"][0]["image"] = "manila-csi-plugin:0.0.9".into();
         let older: Pod = serde_json::from_value(older).unwrap();
-        assert_eq!(not_made_here(&older, &spec), None, "taken over across an upgrade");
+        assert_eq!(
+            not_made_here(&older, &spec),
+            None,
+            "taken over across an upgrade"
+        );
         type Change = fn(&mut serde_json::Value);
         let impostors: &[(&str, Change)] = &[
-            ("no owner", |a| a["metadata"]["ownerReferences"] = serde_json::json!([])),
-            ("another template", |a| a["metadata"]["ownerReferences"][0]["uid"] = "other".into()),
+            ("no owner", |a| {
+                a["metadata"]["ownerReferences"] = serde_json::json!([])
+            }),
+            ("another template", |a| {
+                a["metadata"]["ownerReferences"][0]["uid"] = "other".into()
+            }),
             ("another node", |a| a["spec"]["nodeName"] = "node-b".into()),
             ("another component", |a| {
                 a["metadata"]["labels"][COMPONENT_LABEL] = "kube-dns".into()
@@ -497,7 +512,10 @@ mod tests {
             let mut a = answer.clone();
             change(&mut a);
             let pod: Pod = serde_json::from_value(a).unwrap();
-            assert!(not_made_here(&pod, &spec).is_some(), "{what} taken for ours");
+            assert!(
+                not_made_here(&pod, &spec).is_some(),
+                "{what} taken for ours"
+            );
         }
     }
 

@@ -314,13 +314,19 @@ async fn a_cephfs_node_plugins_token_starts_real_mount_pods_on_its_node_and_noth
             "a staging path outside kubelet's CSI staging (hook and mount point alike)",
             |p| {
                 let outside = "/var/lib/kubelet/pods";
-                p["metadata"]["annotations"]["manila.csi.openstack.org/staging-path"] =
-                    json!(outside);
+                let annotation = "manila.csi.openstack.org/staging-path";
+                let staging = p["metadata"]["annotations"][annotation].clone();
+                p["metadata"]["annotations"][annotation] = json!(outside);
                 p["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][2] =
                     json!(format!("--staging-path={outside}"));
-                let args = p["spec"]["containers"][0]["command"].as_array_mut().unwrap();
-                let at = args.len() - 1;
-                args[at] = json!(outside);
+                for arg in p["spec"]["containers"][0]["command"]
+                    .as_array_mut()
+                    .unwrap()
+                    .iter_mut()
+                    .filter(|a| **a == staging)
+                {
+                    *arg = json!(outside);
+                }
             },
             "carries exactly its two annotations",
         ),
@@ -365,7 +371,9 @@ async fn a_cephfs_node_plugins_token_starts_real_mount_pods_on_its_node_and_noth
         (
             "an argument of its own for ceph-fuse",
             |p| {
-                let args = p["spec"]["containers"][0]["command"].as_array_mut().unwrap();
+                let args = p["spec"]["containers"][0]["command"]
+                    .as_array_mut()
+                    .unwrap();
                 args.insert(2, json!("--log-file=/var/lib/kubelet/pods/x"));
             },
             "with the node plugin's arguments alone",
