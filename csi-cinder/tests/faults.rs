@@ -355,7 +355,10 @@ async fn work_whose_answer_was_lost_is_found_again_not_done_twice() {
         (vec![e.h.node_id.clone()], "in-use".to_string())
     );
 
-    // a detach, then a delete: done once, and nothing is left
+    // a detach, then a delete: done once, and nothing is left. The
+    // detach whose answer was lost is not sent again (a second copy could
+    // land after a newer attach): the RPC fails retryably, and its retry
+    // finds it done
     control.add_fault(
         FaultRule::new(
             Some("DELETE"),
@@ -364,12 +367,33 @@ async fn work_whose_answer_was_lost_is_found_again_not_done_twice() {
         )
         .times(1),
     );
+    let err =
+        e.c.controller_unpublish_volume(unpublish_req(&e, &v.volume_id))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{}", err.message());
     e.c.controller_unpublish_volume(unpublish_req(&e, &v.volume_id))
         .await
         .unwrap();
     assert_eq!(
         holders(&e, &v.volume_id).await,
         (vec![], "available".to_string())
+    );
+    assert_eq!(
+        calls(&e, "DELETE", "/os-volume_attachments/"),
+        1,
+        "the detach sent once"
+    );
+    assert_eq!(
+        e.cinder
+            .get_volume(&v.volume_id)
+            .await
+            .unwrap()
+            .metadata
+            .get("cinder.csi.openstack.org/unanswered-detach")
+            .map(String::as_str),
+        Some(""),
+        "settled once it showed"
     );
     e.c.delete_snapshot(csi::DeleteSnapshotRequest {
         snapshot_id: snap.snapshot_id,

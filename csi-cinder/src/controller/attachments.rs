@@ -208,6 +208,10 @@ impl ControllerService {
             .attachments
             .iter()
             .any(|a| a.server_id.as_deref() == Some(node));
+        if !attached_here {
+            // a detach of unknown outcome has shown (or never will)
+            self.unanswered.settle_on_volume(&block, &v, node).await;
+        }
         let done = self
             .repair_before_detach(&block, &compute, &v, node, attached_here)
             .await?;
