@@ -238,7 +238,7 @@ async fn a_detach_a_gateway_gave_up_on_never_undoes_a_newer_attach_across_a_rest
         settled
             .get("cinder.csi.openstack.org/unanswered-detach")
             .map(String::as_str),
-        Some(""),
+        Some("settled"),
         "the mark is cleared once the detach has shown: {settled:?}"
     );
 }
@@ -392,7 +392,7 @@ async fn work_whose_answer_was_lost_is_found_again_not_done_twice() {
             .metadata
             .get("cinder.csi.openstack.org/unanswered-detach")
             .map(String::as_str),
-        Some(""),
+        Some("settled"),
         "settled once it showed"
     );
     e.c.delete_snapshot(csi::DeleteSnapshotRequest {

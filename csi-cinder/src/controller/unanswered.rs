@@ -23,8 +23,11 @@ use openstack_client::cinder::{BlockStorage, Volume};
 
 /// The volume metadata key that carries a detach of unknown outcome
 /// across controller restarts: `<server id> <Unix seconds>` when it was
-/// sent; empty once settled.
+/// sent; [`SETTLED`] once it has shown.
 pub const UNANSWERED_DETACH_KEY: &str = "cinder.csi.openstack.org/unanswered-detach";
+/// The key's value once the detach has shown (a value, not a deleted key:
+/// a key with `/` cannot be named in Cinder's URL of one key).
+pub const SETTLED: &str = "settled";
 
 fn unix_now() -> u64 {
     SystemTime::now()
@@ -91,7 +94,8 @@ impl UnansweredDetaches {
     pub async fn settle_on_volume(&self, block: &BlockStorage, v: &Volume, server: &str) {
         self.settled(&v.id, server);
         if marked(v, server).is_some() {
-            let cleared = BTreeMap::from([(UNANSWERED_DETACH_KEY.to_string(), String::new())]);
+            let cleared =
+                BTreeMap::from([(UNANSWERED_DETACH_KEY.to_string(), SETTLED.to_string())]);
             if let Err(e) = block.update_volume_metadata(&v.id, &cleared).await {
                 tracing::warn!(volume_id = %v.id, server, error = %e, "cannot clear the volume's mark of a settled detach: it expires with --stuck-attachment-secs");
             }
@@ -155,7 +159,7 @@ mod tests {
             None,
             "past the bound"
         );
-        for settled in ["", "s", "s soon"] {
+        for settled in [SETTLED, "", "s", "s soon"] {
             v.metadata
                 .insert(UNANSWERED_DETACH_KEY.into(), settled.into());
             assert_eq!(u.pending_on(&v, "s", long), None, "{settled:?}");
