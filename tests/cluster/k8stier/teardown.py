@@ -219,7 +219,8 @@ def leftovers():
             left.append(f"network namespace {node.netns}")
         if node.mnt_ns.exists():
             left.append(f"mount namespace {node.mnt_ns}")
-    if subprocess.run(["iptables", "-t", "nat", "-S", "K8STEST-NODES"], capture_output=True).returncode == 0:
+    if shutil.which("iptables") is not None and \
+            subprocess.run(["iptables", "-t", "nat", "-S", "K8STEST-NODES"], capture_output=True).returncode == 0:
         left.append("iptables -t nat chain K8STEST-NODES")
     if HOSTS_MARK in Path("/etc/hosts").read_text():
         left.append("a node's name in /etc/hosts")
