@@ -584,6 +584,37 @@ impl Cluster {
         .await
     }
 
+    /// Waits up to `timeout` until no mount pod of `volume_id` is left: one
+    /// still terminating (its preStop waits for the share's users) is
+    /// not left behind yet. The mount pods still there, if any.
+    pub async fn wait_mount_pods_gone(
+        &self,
+        volume_id: &str,
+        timeout: Duration,
+    ) -> Result<Vec<String>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left: Vec<String> = self
+                .mount_pods()
+                .await?
+                .into_iter()
+                .filter(|p| {
+                    p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"] == volume_id
+                })
+                .map(|p| {
+                    p["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string()
+                })
+                .collect();
+            if left.is_empty() || Instant::now() >= deadline {
+                return Ok(left);
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+
     /// Manila as the member (the shares' project) sees it.
     pub fn manila(&self) -> Result<SharedFileSystems> {
         Ok(SharedFileSystems::new(self.session("member")?))

@@ -680,9 +680,10 @@ async fn a_node_plugin_restart_never_breaks_a_mounted_volume() {
     wait_released(&c, &pvs[0].0, Some(&pvs[0].1)).await;
     wait_released(&c, &pvs[1].0, None).await;
     wait_detached(&c, &pvs[0].1).await;
-    assert!(c.mount_pods().await.unwrap().iter().all(
-        |p| p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"] != pvs[1].1.as_str()
-    ));
+    // a mount pod still terminating (its preStop waits for the share's
+    // users) is not left behind yet
+    let left = c.wait_mount_pods_gone(&pvs[1].1, 2 * MINUTE).await.unwrap();
+    assert!(left.is_empty(), "mount pods left behind: {left:?}");
     ns.close().await.unwrap();
 }
 
@@ -800,10 +801,11 @@ async fn after_a_kubelet_restart_deleting_the_pods_releases_every_volume() {
     wait_released(&c, &name(&blk), Some(&handle(&blk))).await;
     wait_released(&c, &name(&fs), None).await;
     wait_detached(&c, &handle(&blk)).await;
-    assert!(c.mount_pods().await.unwrap().iter().all(
-        |p| p["metadata"]["annotations"]["manila.csi.openstack.org/volume-id"]
-            != handle(&fs).as_str()
-    ));
+    let left = c
+        .wait_mount_pods_gone(&handle(&fs), 2 * MINUTE)
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "mount pods left behind: {left:?}");
     ns.close().await.unwrap();
 }
 
