@@ -458,6 +458,20 @@ async fn manila_lists_shares_by_metadata() {
         .map(|s| s.id)
         .collect();
     assert_eq!(found, std::slice::from_ref(&tagged.id), "{}", b.name());
+    // the orphan tool's adoption: a key merged into the share's metadata
+    // (the cluster's identity beside its id), the others kept
+    let identity: std::collections::BTreeMap<String, String> = [(
+        "manila.csi.openstack.org/cluster-uid".to_string(),
+        unique("contract-uid"),
+    )]
+    .into();
+    m.update_share_metadata(&tagged.id, &identity)
+        .await
+        .unwrap();
+    let metadata = m.get_share(&tagged.id).await.unwrap().metadata;
+    for (k, v) in tag.iter().chain(&identity) {
+        assert_eq!(metadata.get(k), Some(v), "{}: {metadata:?}", b.name());
+    }
     for id in [&tagged.id, &untagged.id] {
         m.delete_share(id).await.unwrap();
     }
