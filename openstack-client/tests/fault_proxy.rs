@@ -138,4 +138,52 @@ async fn a_client_of_the_proxied_keystone_goes_through_the_proxy_and_meets_its_f
     let err = cinder.get_volume("no-such-volume").await.unwrap_err();
     assert!(matches!(err, Error::NotFound(_)), "{err}");
     assert_eq!(control.calls().await.unwrap().len(), 1);
+
+    // a gateway that gives up: the caller gets its 504 at once (and, a
+    // GET being safe to repeat, asks again and is answered), and the first
+    // request still reaches the service later, answered to nobody
+    control.clear_calls().await.unwrap();
+    control
+        .add_fault(
+            &FaultRule::new(
+                Some("GET"),
+                "/volumes/gateway-probe",
+                FaultAction::GatewayGaveUp {
+                    status: 504,
+                    serve_after_millis: 500,
+                },
+            )
+            .times(1),
+        )
+        .await
+        .unwrap();
+    let asked = std::time::Instant::now();
+    let err = cinder.get_volume("gateway-probe").await.unwrap_err();
+    assert!(matches!(err, Error::NotFound(_)), "{err}");
+    let probes = |calls: &[openstack_emulator::CallRecord]| {
+        calls
+            .iter()
+            .filter(|c| c.path.ends_with("/volumes/gateway-probe"))
+            .count()
+    };
+    let first = control.calls().await.unwrap();
+    assert_eq!(
+        probes(&first),
+        1,
+        "only the second GET served within {:?}: {first:?}",
+        asked.elapsed()
+    );
+    let mut served = first;
+    for _ in 0..100 {
+        served = control.calls().await.unwrap();
+        if probes(&served) == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        probes(&served),
+        2,
+        "the first GET reached the service later: {served:?}"
+    );
 }

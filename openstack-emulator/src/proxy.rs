@@ -205,30 +205,25 @@ async fn handle(
     };
     let answered =
         |r: &Result<Response<Body>, String>| r.as_ref().ok().map(|r| r.status().as_u16());
+    // forwarded after `millis` (waiting in the network or a queue), and
+    // served even if its caller has left meanwhile
+    let forwarded_later = |req: Request<Body>, millis: u64| {
+        let (upstream, state) = (upstream.clone(), state.clone());
+        let (method, path, query) = (method.clone(), path.clone(), query.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(millis)).await;
+            let r = forward(&upstream, &state, req).await;
+            state.record(&method, &path, &query, answered(&r), arrived);
+            r
+        })
+    };
     let response = match fault {
         Some(FaultAction::Drop) => {
             state.record(&method, &path, &query, None, arrived);
             return Err(Dropped);
         }
         Some(FaultAction::Delay { millis }) => {
-            let (state2, method2, path2, query2) =
-                (state.clone(), method.clone(), path.clone(), query.clone());
-            let upstream2 = upstream.clone();
-            // waiting in the network or a queue, and served even if its
-            // caller has left meanwhile
-            let delayed = tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(millis)).await;
-                let r = forward(&upstream2, &state2, req).await;
-                state2.record(
-                    &method2,
-                    &path2,
-                    &query2,
-                    r.as_ref().ok().map(|r| r.status().as_u16()),
-                    arrived,
-                );
-                r
-            });
-            return delayed
+            return forwarded_later(req, millis)
                 .await
                 .unwrap_or_else(|_| Err("the forwarding task failed".into()))
                 .or_else(|e| Ok(bad_gateway(&path, &e)));
@@ -237,20 +232,8 @@ async fn handle(
             status,
             serve_after_millis,
         }) => {
-            let (state2, method2, path2, query2) =
-                (state.clone(), method.clone(), path.clone(), query.clone());
-            let upstream2 = upstream.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(serve_after_millis)).await;
-                let r = forward(&upstream2, &state2, req).await;
-                state2.record(
-                    &method2,
-                    &path2,
-                    &query2,
-                    r.as_ref().ok().map(|r| r.status().as_u16()),
-                    arrived,
-                );
-            });
+            // nobody waits for the service's answer
+            drop(forwarded_later(req, serve_after_millis));
             return Ok(errors::injected(
                 status,
                 &path,
