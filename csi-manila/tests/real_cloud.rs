@@ -402,3 +402,122 @@ async fn dead_daemons_and_a_frozen_cluster_are_survived() {
     drop(frozen);
     e.delete(&id).await;
 }
+
+/// The orphan report against real Manila and a stand-in apiserver: what
+/// the controller made carries the identity the apiserver answered with
+/// (real Manila keeps the metadata key), a snapshot the driver made is
+/// told from a backup job's of the same share by the description real
+/// Manila returns, another cluster's share under the same cluster id is
+/// never a candidate, and a share a PV names is in use.
+#[tokio::test]
+#[ignore = "needs root and the real test cloud (tests/openstack/cloud.py up file)"]
+async fn the_orphan_report_tells_real_manilas_shares_and_snapshots_apart() {
+    use csi_sanity::harness::kube::{CLUSTER_UID, StandInApiserver};
+    let _serial = SERIAL.lock().await;
+    let api = StandInApiserver::start().await.unwrap();
+    let mut e = env_with_args("CEPHFS", &[("type", "cephfs")], &api.flags()).await;
+    let named = e.create(&unique("orphan-named"), 1, None).await.volume_id;
+    let gone = e.create(&unique("orphan-gone"), 1, None).await.volume_id;
+    let ours = e.snapshot(&named, &unique("orphan-snap")).await.snapshot_id;
+    let backup = e
+        .manila
+        .create_snapshot(
+            &named,
+            &unique("nightly-backup"),
+            Some("made by the backup job"),
+        )
+        .await
+        .unwrap()
+        .id;
+    let theirs = e
+        .manila
+        .create_share(&CreateShare {
+            protocol: "CEPHFS".into(),
+            size_gib: 1,
+            name: unique("pvc-of-another-cluster"),
+            share_type: Some("cephfs".into()),
+            metadata: [
+                (
+                    "manila.csi.openstack.org/cluster".to_string(),
+                    "sanity-real".to_string(),
+                ),
+                (
+                    "manila.csi.openstack.org/cluster-uid".to_string(),
+                    "uid-of-another".to_string(),
+                ),
+            ]
+            .into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .id;
+    let identity = e.manila.get_share(&gone).await.unwrap().metadata;
+    assert_eq!(
+        identity
+            .get("manila.csi.openstack.org/cluster-uid")
+            .map(String::as_str),
+        Some(CLUSTER_UID),
+        "{identity:?}"
+    );
+    api.objects().pvs = vec![("cephfs.manila.csi.openstack.org".into(), named.clone())];
+    let out = tokio::process::Command::new(BIN)
+        .arg("orphans")
+        .arg(format!(
+            "--cloud-config={}",
+            cloud_dir().join("cloud-member.conf").display()
+        ))
+        .args([
+            "--cluster-id=sanity-real",
+            "--drivername=cephfs.manila.csi.openstack.org",
+            "--share-protocol-selector=CEPHFS",
+            "--older-than=0s",
+            "--output=json",
+        ])
+        .args(api.flags())
+        .output()
+        .await
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|err| panic!("{err}: {}", String::from_utf8_lossy(&out.stderr)));
+    let ids = |key: &str| -> Vec<String> {
+        report["report"][key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (orphans, unproven) = (ids("orphans"), ids("unproven"));
+    for id in [&gone, &ours] {
+        assert!(orphans.contains(id), "{id} is an orphan: {report:#}");
+    }
+    for id in [&backup, &theirs] {
+        assert!(unproven.contains(id), "{id} is not proven ours: {report:#}");
+    }
+    assert!(
+        !orphans.contains(&named) && !unproven.contains(&named),
+        "the named share is in use: {report:#}"
+    );
+    // the backup's snapshot settles before it can go; the share goes only
+    // once its snapshots have
+    let settle = Instant::now() + Duration::from_secs(120);
+    while e
+        .manila
+        .get_snapshot(&backup)
+        .await
+        .is_ok_and(|s| s.status.as_str() == "creating")
+        && Instant::now() < settle
+    {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    e.manila.delete_snapshot(&backup).await.unwrap();
+    e.delete_snapshot(&ours).await;
+    while e.manila.get_snapshot(&backup).await.is_ok() && Instant::now() < settle {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    for id in [&named, &gone] {
+        e.delete(id).await;
+    }
+    e.manila.delete_share(&theirs).await.unwrap();
+}

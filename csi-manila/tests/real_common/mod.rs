@@ -39,12 +39,21 @@ pub struct Env {
 /// The plugin for `protocol` (`CEPHFS` or `NFS`) on the real cloud; its
 /// shares are created with `parameters`.
 pub async fn env(protocol: &str, parameters: &[(&str, &str)]) -> Env {
+    env_with_args(protocol, parameters, &[]).await
+}
+
+/// The same, with more plugin flags.
+pub async fn env_with_args(
+    protocol: &str,
+    parameters: &[(&str, &str)],
+    extra_args: &[String],
+) -> Env {
     let dir = cloud_dir();
     let log = csi_sanity::harness::test_log(&format!(
         "manila-csi-real-{}.log",
         protocol.to_ascii_lowercase()
     ));
-    let h = ManilaOnRealCloud::start(Path::new(BIN), &dir, protocol, false, &[], Some(log))
+    let h = ManilaOnRealCloud::start(Path::new(BIN), &dir, protocol, false, extra_args, Some(log))
         .await
         .unwrap();
     csi_sanity::harness::wait_until_ready(&h.socket)
