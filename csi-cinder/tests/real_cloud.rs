@@ -542,3 +542,140 @@ async fn a_volume_is_detached_from_a_server_that_is_shut_off() {
     e.delete_server(&server).await;
     e.delete_boot_volume(&boot).await;
 }
+
+/// The orphan report against real Cinder and a stand-in apiserver: what
+/// the controller made carries the identity the apiserver answered with
+/// (real Cinder keeps the metadata key, and its snapshot inherits it),
+/// another cluster's volume under the same cluster id is never a
+/// candidate, and a volume a PV names is in use.
+#[tokio::test]
+#[ignore = "needs the real test cloud (tests/openstack/cloud.py up block)"]
+async fn the_orphan_report_tells_real_cinders_volumes_apart() {
+    use csi_sanity::harness::kube::{CLUSTER_UID, StandInApiserver};
+    let _serial = SERIAL.lock().await;
+    let api = StandInApiserver::start().await.unwrap();
+    let dir = real_cloud_dir();
+    let global = std::fs::read_to_string(dir.join("cloud-member.conf")).unwrap();
+    let flags = api.flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let h = CinderOnRealCloud::start_with(
+        Path::new(BIN),
+        &dir,
+        &global,
+        &flags,
+        Some(test_log("cinder-csi-real-orphans.log")),
+    )
+    .await
+    .unwrap();
+    csi_sanity::harness::wait_until_ready(&h.socket)
+        .await
+        .unwrap();
+    let ch = plugin_runtime::connect_unix(&h.socket).await.unwrap();
+    let conf = CloudConf::from_texts(&[("c".into(), global)], ConfigEnv::default()).unwrap();
+    let session = Session::new(conf.cloud("").unwrap(), SessionOptions::default()).unwrap();
+    let mut e = RealEnv {
+        h,
+        c: ControllerClient::new(ch),
+        cinder: BlockStorage::new(session.clone()),
+        nova: Compute::new(session),
+    };
+    let named = e.volume("orphan-named").await;
+    let gone = e.volume("orphan-gone").await;
+    let snapshot =
+        e.c.create_snapshot(snapshot_req(&gone, &unique("orphan-snap"), &[]))
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap()
+            .snapshot_id;
+    let theirs = e
+        .cinder
+        .create_volume(&CreateVolume {
+            name: unique("pvc-of-another-cluster"),
+            size_gib: 1,
+            metadata: [
+                (
+                    "cinder.csi.openstack.org/cluster".to_string(),
+                    "sanity-real".to_string(),
+                ),
+                (
+                    "cinder.csi.openstack.org/cluster-uid".to_string(),
+                    "uid-of-another".to_string(),
+                ),
+            ]
+            .into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .id;
+    let identity = e.cinder.get_volume(&gone).await.unwrap().metadata;
+    assert_eq!(
+        identity
+            .get("cinder.csi.openstack.org/cluster-uid")
+            .map(String::as_str),
+        Some(CLUSTER_UID),
+        "{identity:?}"
+    );
+    api.objects().pvs = vec![("cinder.csi.openstack.org".into(), named.clone())];
+    let out = tokio::process::Command::new(BIN)
+        .arg("orphans")
+        .arg(format!(
+            "--cloud-config={}",
+            dir.join("cloud-member.conf").display()
+        ))
+        .args([
+            "--cluster=sanity-real",
+            "--drivername=cinder.csi.openstack.org",
+            "--older-than=0s",
+            "--output=json",
+        ])
+        .args(api.flags())
+        .output()
+        .await
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|err| panic!("{err}: {}", String::from_utf8_lossy(&out.stderr)));
+    let ids = |key: &str| -> Vec<String> {
+        report["report"][key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (orphans, unproven) = (ids("orphans"), ids("unproven"));
+    for id in [&gone, &snapshot] {
+        assert!(orphans.contains(id), "{id} is an orphan: {report:#}");
+    }
+    assert!(unproven.contains(&theirs), "another cluster's: {report:#}");
+    assert!(
+        !orphans.contains(&named) && !unproven.contains(&named),
+        "the named volume is in use: {report:#}"
+    );
+    e.c.delete_snapshot(csi::DeleteSnapshotRequest {
+        snapshot_id: snapshot,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for id in [named, gone] {
+        // a volume goes once its snapshot has
+        while let Err(status) =
+            e.c.delete_volume(csi::DeleteVolumeRequest {
+                volume_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+        {
+            assert!(Instant::now() < deadline, "{id}: {status}");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    while e.cinder.delete_volume(&theirs).await.is_err() && Instant::now() < deadline {
+        // still creating: Cinder deletes it once it is available
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
