@@ -3,17 +3,22 @@
 //! serves, with the cluster's identity they carry (`.../cluster-uid`),
 //! and the snapshots the driver made of them (Manila's snapshots carry no
 //! tag: one of those shares' snapshots is the driver's when it bears the
-//! driver's description, and carries its share's identity), for the
+//! driver's description, and carries its share's identity), and the
+//! access rules that show a share in use by the cluster's nodes, for the
 //! orphan report of `csi_common::orphans`; and `manila-csi-plugin
 //! orphans`, which prints it and deletes on demand.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::path::PathBuf;
 
 use csi_common::orphans::{
-    CommandError, Inventory, NamedBy, Printed, ReportArgs, Tagged, changed_since_scan, created,
+    CommandError, Inventory, NamedBy, NodeAddresses, Printed, ReportArgs, Tagged,
+    changed_since_scan, created,
 };
-use openstack_client::manila::{Share, ShareSnapshotStatus, ShareStatus, SharedFileSystems};
+use openstack_client::manila::{
+    AccessRule, Share, ShareSnapshotStatus, ShareStatus, SharedFileSystems,
+};
 
 use crate::share_protocol::ShareProtocol;
 use crate::shares::{CLONE_SNAPSHOT_DESCRIPTION, CLUSTER_KEY, DESCRIPTION, IDENTITY_KEY};
@@ -59,7 +64,56 @@ impl ManilaInventory {
     }
 }
 
+/// The one host an `ip` access rule names: an address, or a network of
+/// one address (`/32`, `/128`). A wider network (a class's
+/// `nfs-shareClient`, given to every share the class makes) names no
+/// node in particular and says nothing of use.
+fn one_host(access_to: &str) -> Option<IpAddr> {
+    let (addr, prefix) = match access_to.trim().split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (access_to.trim(), None),
+    };
+    let ip: IpAddr = addr.parse().ok()?;
+    let full = if ip.is_ipv4() { 32 } else { 128 };
+    match prefix {
+        None => Some(ip),
+        Some(p) => (p.parse::<u8>().ok()? == full).then_some(ip),
+    }
+}
+
+/// Why a share is in use by the cluster's nodes, as its access rules
+/// tell: a rule granting one of their addresses alone (whoever granted
+/// it, a node there may have it mounted).
+fn held_by_rules(rules: &[AccessRule], nodes: &NodeAddresses) -> Option<String> {
+    rules.iter().find_map(|r| {
+        if !r.access_type.eq_ignore_ascii_case("ip") {
+            return None;
+        }
+        let node = nodes.get(&one_host(&r.access_to)?)?;
+        Some(format!(
+            "an access rule grants node {node}'s address {} ({} {}): a pod there may have the share mounted (deny the rule once nothing mounts it)",
+            r.access_to, r.access_level, r.state
+        ))
+    })
+}
+
 impl Inventory for ManilaInventory {
+    fn reads_node_addresses(&self) -> bool {
+        true
+    }
+
+    async fn held(
+        &self,
+        t: &Tagged,
+        nodes: &NodeAddresses,
+    ) -> Result<Option<String>, openstack_client::Error> {
+        if t.named_by != NamedBy::PersistentVolume || nodes.is_empty() {
+            return Ok(None);
+        }
+        let rules = self.manila.list_access_rules(&t.id).await?;
+        Ok(held_by_rules(&rules, nodes))
+    }
+
     async fn tagged(&self) -> Result<Vec<Tagged>, openstack_client::Error> {
         let tag = BTreeMap::from([(CLUSTER_KEY.to_string(), self.cluster.clone())]);
         let shares: Vec<_> = self
@@ -170,9 +224,9 @@ impl Inventory for ManilaInventory {
 #[command(
     name = "manila-csi-plugin orphans",
     about = "Lists the Manila shares tagged with this cluster (of one protocol) and their snapshots that no PersistentVolume or VolumeSnapshotContent names (older than --older-than), and deletes them with --delete",
-    long_about = "Lists the Manila shares of this cluster of the protocol --share-protocol-selector names, and the snapshots the driver made of them, that no PersistentVolume (by volume handle, or a static PV's shareID or shareName) or VolumeSnapshotContent of --drivername names, older than --older-than. A share is this cluster's only when it carries both the cluster id (manila.csi.openstack.org/cluster=--cluster-id) and the cluster's identity (manila.csi.openstack.org/cluster-uid, the uid of kube-system, which the controller writes); a snapshot carries its share's, and only one with the driver's description is the driver's. Anything else is listed as not proven and never deleted; --adopt writes the identity into shares an older version made.\n\n\
+    long_about = "Lists the Manila shares of this cluster of the protocol --share-protocol-selector names, and the snapshots the driver made of them, that no PersistentVolume (by volume handle, or a static PV's shareID or shareName) or VolumeSnapshotContent of --drivername names, older than --older-than. A share is this cluster's only when it carries both the cluster id (manila.csi.openstack.org/cluster=--cluster-id) and the cluster's identity (manila.csi.openstack.org/cluster-uid, the uid of kube-system, which the controller writes); a snapshot carries its share's, and only one with the driver's description is the driver's. A share with an ip access rule granting one of the cluster's Nodes' addresses alone (an address, /32 or /128) is in use by that node and never deleted. Anything else is listed as not proven and never deleted; --adopt writes the identity into shares an older version made.\n\n\
         A dry run unless --delete: then it deletes the orphans (snapshots first; never one busy), after reading the cluster again, and refuses when its view of the cluster looks wrong (no PV of the driver, another cluster's apiserver, more orphans than shares in use) unless each is named with --force-delete. Uses the [Global] credentials of --cloud-config.\n\n\
-        It reads the apiserver only (get namespace kube-system, list persistentvolumes and volumesnapshotcontents): in the controller's pod it uses the pod's own credentials; elsewhere give --kube-apiserver, --kube-ca-file and --kube-token-file with a token of a role that can read no more than that."
+        It reads the apiserver only (get namespace kube-system, list persistentvolumes, volumesnapshotcontents and nodes): in the controller's pod it uses the pod's own credentials; elsewhere give --kube-apiserver, --kube-ca-file and --kube-token-file with a token of a role that can read no more than that."
 )]
 pub struct OrphansCommand {
     /// cloud.conf files with the credentials to look with.

@@ -6,7 +6,9 @@
 //! snapshots it made of them that nothing names, never the NFS
 //! instance's, one made by hand, another cluster's, a static PV's (by
 //! `shareID` or `shareName`) or a backup's snapshot, and deletes only
-//! when asked, and never on a view of the cluster that looks wrong.
+//! when asked, and never on a view of the cluster that looks wrong. An
+//! NFS share whose access rule grants a node of the cluster alone is in
+//! use by that node.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -26,13 +28,24 @@ const CLUSTER_KEY: &str = "manila.csi.openstack.org/cluster";
 const IDENTITY_KEY: &str = "manila.csi.openstack.org/cluster-uid";
 const LONG_AGO: Duration = Duration::from_secs(2 * 3600);
 
-/// `manila-csi-plugin orphans ...`: its exit, standard output and error.
+/// `manila-csi-plugin orphans ...` for CephFS shares: its exit, standard
+/// output and error.
 async fn orphans_run(api: &StandInApiserver, e: &Env, extra: &[&str]) -> (bool, String, String) {
+    orphans_of("CEPHFS", api, e, extra).await
+}
+
+/// The same for shares of `protocol`.
+async fn orphans_of(
+    protocol: &str,
+    api: &StandInApiserver,
+    e: &Env,
+    extra: &[&str],
+) -> (bool, String, String) {
     let out = tokio::process::Command::new(BIN)
         .arg("orphans")
         .arg(format!("--cloud-config={}", e.h.cloud_conf.display()))
         .arg("--cluster-id=sanity")
-        .arg("--share-protocol-selector=CEPHFS")
+        .arg(format!("--share-protocol-selector={protocol}"))
         .args(api.flags())
         .args(extra)
         .output()
@@ -191,7 +204,7 @@ async fn a_cephfs_instance_reports_and_deletes_only_its_own_orphans() {
     let text = orphans(&e, &api, &[]).await;
     println!("{text}");
     assert!(
-        text.contains("3 PV(s); 8 tagged, 3 in use, 2 orphan(s) older than 1h00m, 0 younger not counted, 3 not proven"),
+        text.contains("3 PV(s); 8 tagged, 3 in use, 0 used by its nodes, 2 orphan(s) older than 1h00m, 0 younger not counted, 3 not proven"),
         "{text}"
     );
     for id in [&gone, &snapshot] {
@@ -316,6 +329,103 @@ async fn a_wrong_driver_name_apiserver_or_snapshot_api_deletes_nothing() {
     assert!(line_with(&text, "deleted", &gone).is_some(), "{text}");
     assert!(snapshot_stays(&e, &snapshot).await);
     assert!(share_stays(&e, &kept).await);
+}
+
+#[tokio::test]
+async fn an_nfs_share_granted_to_a_node_of_the_cluster_is_in_use() {
+    let api = StandInApiserver::start().await.unwrap();
+    api.objects().nodes = vec![
+        (
+            "node-a".into(),
+            vec!["10.0.0.5".into(), "2001:db8::5".into()],
+        ),
+        ("node-b".into(), vec!["10.0.0.6".into()]),
+        ("node-c".into(), vec!["10.0.0.7".into()]),
+    ];
+    let mut e = env_with("NFS", |o| o.extra_args.extend(api.flags())).await;
+    let named = e
+        .create("nfs-named", 1, &[("nfs-shareClient", "10.0.0.0/16")])
+        .await
+        .volume_id;
+    // granted to node-a alone (as an operator grants a node, or a class
+    // per node), to node-b as a network of one, and to the whole network
+    let to_a = e
+        .create("nfs-to-node-a", 1, &[("nfs-shareClient", "10.0.0.5")])
+        .await
+        .volume_id;
+    let to_b = e
+        .create("nfs-to-node-b", 1, &[("nfs-shareClient", "10.0.0.6/32")])
+        .await
+        .volume_id;
+    let to_network = e
+        .create(
+            "nfs-to-the-network",
+            1,
+            &[("nfs-shareClient", "10.0.0.0/16")],
+        )
+        .await
+        .volume_id;
+    // a network written with a node's address: still the whole network
+    let to_network_by_host = e
+        .create(
+            "nfs-to-node-c-s-network",
+            1,
+            &[("nfs-shareClient", "10.0.0.7/24")],
+        )
+        .await
+        .volume_id;
+    let to_elsewhere = e
+        .create(
+            "nfs-to-another-host",
+            1,
+            &[("nfs-shareClient", "192.0.2.9")],
+        )
+        .await
+        .volume_id;
+    let control = e.h.emulator.control();
+    for id in [
+        &named,
+        &to_a,
+        &to_b,
+        &to_network,
+        &to_network_by_host,
+        &to_elsewhere,
+    ] {
+        assert!(control.backdate(id, LONG_AGO), "{id}");
+    }
+    api.objects().pvs = vec![("nfs.manila.csi.openstack.org".into(), named.clone())];
+    let (ok, text, err) = orphans_of(
+        "NFS",
+        &api,
+        &e,
+        &["--delete", "--drivername=nfs.manila.csi.openstack.org"],
+    )
+    .await;
+    println!("{text}{err}");
+    assert!(ok, "{err}");
+    assert!(
+        text.contains("1 in use, 2 used by its nodes, 3 orphan(s)"),
+        "{text}"
+    );
+    assert!(
+        line_with(&text, "in use", &to_a)
+            .is_some_and(|l| l.contains("node node-a's address 10.0.0.5")),
+        "{text}"
+    );
+    assert!(
+        line_with(&text, "in use", &to_b).is_some_and(|l| l.contains("node node-b's")),
+        "{text}"
+    );
+    for id in [&to_network, &to_network_by_host, &to_elsewhere] {
+        assert!(line_with(&text, "deleted", id).is_some(), "{text}");
+    }
+    for id in [&named, &to_a, &to_b] {
+        assert!(share_stays(&e, id).await, "{id}");
+    }
+    assert!(
+        api.objects().node_lists >= 2,
+        "the nodes are read again before deleting"
+    );
 }
 
 #[tokio::test]

@@ -565,3 +565,68 @@ async fn snapshot_restore_clone_and_growth_of_an_nfs_share() {
     e.delete_snapshot(&snap.snapshot_id).await;
     e.delete(&id).await;
 }
+
+#[tokio::test]
+#[ignore = "needs root and the real test cloud (tests/openstack/cloud.py up file)"]
+async fn the_orphan_report_keeps_a_real_share_granted_to_a_node_of_the_cluster() {
+    use csi_sanity::harness::kube::StandInApiserver;
+    let _serial = SERIAL.lock().await;
+    let api = StandInApiserver::start().await.unwrap();
+    // this machine is the cluster's one node, at 127.0.0.1
+    api.objects().nodes = vec![("this-node".into(), vec!["127.0.0.1".into()])];
+    let mut e = env_with_args("NFS", &[NFS_TYPE, THIS_NODE], &api.flags()).await;
+    let named = e
+        .create(&unique("orphan-nfs-named"), 1, None)
+        .await
+        .volume_id;
+    let to_node = e
+        .create(&unique("orphan-nfs-node"), 1, None)
+        .await
+        .volume_id;
+    e.parameters
+        .insert("nfs-shareClient".into(), format!("{OTHER_CLIENT}/32"));
+    let to_other = e
+        .create(&unique("orphan-nfs-other"), 1, None)
+        .await
+        .volume_id;
+    api.objects().pvs = vec![("nfs.manila.csi.openstack.org".into(), named.clone())];
+    let out = tokio::process::Command::new(BIN)
+        .arg("orphans")
+        .arg(format!(
+            "--cloud-config={}",
+            cloud_dir().join("cloud-member.conf").display()
+        ))
+        .args([
+            "--cluster-id=sanity-real",
+            "--drivername=nfs.manila.csi.openstack.org",
+            "--share-protocol-selector=NFS",
+            "--older-than=0s",
+            "--output=json",
+        ])
+        .args(api.flags())
+        .output()
+        .await
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|err| panic!("{err}: {}", String::from_utf8_lossy(&out.stderr)));
+    let ids = |key: &str| -> Vec<String> {
+        report["report"][key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids("held"), vec![to_node.clone()], "{report:#}");
+    assert!(
+        report["report"]["held"][0]["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("this-node's address 127.0.0.1/32")),
+        "{report:#}"
+    );
+    assert!(ids("orphans").contains(&to_other), "{report:#}");
+    assert!(!ids("orphans").contains(&named), "{report:#}");
+    for id in [&named, &to_node, &to_other] {
+        e.delete(id).await;
+    }
+}

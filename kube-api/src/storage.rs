@@ -2,11 +2,12 @@
 //! cluster still uses: the volume handles of its driver's
 //! PersistentVolumes and the snapshot handles of its
 //! VolumeSnapshotContents, and the share a static Manila PV names by its
-//! attributes; and the uid of the namespace that tells one cluster from
-//! another. Listed a page at a time (500), so that a cluster of
+//! attributes; the addresses of its Nodes; and the uid of the namespace
+//! that tells one cluster from another. Listed a page at a time (500), so that a cluster of
 //! thousands costs a few calls and bounded memory per page.
 
 use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
 
 use serde::Deserialize;
 
@@ -70,6 +71,32 @@ struct ObjectMeta {
 #[derive(Debug, Deserialize)]
 struct Namespace {
     metadata: ObjectMeta,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct NodeAddressesOnly {
+    #[serde(default)]
+    metadata: NodeName,
+    #[serde(default)]
+    status: NodeStatus,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct NodeName {
+    #[serde(default)]
+    name: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct NodeStatus {
+    #[serde(default)]
+    addresses: Option<Vec<NodeAddress>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct NodeAddress {
+    #[serde(default)]
+    address: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -154,6 +181,24 @@ impl Client {
             });
         }
         Ok(ns.metadata.uid)
+    }
+
+    /// Every IP address a Node of the cluster has (its status's
+    /// addresses that are IPs: internal and external; host names are
+    /// left out), with the node's name.
+    pub async fn node_addresses(&self) -> Result<BTreeMap<IpAddr, String>> {
+        let nodes: Vec<NodeAddressesOnly> = self.list_all("api/v1/nodes").await?;
+        Ok(nodes
+            .into_iter()
+            .flat_map(|n| {
+                let name = n.metadata.name;
+                n.status
+                    .addresses
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(move |a| Some((a.address.parse::<IpAddr>().ok()?, name.clone())))
+            })
+            .collect())
     }
 
     /// The snapshot handles of every VolumeSnapshotContent of `driver`;

@@ -9,7 +9,9 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use super::reporter::{KubeArgs, ScanError};
-use super::{ClusterRefs, Inventory, NamedBy, Report, Tagged, human, unix_now};
+use super::{
+    ClusterRefs, Inventory, NamedBy, NodeAddresses, Report, Tagged, Unproven, human, unix_now,
+};
 
 /// The least `--older-than` that `--delete` takes: a PV may take this
 /// long to follow its volume when the provisioner is slow or restarted.
@@ -136,7 +138,9 @@ pub async fn run_command<I: Inventory>(
         adopt(inventory, &refs, &args.adopt, &mut out).await?;
     }
     let tagged = inventory.tagged().await.map_err(ScanError::from)?;
-    let report = Report::new(tagged, &refs, args.older_than, SystemTime::now());
+    let mut report = Report::new(tagged, &refs, args.older_than, SystemTime::now());
+    let nodes = node_addresses(inventory, &kube).await?;
+    hold(inventory, &mut report, &nodes).await?;
     if args.delete {
         let chosen: Vec<&Tagged> = if args.force_delete.is_empty() {
             out.refused = report.doubts();
@@ -165,6 +169,37 @@ pub async fn run_command<I: Inventory>(
     }
     out.report = report;
     Ok(out)
+}
+
+/// The addresses of the cluster's nodes, when the inventory asks for
+/// them (none otherwise: the tool then never lists Nodes).
+async fn node_addresses<I: Inventory>(
+    inventory: &I,
+    kube: &kube_api::Client,
+) -> Result<NodeAddresses, CommandError> {
+    if !inventory.reads_node_addresses() {
+        return Ok(NodeAddresses::new());
+    }
+    Ok(kube.node_addresses().await.map_err(ScanError::from)?)
+}
+
+/// Moves the orphans the cloud says the cluster's nodes use into
+/// `held`. A read that fails fails the command: nothing is decided on
+/// what could not be read.
+async fn hold<I: Inventory>(
+    inventory: &I,
+    report: &mut Report,
+    nodes: &NodeAddresses,
+) -> Result<(), CommandError> {
+    let mut orphans = Vec::with_capacity(report.orphans.len());
+    for t in std::mem::take(&mut report.orphans) {
+        match inventory.held(&t, nodes).await.map_err(ScanError::from)? {
+            Some(why) => report.held.push(Unproven { resource: t, why }),
+            None => orphans.push(t),
+        }
+    }
+    report.orphans = orphans;
+    Ok(())
 }
 
 /// Writes the cluster's identity into the resources named, each only if
@@ -226,6 +261,7 @@ async fn delete<I: Inventory>(
         ));
         return Ok(());
     }
+    let nodes = node_addresses(inventory, kube).await?;
     // snapshots first: a volume with snapshots cannot go
     chosen.sort_by_key(|t| t.named_by != NamedBy::SnapshotContent);
     for t in chosen {
@@ -233,6 +269,12 @@ async fn delete<I: Inventory>(
         if again.names(t) {
             out.kept.push(format!("{what}: named by the cluster now"));
         } else if let Some(why) = &t.keep {
+            out.kept.push(format!("{what}: {why}"));
+        } else if let Some(why) = inventory.held(t, &nodes).await.unwrap_or_else(|e| {
+            Some(format!(
+                "whether its nodes use it could not be read again: {e}"
+            ))
+        }) {
             out.kept.push(format!("{what}: {why}"));
         } else {
             match inventory.delete(t, &refs.identity).await {
@@ -282,13 +324,14 @@ impl CommandOutcome {
     pub fn text(&self) -> String {
         let r = &self.report;
         let mut s = format!(
-            "cluster {:?} (identity {}), driver {}: {} PV(s); {} tagged, {} in use, {} orphan(s) older than {}, {} younger not counted, {} not proven this cluster's\n",
+            "cluster {:?} (identity {}), driver {}: {} PV(s); {} tagged, {} in use, {} used by its nodes, {} orphan(s) older than {}, {} younger not counted, {} not proven this cluster's\n",
             self.cluster,
             r.identity,
             self.driver,
             r.persistent_volumes,
             r.tagged,
             r.named,
+            r.held.len(),
             r.orphans.len(),
             human(self.older_than_secs),
             r.young.len(),
@@ -319,6 +362,12 @@ impl CommandOutcome {
                     .unwrap_or_default(),
                 self.driver,
                 human(self.older_than_secs),
+            ));
+        }
+        for h in &r.held {
+            s.push_str(&format!(
+                "in use   {:<8} {}  {:?}  {}: never deleted: {}\n",
+                h.resource.kind, h.resource.id, h.resource.name, h.resource.status, h.why
             ));
         }
         for u in &r.unproven {

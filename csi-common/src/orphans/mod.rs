@@ -23,6 +23,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -60,6 +61,9 @@ pub enum NamedBy {
     /// A VolumeSnapshotContent's snapshot handle.
     SnapshotContent,
 }
+
+/// The IP addresses of the cluster's Nodes, with each one's node.
+pub type NodeAddresses = BTreeMap<IpAddr, String>;
 
 /// A resource of the cloud that carries this cluster's id.
 #[derive(Debug, Clone, Serialize)]
@@ -192,6 +196,10 @@ pub struct Report {
     /// Named by nothing, but not proven this cluster's driver's: never
     /// deleted.
     pub unproven: Vec<Unproven>,
+    /// Orphans by the cluster's objects, but in use by its nodes as the
+    /// cloud tells it (a Manila access rule naming one of their
+    /// addresses): never deleted.
+    pub held: Vec<Unproven>,
     /// Everything tagged with the cluster's id.
     pub tagged: usize,
     /// Of those, what the cluster names (in use).
@@ -344,6 +352,21 @@ pub trait Inventory: Send + Sync {
         t: &Tagged,
         identity: &str,
     ) -> impl Future<Output = Result<(), openstack_client::Error>> + Send;
+    /// Whether `held` needs the addresses of the cluster's nodes (the
+    /// tool then lists Nodes).
+    fn reads_node_addresses(&self) -> bool {
+        false
+    }
+    /// Why an orphan by the cluster's objects is in use by its nodes as
+    /// the cloud tells it (None: nothing says so). A read that fails
+    /// fails the whole: nothing is deleted on what could not be read.
+    fn held(
+        &self,
+        _t: &Tagged,
+        _nodes: &NodeAddresses,
+    ) -> impl Future<Output = Result<Option<String>, openstack_client::Error>> + Send {
+        async { Ok(None) }
+    }
     /// Writes `identity` into a resource that carries the cluster id and
     /// no identity (one an older version made).
     fn adopt(

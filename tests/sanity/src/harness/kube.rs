@@ -1,8 +1,8 @@
 //! A stand-in apiserver for what a controller reads of the cluster: the
 //! kube-system namespace (its uid is the cluster's identity), its
 //! PersistentVolumes and VolumeSnapshotContents, a page (of two) at a
-//! time as an apiserver pages with `limit` and `continue`, to the bearer
-//! of one token only. A test sets what it lists, can make a PV appear
+//! time as an apiserver pages with `limit` and `continue`, and its Nodes'
+//! addresses, to the bearer of one token only. A test sets what it lists, can make a PV appear
 //! from a given listing on (one made between a report and its
 //! deletions), and can take the snapshot API away.
 
@@ -44,6 +44,10 @@ pub struct Objects {
     pub late_from: usize,
     /// Listings of PVs so far (their first pages).
     pub pv_lists: usize,
+    /// (name, addresses) of each Node.
+    pub nodes: Vec<(String, Vec<String>)>,
+    /// Listings of Nodes so far (their first pages).
+    pub node_lists: usize,
 }
 
 impl Default for Objects {
@@ -57,6 +61,8 @@ impl Default for Objects {
             late_pv: None,
             late_from: 0,
             pv_lists: 0,
+            nodes: Vec::new(),
+            node_lists: 0,
         }
     }
 }
@@ -156,6 +162,33 @@ async fn contents(
     axum::Json(paged(items, &q)).into_response()
 }
 
+async fn nodes(
+    State(s): State<Shared>,
+    h: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if !authorized(&h) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let mut o = s.lock().unwrap_or_else(|p| p.into_inner());
+    if !q.contains_key("continue") {
+        o.node_lists += 1;
+    }
+    let items = o
+        .nodes
+        .iter()
+        .map(|(name, addresses)| {
+            let addresses: Vec<Value> = addresses
+                .iter()
+                .map(|a| json!({"type": "InternalIP", "address": a}))
+                .chain([json!({"type": "Hostname", "address": name})])
+                .collect();
+            json!({"metadata": {"name": name}, "status": {"addresses": addresses}})
+        })
+        .collect();
+    axum::Json(paged(items, &q)).into_response()
+}
+
 async fn namespace(State(s): State<Shared>, h: HeaderMap, Path(name): Path<String>) -> Response {
     if !authorized(&h) {
         return StatusCode::UNAUTHORIZED.into_response();
@@ -175,6 +208,7 @@ impl StandInApiserver {
         let app = Router::new()
             .route("/api/v1/namespaces/{name}", get(namespace))
             .route("/api/v1/persistentvolumes", get(pvs))
+            .route("/api/v1/nodes", get(nodes))
             .route(
                 "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents",
                 get(contents),
