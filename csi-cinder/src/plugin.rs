@@ -35,6 +35,17 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     // the node needs only [Metadata] (and [BlockStorage]): its cloud.conf
     // is optional
     let conf = csi_common::plugin::load_cloud_conf(&opts.cloud_config)?;
+    let secrets = conf.secret_keys();
+    if !opts.services.provide_controller_service && !secrets.is_empty() {
+        // a node's pod is the likeliest to be broken into: what it holds
+        // should open nothing
+        tracing::warn!(
+            keys = %secrets.join(", "),
+            "this node plugin calls no OpenStack API, yet its cloud.conf holds credentials: \
+             give the node plugins a cloud.conf without them (deploy/: the Secret \
+             cloud-config-node; the chart: secret.nodeName, or secret.create)"
+        );
+    }
 
     let mut parts = Vec::new();
     let mut routes = tonic::service::Routes::default();

@@ -342,3 +342,73 @@ fn a_live_socket_is_never_taken_over() {
     std::os::unix::net::UnixStream::connect(&path).unwrap();
     assert!(live.accept().is_ok());
 }
+
+/// The first line of a starting plugin's log that contains `needle`,
+/// before it serves gRPC (within 20 s); or all it logged until then.
+fn logged_line(args: &[String], needle: &str) -> Result<String, String> {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let _plugin = Plugin(child);
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut seen = String::new();
+    while let Some(left) = until.checked_duration_since(Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return Ok(line),
+            Ok(line) if line.contains("serving gRPC") => return Err(seen + &line),
+            Ok(line) => seen.push_str(&(line + "\n")),
+            Err(_) => break,
+        }
+    }
+    Err(seen)
+}
+
+#[test]
+fn a_node_plugin_given_credentials_says_it_needs_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = format!("--endpoint=unix://{}/csi.sock", dir.path().display());
+    let with = dir.path().join("with.conf");
+    std::fs::write(
+        &with,
+        "[Global]\nauth-url=https://keystone.example.com:5000/v3\nusername=csi\npassword=hunter2-not-logged\nproject-name=p\n\
+         [BlockStorage]\nnode-volume-attach-limit=25\n",
+    )
+    .unwrap();
+    let args = |conf: &Path| {
+        vec![
+            sock.clone(),
+            format!("--cloud-config={}", conf.display()),
+            "--provide-controller-service=false".into(),
+            format!("--path-root={}", dir.path().display()),
+        ]
+    };
+    let line = logged_line(&args(&with), "holds credentials").unwrap_or_else(|log| {
+        panic!("no warning that the node plugin holds credentials; it logged:\n{log}")
+    });
+    assert!(line.contains("[Global] password"), "{line}");
+    assert!(
+        !line.contains("hunter2"),
+        "the secret itself is never logged: {line}"
+    );
+
+    // the node's own cloud.conf, as deploy/'s cloud-config-node: no word
+    let _ = std::fs::remove_file(dir.path().join("csi.sock"));
+    let without = dir.path().join("without.conf");
+    std::fs::write(&without, "[BlockStorage]\nnode-volume-attach-limit=25\n").unwrap();
+    let args = args(&without);
+    let quiet = logged_line(&args, "holds credentials");
+    assert!(quiet.is_err(), "warned without credentials: {quiet:?}");
+}

@@ -211,6 +211,38 @@ def no_policy_no_verb_it_guards():
     return [on, off]
 
 
+def the_node_plugins_get_none_of_the_credentials_the_chart_holds():
+    """Upstream's way (secret.create with the cloud.conf in secret.data,
+    no node Secret named): the node plugins get a Secret the chart makes
+    from the same cloud.conf less its secrets, and the controller the
+    whole of it."""
+    conf = ("[Global]\nauth-url=https://keystone.example.com:5000/v3\nusername=csi\n"
+            "Password = hunter2\napplication-credential-secret=s3cret\ntrustee-password=tr-pw-77\n"
+            "[Global \"b\"]\ntoken=tok-42\n[BlockStorage]\nnode-volume-attach-limit=25\n"
+            "[Metadata]\nsearch-order=configDrive,metadataService\n")
+    r = Rendering(CHART, {"secret": {"enabled": True, "create": True, "name": "cc",
+                                     "data": {"cloud.conf": conf, "clouds.yaml": "password: other"}}})
+    secrets = {s["metadata"]["name"]: s["stringData"] for s in r.objects("Secret")}
+    expect(set(secrets) == {"cc", "cc-node"}, sorted(secrets))
+    expect(secrets["cc"]["cloud.conf"] == conf, "the controller's holds all")
+    node = secrets["cc-node"]
+    expect(set(node) == {"cloud.conf"}, f"only the cloud.conf: {sorted(node)}")
+    for secret in ("hunter2", "s3cret", "tr-pw-77", "tok-42"):
+        expect(secret not in node["cloud.conf"], f"{secret} reaches the nodes: {node['cloud.conf']}")
+    for kept in ("node-volume-attach-limit=25", "search-order=configDrive,metadataService", "username=csi"):
+        expect(kept in node["cloud.conf"], f"{kept} lost: {node['cloud.conf']}")
+    expect(volume(r.pod(*NODE), "cloud-config")["secret"]["secretName"] == "cc-node", "the nodes read theirs")
+    expect(volume(r.pod(*CONTROLLER), "cloud-config")["secret"]["secretName"] == "cc", "the controller the whole")
+    expect("credentials included" not in r.notes and "cc-node" in r.notes, r.notes)
+    # a Secret made elsewhere cannot be read here: the nodes share it, and NOTES says so
+    shared = Rendering(CHART, {"secret": {"enabled": True, "create": False, "name": "cc"}})
+    expect(volume(shared.pod(*NODE), "cloud-config")["secret"]["secretName"] == "cc", "")
+    expect("credentials included" in shared.notes, shared.notes)
+    fails_to_render(CHART, {"secret": {"enabled": True, "create": True, "name": "cc",
+                                       "data": {"other.conf": "[Global]\n"}}}, "no cloud.conf (secret.filename)")
+    return [r, shared]
+
+
 TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
     the_default_rendering_is_deploy_cinder_base,
     the_defaults_differ_from_deploy_only_in_the_stated_values,
@@ -221,4 +253,5 @@ TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
     values_that_cannot_work_are_refused_when_rendered,
     upstream_keys_with_no_use_here_are_named,
     no_policy_no_verb_it_guards,
+    the_node_plugins_get_none_of_the_credentials_the_chart_holds,
 )]

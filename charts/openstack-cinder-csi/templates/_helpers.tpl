@@ -70,12 +70,26 @@ imagePullPolicy: {{ . }}
 {{- end }}
 {{- end -}}
 
-{{/* The node plugins': their own Secret when named, else the controller's. */}}
+{{/* The node plugins' own Secret: secret.nodeName; with secret.create and
+no nodeName, the one this chart derives from secret.data without its
+credentials (they call no OpenStack API); none otherwise (they then read
+the controller's, as upstream's do). */}}
+{{- define "cinder-csi.nodeSecretName" -}}
+{{- if .Values.secret.enabled -}}
+{{- if .Values.secret.nodeName -}}
+{{ .Values.secret.nodeName }}
+{{- else if .Values.secret.create -}}
+{{ printf "%s-node" (required "secret.name: the Secret to make" .Values.secret.name) }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The node plugins': their own Secret when there is one, else the controller's. */}}
 {{- define "cinder-csi.nodeCloudConfigVolume" -}}
-{{- if and .Values.secret.enabled .Values.secret.nodeName }}
+{{- with include "cinder-csi.nodeSecretName" . }}
 - name: cloud-config
   secret:
-    secretName: {{ .Values.secret.nodeName }}
+    secretName: {{ . }}
 {{- else }}
 {{- include "cinder-csi.cloudConfigVolume" . }}
 {{- end }}

@@ -486,6 +486,27 @@ impl CloudConf {
             .collect()
     }
 
+    /// The secrets this configuration holds, each as `[Global] key` (never
+    /// its value): what a plugin that calls no OpenStack API should not
+    /// be given.
+    pub fn secret_keys(&self) -> Vec<String> {
+        const SECRETS: &[&str] = &[
+            "password",
+            "application-credential-secret",
+            "token",
+            "trustee-password",
+        ];
+        self.document
+            .sections_named("global")
+            .flat_map(|s| {
+                SECRETS
+                    .iter()
+                    .filter(|k| s.get(k).is_some_and(|e| !e.value.trim().is_empty()))
+                    .map(move |k| format!("[{}] {k}", display_section(s)))
+            })
+            .collect()
+    }
+
     /// Resolves the credentials of one cloud: `""` is `[Global]`.
     pub fn cloud(&self, name: &str) -> Result<CloudConfig, ConfigError> {
         let sub = if name.is_empty() { None } else { Some(name) };
