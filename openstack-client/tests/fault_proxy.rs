@@ -91,6 +91,20 @@ async fn a_client_of_the_proxied_keystone_goes_through_the_proxy_and_meets_its_f
         .map(|c| c.status)
         .collect();
     assert_eq!(posts, [Some(429), Some(202)], "{calls:#?}");
+    // the call that got the fault is marked, the other is not, and the
+    // rule (spent, still listed) counts what it served
+    let marks: Vec<Option<&str>> = calls
+        .iter()
+        .filter(|c| c.method == "POST" && c.path.ends_with("/volumes"))
+        .map(|c| c.fault.as_deref())
+        .collect();
+    assert_eq!(marks, [Some("status 429"), None], "{calls:#?}");
+    let rules = control.faults().await.unwrap();
+    assert_eq!(
+        rules.iter().map(|r| r.served).collect::<Vec<_>>(),
+        [1],
+        "{rules:#?}"
+    );
     assert!(
         calls
             .iter()
@@ -133,6 +147,24 @@ async fn a_client_of_the_proxied_keystone_goes_through_the_proxy_and_meets_its_f
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(gone, "the service deleted it, though its answer was lost");
+    let lost = control.calls().await.unwrap();
+    assert_eq!(
+        lost.iter()
+            .filter(|c| c.fault.as_deref() == Some("answer lost"))
+            .count(),
+        1,
+        "the lost answer is told from the others: {lost:#?}"
+    );
+    assert_eq!(
+        control
+            .faults()
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.served)
+            .collect::<Vec<_>>(),
+        [1, 1]
+    );
     control.clear_faults().await.unwrap();
     control.clear_calls().await.unwrap();
     let err = cinder.get_volume("no-such-volume").await.unwrap_err();
@@ -186,4 +218,17 @@ async fn a_client_of_the_proxied_keystone_goes_through_the_proxy_and_meets_its_f
         2,
         "the first GET reached the service later: {served:?}"
     );
+    assert!(
+        served
+            .iter()
+            .any(|c| c.fault.as_deref() == Some("gateway gave up (504)")),
+        "{served:#?}"
+    );
+
+    // a rule the proxy does not take is an error, never a fault that
+    // silently never happens
+    let refused = ProxyControl { admin: listen }
+        .add_fault(&FaultRule::new(None, "/volumes", FaultAction::Drop))
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
 }

@@ -31,10 +31,15 @@ impl std::fmt::Debug for Control {
 
 impl Control {
     pub fn add_fault(&self, rule: FaultRule) {
-        self.state.world().faults.push(rule);
+        self.state.world().faults.push(rule.fresh());
     }
     pub fn clear_faults(&self) {
         self.state.world().faults.clear();
+    }
+    /// The rules in place (spent ones too), each with how many requests
+    /// it served its fault to.
+    pub fn faults(&self) -> Vec<FaultRule> {
+        self.state.world().faults.clone()
     }
     pub fn set_delays(&self, delays: Delays) {
         self.state.world().delays = delays;
@@ -395,7 +400,7 @@ pub fn routes() -> axum::Router<Arc<AppState>> {
 type St = State<Arc<AppState>>;
 
 async fn add_fault(State(s): St, Json(rule): Json<FaultRule>) -> StatusCode {
-    s.world().faults.push(rule);
+    s.world().faults.push(rule.fresh());
     StatusCode::CREATED
 }
 async fn clear_faults(State(s): St) -> StatusCode {

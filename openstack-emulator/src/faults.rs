@@ -68,6 +68,23 @@ pub enum FaultAction {
     },
 }
 
+impl FaultAction {
+    /// What a call that got this fault is marked with in the call log.
+    pub fn name(&self) -> String {
+        match self {
+            Self::Status { status, .. } => format!("status {status}"),
+            Self::Delay { millis } => format!("delayed {millis} ms"),
+            Self::Drop => "dropped".into(),
+            Self::LoseAnswer => "answer lost".into(),
+            Self::HoldAnswer { millis } => format!("answer held {millis} ms"),
+            Self::Throttle { .. } => "let through by a throttle".into(),
+            Self::Throttled { .. } => "throttled".into(),
+            Self::GatewayGaveUp { status, .. } => format!("gateway gave up ({status})"),
+            Self::Json { status, .. } => format!("answer replaced ({status})"),
+        }
+    }
+}
+
 /// How a refusal tells the caller when to come back.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -129,6 +146,15 @@ pub struct FaultRule {
     pub remaining: Option<u32>,
     #[serde(default, skip_deserializing)]
     pub matched: u64,
+    /// How many requests got the action (a throttle's: how many it
+    /// refused): the proof that the fault happened. Read back by the
+    /// admin API's clients; set to 0 when a rule is added.
+    #[serde(default)]
+    pub served: u64,
+    /// The name of the fault the rule belongs to, for reading its
+    /// `served` back (a campaign's fault class).
+    #[serde(default)]
+    pub label: Option<String>,
     /// A throttle's slots: how many are free, and when they were counted.
     #[serde(skip)]
     bucket: Option<(f64, std::time::Instant)>,
@@ -145,8 +171,24 @@ impl FaultRule {
             probability: None,
             remaining: None,
             matched: 0,
+            served: 0,
+            label: None,
             bucket: None,
         }
+    }
+
+    /// The rule as added: nothing matched or served yet, whatever the
+    /// request said.
+    pub fn fresh(mut self) -> Self {
+        self.matched = 0;
+        self.served = 0;
+        self
+    }
+
+    /// The rule belongs to the fault `label` names.
+    pub fn labelled(mut self, label: &str) -> Self {
+        self.label = Some(label.to_string());
+        self
     }
 
     /// Requests whose path has `path` are not matched.
@@ -209,11 +251,14 @@ impl FaultRule {
             hint,
         } = self.action
         {
-            return self.take_slot(per_second, burst, hint);
+            let refused = self.take_slot(per_second, burst, hint);
+            self.served += u64::from(refused.is_some());
+            return refused;
         }
         if let Some(r) = &mut self.remaining {
             *r -= 1;
         }
+        self.served += 1;
         Some(self.action.clone())
     }
 

@@ -355,6 +355,11 @@ async fn handle(
     } else {
         state.world().match_fault(&method, &path)
     };
+    // a throttle that lets a call through served no fault to it
+    let fault_name = fault
+        .as_ref()
+        .filter(|f| !matches!(f, FaultAction::Throttle { .. }))
+        .map(FaultAction::name);
     // The service does the work whether or not the caller waits for it,
     // as a real API does: a caller that gives up (or whose connection is
     // dropped) does not stop it.
@@ -374,24 +379,31 @@ async fn handle(
         Some(FaultAction::Drop) => {
             state
                 .world()
-                .record_call(&method, &path, &query, None, arrived);
+                .record_call(&method, &path, &query, None, arrived, fault_name.as_deref());
             return Err(DroppedByFault);
         }
         Some(FaultAction::Delay { millis }) => {
-            let (router, st, method, at, asked) = (
+            let (router, st, method, at, asked, named) = (
                 router.clone(),
                 state.clone(),
                 method.clone(),
                 path.clone(),
                 query.clone(),
+                fault_name.clone(),
             );
             // the request waits in the network or a queue, and is served
             // even if its caller has left meanwhile
             let served = tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(millis)).await;
                 let r = serve(router, req).await;
-                st.world()
-                    .record_call(&method, &at, &asked, Some(r.status().as_u16()), arrived);
+                st.world().record_call(
+                    &method,
+                    &at,
+                    &asked,
+                    Some(r.status().as_u16()),
+                    arrived,
+                    named.as_deref(),
+                );
                 r
             });
             let mut r = served.await.unwrap_or_else(|_| {
@@ -411,13 +423,24 @@ async fn handle(
             status,
             serve_after_millis,
         }) => {
-            let (st, method, at, asked) =
-                (state.clone(), method.clone(), path.clone(), query.clone());
+            let (st, method, at, asked, named) = (
+                state.clone(),
+                method.clone(),
+                path.clone(),
+                query.clone(),
+                fault_name.clone(),
+            );
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(serve_after_millis)).await;
                 let r = serve(router, req).await;
-                st.world()
-                    .record_call(&method, &at, &asked, Some(r.status().as_u16()), arrived);
+                st.world().record_call(
+                    &method,
+                    &at,
+                    &asked,
+                    Some(r.status().as_u16()),
+                    arrived,
+                    named.as_deref(),
+                );
             });
             let mut r = errors::injected(
                 status,
@@ -432,16 +455,26 @@ async fn handle(
         }
         Some(FaultAction::LoseAnswer) => {
             let r = serve(router, req).await;
-            state
-                .world()
-                .record_call(&method, &path, &query, Some(r.status().as_u16()), arrived);
+            state.world().record_call(
+                &method,
+                &path,
+                &query,
+                Some(r.status().as_u16()),
+                arrived,
+                fault_name.as_deref(),
+            );
             return Err(DroppedByFault);
         }
         Some(FaultAction::HoldAnswer { millis }) => {
             let mut r = serve(router, req).await;
-            state
-                .world()
-                .record_call(&method, &path, &query, Some(r.status().as_u16()), arrived);
+            state.world().record_call(
+                &method,
+                &path,
+                &query,
+                Some(r.status().as_u16()),
+                arrived,
+                fault_name.as_deref(),
+            );
             tokio::time::sleep(Duration::from_millis(millis)).await;
             add_request_id(&mut r, &path, &request_id);
             add_date(&mut r, &state);
@@ -482,6 +515,7 @@ async fn handle(
             &query,
             Some(response.status().as_u16()),
             arrived,
+            fault_name.as_deref(),
         );
     }
     add_request_id(&mut response, &path, &request_id);

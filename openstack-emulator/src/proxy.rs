@@ -65,6 +65,7 @@ impl ProxyState {
         query: &str,
         status: Option<u16>,
         arrived: std::time::Instant,
+        fault: Option<&str>,
     ) {
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         if calls.len() >= 100_000 {
@@ -79,14 +80,13 @@ impl ProxyState {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
             took_ms: arrived.elapsed().as_millis() as u64,
+            fault: fault.map(str::to_string),
         });
     }
 
     fn matching_fault(&self, method: &http::Method, path: &str) -> Option<FaultAction> {
-        let mut faults = self.faults();
-        let found = faults.iter_mut().find_map(|r| r.check(method, path));
-        faults.retain(|r| r.remaining != Some(0));
-        found
+        // spent rules stay, with their counts, until cleared
+        self.faults().iter_mut().find_map(|r| r.check(method, path))
     }
 }
 
@@ -148,7 +148,7 @@ impl FaultProxy {
 type St = State<Arc<ProxyState>>;
 
 async fn add_fault(State(s): St, Json(rule): Json<FaultRule>) -> StatusCode {
-    s.faults().push(rule);
+    s.faults().push(rule.fresh());
     StatusCode::CREATED
 }
 async fn clear_faults(State(s): St) -> StatusCode {
@@ -194,6 +194,11 @@ async fn handle(
     let path = format!("/{}{}", upstream.service, req.uri().path());
     let query = req.uri().query().unwrap_or_default().to_string();
     let fault = state.matching_fault(&method, &path);
+    // a throttle that lets a call through served no fault to it
+    let fault_name = fault
+        .as_ref()
+        .filter(|f| !matches!(f, FaultAction::Throttle { .. }))
+        .map(FaultAction::name);
     // the service does the work whether or not the caller still waits
     let served = |req: Request<Body>| {
         let (upstream, state) = (upstream.clone(), state.clone());
@@ -210,16 +215,21 @@ async fn handle(
     let forwarded_later = |req: Request<Body>, millis: u64| {
         let (upstream, state) = (upstream.clone(), state.clone());
         let (method, path, query) = (method.clone(), path.clone(), query.clone());
+        let named = fault_name.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(millis)).await;
             let r = forward(&upstream, &state, req).await;
-            state.record(&method, &path, &query, answered(&r), arrived);
+            let marked = match &r {
+                Err(_) => Some("service unreachable"),
+                Ok(_) => named.as_deref(),
+            };
+            state.record(&method, &path, &query, answered(&r), arrived, marked);
             r
         })
     };
     let response = match fault {
         Some(FaultAction::Drop) => {
-            state.record(&method, &path, &query, None, arrived);
+            state.record(&method, &path, &query, None, arrived, fault_name.as_deref());
             return Err(Dropped);
         }
         Some(FaultAction::Delay { millis }) => {
@@ -244,12 +254,26 @@ async fn handle(
         }
         Some(FaultAction::LoseAnswer) => {
             let r = served(req).await;
-            state.record(&method, &path, &query, answered(&r), arrived);
+            state.record(
+                &method,
+                &path,
+                &query,
+                answered(&r),
+                arrived,
+                fault_name.as_deref(),
+            );
             return Err(Dropped);
         }
         Some(FaultAction::HoldAnswer { millis }) => {
             let r = served(req).await;
-            state.record(&method, &path, &query, answered(&r), arrived);
+            state.record(
+                &method,
+                &path,
+                &query,
+                answered(&r),
+                arrived,
+                fault_name.as_deref(),
+            );
             tokio::time::sleep(Duration::from_millis(millis)).await;
             return r.or_else(|e| Ok(bad_gateway(&path, &e)));
         }
@@ -279,7 +303,12 @@ async fn handle(
         }
         Some(FaultAction::Throttle { .. }) | None => served(req).await,
     };
-    state.record(&method, &path, &query, answered(&response), arrived);
+    // a service that cannot be reached (stopped: an outage) is marked too
+    let marked = match &response {
+        Err(_) => Some("service unreachable"),
+        Ok(_) => fault_name.as_deref(),
+    };
+    state.record(&method, &path, &query, answered(&response), arrived, marked);
     Ok(response.unwrap_or_else(|e| bad_gateway(&path, &e)))
 }
 
@@ -411,26 +440,68 @@ impl ProxyControl {
         Ok((status, bytes.to_vec()))
     }
 
+    /// The answer's body when its status is `want`; else what the admin
+    /// API said (a rule the proxy did not take is an error, never a
+    /// fault that silently never happens).
+    async fn expect(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        want: StatusCode,
+    ) -> Result<Vec<u8>, String> {
+        let what = format!("{method} {path}");
+        let (status, body) = self.call(method, path, body).await?;
+        if status != want {
+            return Err(format!(
+                "the fault proxy's {what} answered {status}, not {want}: {}",
+                String::from_utf8_lossy(&body)
+            ));
+        }
+        Ok(body)
+    }
+
     pub async fn add_fault(&self, rule: &FaultRule) -> Result<(), String> {
         let body = serde_json::to_vec(rule).map_err(|e| e.to_string())?;
-        self.call(http::Method::POST, "/faults", Some(body))
-            .await
-            .map(drop)
+        self.expect(
+            http::Method::POST,
+            "/faults",
+            Some(body),
+            StatusCode::CREATED,
+        )
+        .await
+        .map(drop)
+    }
+
+    /// The rules in place (spent ones too), each with how many requests
+    /// it served its fault to.
+    pub async fn faults(&self) -> Result<Vec<FaultRule>, String> {
+        let body = self
+            .expect(http::Method::GET, "/faults", None, StatusCode::OK)
+            .await?;
+        serde_json::from_slice(&body).map_err(|e| e.to_string())
     }
 
     pub async fn clear_faults(&self) -> Result<(), String> {
-        self.call(http::Method::DELETE, "/faults", None)
-            .await
-            .map(drop)
+        self.expect(
+            http::Method::DELETE,
+            "/faults",
+            None,
+            StatusCode::NO_CONTENT,
+        )
+        .await
+        .map(drop)
     }
 
     pub async fn calls(&self) -> Result<Vec<CallRecord>, String> {
-        let (_, body) = self.call(http::Method::GET, "/calls", None).await?;
+        let body = self
+            .expect(http::Method::GET, "/calls", None, StatusCode::OK)
+            .await?;
         serde_json::from_slice(&body).map_err(|e| e.to_string())
     }
 
     pub async fn clear_calls(&self) -> Result<(), String> {
-        self.call(http::Method::DELETE, "/calls", None)
+        self.expect(http::Method::DELETE, "/calls", None, StatusCode::NO_CONTENT)
             .await
             .map(drop)
     }

@@ -412,6 +412,11 @@ pub struct CallRecord {
     /// the plugins' went (a call queued at a busy API, or the work).
     #[serde(default)]
     pub took_ms: u64,
+    /// The fault it got, if any (`answer lost`, `delayed 1500 ms`,
+    /// `throttled`, `status 409`, ...): a lost, delayed or dropped answer
+    /// told from a normal one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<String>,
 }
 
 pub struct World {
@@ -713,13 +718,10 @@ impl World {
     }
 
     pub fn match_fault(&mut self, method: &Method, path: &str) -> Option<FaultAction> {
-        for rule in &mut self.faults {
-            if let Some(a) = rule.check(method, path) {
-                return Some(a);
-            }
-        }
-        self.faults.retain(|r| r.remaining != Some(0));
-        None
+        // spent rules stay, with their counts, until cleared
+        self.faults
+            .iter_mut()
+            .find_map(|rule| rule.check(method, path))
     }
 
     pub fn record_call(
@@ -729,6 +731,7 @@ impl World {
         query: &str,
         status: Option<u16>,
         arrived: std::time::Instant,
+        fault: Option<&str>,
     ) {
         // bounded: a long soak must not grow the emulator without limit
         if self.calls.len() >= 100_000 {
@@ -743,6 +746,7 @@ impl World {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
             took_ms: arrived.elapsed().as_millis() as u64,
+            fault: fault.map(str::to_string),
         });
     }
 
