@@ -130,6 +130,29 @@ impl Env {
             .collect()
     }
 
+    /// What each fault rule in place served (in the order added): the
+    /// proof that a fault happened, not only that it was asked for.
+    async fn served(&self) -> Vec<u64> {
+        self.proxy
+            .faults()
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.served)
+            .collect()
+    }
+
+    /// How many calls the proxy marked with `fault`.
+    async fn marked(&self, fault: &str) -> usize {
+        self.proxy
+            .calls()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|c| c.fault.as_deref() == Some(fault))
+            .count()
+    }
+
     /// Sends a request again, as the sidecars do, while the answer is
     /// retryable; the OK answer, and the retryable ones before it.
     async fn until_ok<T, F, Fut>(&self, mut call: F) -> (T, Vec<Code>)
@@ -239,6 +262,10 @@ async fn a_throttled_cinder_and_a_busy_nova_cost_about_one_call_each() {
         "{} POSTs for {CREATES} volumes: {posts:?}",
         posts.len()
     );
+    // the throttle was felt: at least one create refused (six at once
+    // against one a second), and the rule counts every 429 it gave
+    assert!(refused >= 1, "the throttle refused nothing: {posts:?}");
+    assert_eq!(e.served().await, [refused as u64], "{posts:?}");
     e.proxy.clear_faults().await.unwrap();
 
     // Nova busy with the server twice, then the attach
@@ -275,6 +302,7 @@ async fn a_throttled_cinder_and_a_busy_nova_cost_about_one_call_each() {
         [Some(409), Some(409), Some(200)],
         "asked again while busy (retryable answers: {retried:?})"
     );
+    assert_eq!(e.served().await, [2], "both busy answers were given");
     assert_eq!(
         e.held(&ids[0]).await,
         (vec![e.h.node_id.clone()], "in-use".to_string(), 1)
@@ -356,6 +384,9 @@ async fn answers_real_cinder_and_nova_lost_after_the_work_are_found_again() {
     })
     .await;
     assert_eq!(e.held(&id).await, (vec![], "available".to_string(), 0));
+    // each of the three answers was lost, once
+    assert_eq!(e.served().await, [1, 1, 1]);
+    assert_eq!(e.marked("answer lost").await, 3);
     e.cleanup(&[id]).await;
 }
 
@@ -396,6 +427,7 @@ async fn a_late_detach_never_undoes_a_newer_attach_on_real_nova() {
         matches!(gave_up.code(), Code::DeadlineExceeded | Code::Cancelled),
         "{gave_up:?}"
     );
+    assert_eq!(e.served().await, [1], "the detach was delayed");
     let started = Instant::now();
     let (_, retried) = e
         .until_ok(|| {
@@ -429,6 +461,7 @@ async fn a_cinder_outage_is_ridden_out_with_retryable_answers() {
     e.c.list_volumes(csi::ListVolumesRequest::default())
         .await
         .unwrap();
+    e.proxy.clear_calls().await.unwrap();
     real_cloud_outage("stop", "cinder").await.unwrap();
     let name = unique("during-outage");
     let started = Instant::now();
@@ -437,8 +470,11 @@ async fn a_cinder_outage_is_ridden_out_with_retryable_answers() {
             .await
             .unwrap_err();
     let answered_in = started.elapsed();
+    // the outage was felt: a call of the plugin's found Cinder gone
+    let unreachable = e.marked("service unreachable").await;
     let back = real_cloud_outage("start", "cinder").await;
     back.unwrap();
+    assert!(unreachable >= 1, "no call found Cinder stopped");
     assert!(
         matches!(err.code(), Code::Unavailable | Code::DeadlineExceeded),
         "{err:?}"
