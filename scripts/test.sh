@@ -406,6 +406,9 @@ tests "Manila NFS on real Manila + NFS-Ganesha (libnfs, stand-in mount.nfs)" \
 tests "Manila NFS conformance (real Manila + NFS-Ganesha)" \
   run_tests csi-sanity drivers --ignored manila_nfs_conforms_on_the_real_cloud --nocapture
 await_background
+# after Cinder's fault tests: both set and clear the one fault proxy's rules
+tests "Manila CSI on real Manila under faults (throttled, a lost answer, an outage; each fault shown served)" \
+  run_tests csi-manila real_cloud_faults --ignored --test-threads=1
 tests "preflight of the real cloud (suite-walk)" \
   target/debug/suite-walk --cloud-config .openstack-cloud/cloud-member.conf \
   --server "$(cat .openstack-cloud/test-server-id)" --share-type default
