@@ -1,7 +1,8 @@
 //! The quick campaign of production faults (`cluster_tests::campaign`):
 //! every fault class at least once, four at a time, each while an operation that
 //! needs the cloud runs, with every invariant checked after each step;
-//! then the checks shown to see what they guard against.
+//! then the checks shown to see what they guard against (a fault that
+//! served nothing among them).
 //! The seed is printed; `CAMPAIGN_SEED=<seed>` replays a campaign. The
 //! long one is `cargo bench -p cluster-tests --bench campaign`.
 //!
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use cluster_tests::Cluster;
 use cluster_tests::campaign::{Campaign, FaultClass, Plan, seed_from_env};
+use openstack_emulator::{FaultAction, FaultRule};
 
 /// A tmpfs mounted where kubelet puts a pod's CSI volume, of a pod that
 /// does not exist (node A's kubelet directory); unmounted and removed
@@ -199,6 +201,25 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
             .as_ref()
             .is_err_and(|e| e.to_string().contains("never-bound")),
         "{stuck:?}"
+    );
+
+    // a fault that is never felt: a rule for calls nobody makes
+    campaign
+        .proxy_rule(
+            FaultClass::NovaBusy,
+            FaultRule::new(Some("POST"), "/no-such-api/", FaultAction::Drop),
+        )
+        .await
+        .unwrap();
+    let (served, unserved) = campaign
+        .until_served(&[FaultClass::NovaBusy], Duration::from_secs(6))
+        .await
+        .unwrap();
+    campaign.clear_proxy_faults().await.unwrap();
+    assert_eq!(
+        unserved,
+        [FaultClass::NovaBusy],
+        "the fault that served nothing is seen: {served:?}"
     );
     campaign.close().await.unwrap();
 }

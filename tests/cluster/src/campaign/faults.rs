@@ -1,5 +1,6 @@
 //! The campaign's faults: what starts each class and what ends it.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use openstack_emulator::{FaultAction, FaultRule, RetryHint};
@@ -9,11 +10,77 @@ use super::{Campaign, FaultClass};
 use crate::{ClusterError, Result, SUITE_NAMESPACE};
 
 impl Campaign {
-    pub(super) async fn proxy_rule(&self, rule: FaultRule) -> Result<()> {
+    /// Adds a rule of `class`'s at the proxy, labelled with the class so
+    /// that what it served is read back as the class's.
+    pub async fn proxy_rule(&self, class: FaultClass, rule: FaultRule) -> Result<()> {
         self.proxy
-            .add_fault(&rule)
+            .add_fault(&rule.labelled(&format!("{class:?}")))
             .await
             .map_err(ClusterError::Other)
+    }
+
+    /// Ends a step's faults: every fault but the proxy's (a stopped
+    /// kubelet last: it starts only on a node that can reach the
+    /// apiservers again, once a cut of the same node ended), then the
+    /// proxy's once each was felt or 2 minutes passed (an operation held
+    /// up by an outage or a restart reaches the cloud late). What each
+    /// proxy fault served, and those that served nothing.
+    pub(super) async fn end_faults(
+        &self,
+        faults: &[FaultClass],
+    ) -> Result<(BTreeMap<FaultClass, u64>, Vec<FaultClass>)> {
+        let mut ending = faults.to_vec();
+        ending.sort_by_key(|f| *f == FaultClass::KubeletStoppedPastEviction);
+        for f in &ending {
+            self.end(*f).await?;
+        }
+        let proven = self.until_served(faults, 2 * MINUTE).await?;
+        self.clear_proxy_faults().await?;
+        Ok(proven)
+    }
+
+    /// Takes every rule away from the proxy.
+    pub async fn clear_proxy_faults(&self) -> Result<()> {
+        self.proxy.clear_faults().await.map_err(ClusterError::Other)
+    }
+
+    /// What the proxy's rules served, by the class they belong to.
+    pub(super) async fn served_by_class(&self) -> Result<BTreeMap<String, u64>> {
+        let mut by_class = BTreeMap::new();
+        for rule in self.proxy.faults().await.map_err(ClusterError::Other)? {
+            *by_class.entry(rule.label.unwrap_or_default()).or_default() += rule.served;
+        }
+        Ok(by_class)
+    }
+
+    /// Keeps the step's proxy faults in place until each has served at
+    /// least once, or `patience` is over (an operation slowed by the
+    /// step's other faults reaches the cloud late): a fault that was
+    /// never felt proves nothing. What each class served, and the classes
+    /// that served nothing.
+    pub async fn until_served(
+        &self,
+        faults: &[FaultClass],
+        patience: Duration,
+    ) -> Result<(BTreeMap<FaultClass, u64>, Vec<FaultClass>)> {
+        let until = Instant::now() + patience;
+        loop {
+            let by_label = self.served_by_class().await?;
+            let served: BTreeMap<FaultClass, u64> = faults
+                .iter()
+                .filter(|f| f.at_the_proxy())
+                .map(|f| (*f, by_label.get(&format!("{f:?}")).copied().unwrap_or(0)))
+                .collect();
+            let unserved: Vec<FaultClass> = served
+                .iter()
+                .filter(|(_, n)| **n == 0)
+                .map(|(f, _)| *f)
+                .collect();
+            if unserved.is_empty() || Instant::now() >= until {
+                return Ok((served, unserved));
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
     }
 
     /// The node the first writer runs on, if it runs.
@@ -84,22 +151,31 @@ impl Campaign {
         };
         match class {
             FaultClass::CloudThrottled => {
+                // a rate an operation exceeds (any two calls to a service
+                // within 5 s): the throttle is felt, and its hint tells
+                // how long to wait
                 for service in ["/volume/", "/compute/"] {
-                    self.proxy_rule(FaultRule::new(
-                        None,
-                        service,
-                        FaultAction::Throttle {
-                            per_second: 3.0,
-                            burst: 3,
-                            hint: RetryHint::XRateLimitRetryAfter,
-                        },
-                    ))
+                    self.proxy_rule(
+                        class,
+                        FaultRule::new(
+                            None,
+                            service,
+                            FaultAction::Throttle {
+                                per_second: 0.2,
+                                burst: 1,
+                                hint: RetryHint::XRateLimitRetryAfter,
+                            },
+                        ),
+                    )
                     .await?;
                 }
             }
             FaultClass::NovaBusy => {
+                // the first two attaches: one busy answer, then one more
+                // after the retry (the draw pairs this with an attach)
                 self.proxy_rule(
-                    FaultRule::new(Some("POST"), "/os-volume_attachments", busy).probability(0.5),
+                    class,
+                    FaultRule::new(Some("POST"), "/os-volume_attachments", busy).times(2),
                 )
                 .await?
             }
@@ -110,6 +186,7 @@ impl Campaign {
                     ("DELETE", "/os-volume_attachments/"),
                 ] {
                     self.proxy_rule(
+                        class,
                         FaultRule::new(Some(method), path, FaultAction::LoseAnswer).times(1),
                     )
                     .await?;
@@ -118,8 +195,11 @@ impl Campaign {
             FaultClass::CloudSlow => {
                 for service in ["/volume/", "/compute/"] {
                     self.proxy_rule(
-                        FaultRule::new(None, service, FaultAction::Delay { millis: 1500 })
-                            .probability(0.5),
+                        class,
+                        // the first eight calls to each: an API slow for a
+                        // while, felt by any operation (a draw, or every
+                        // second call, could spare all of a few)
+                        FaultRule::new(None, service, FaultAction::Delay { millis: 1500 }).times(8),
                     )
                     .await?;
                 }

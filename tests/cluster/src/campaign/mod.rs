@@ -21,8 +21,10 @@
 //! cluster's volumes to a node's server owned by a pod or a
 //! VolumeAttachment); the calls to the cloud of a step stay within
 //! [`PRESSURE_FACTOR`] times what its operation costs without faults,
-//! measured first, and one a second of the step's length. A violation names the
-//! invariant, the step and the seed, and the campaign replays from it.
+//! measured first, and one a second of the step's length; every fault the
+//! proxy serves served at least once (its rules' counts), the operation
+//! polled while the faults end. A violation names the invariant, the step
+//! and the seed, and the campaign replays from it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -76,13 +78,16 @@ impl Rng {
 /// What a fault imitates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum FaultClass {
-    /// Cinder and Nova answer 429 past 3 calls a second (SAP's hint).
+    /// Cinder and Nova each answer 429 past one call every 5 s, with
+    /// SAP's hint.
     CloudThrottled,
-    /// Nova answers half the attaches with its 409 for a busy server.
+    /// Nova answers the first two attaches with its 409 for a busy
+    /// server.
     NovaBusy,
     /// A create, an attach and a detach done, and their answers lost.
     AnswersLost,
-    /// Half of Cinder's and Nova's answers 1.5 s late.
+    /// The first eight calls to Cinder and to Nova each answered 1.5 s
+    /// late.
     CloudSlow,
     /// Cinder's API stopped for the fault's window.
     CinderOutage,
@@ -131,6 +136,32 @@ impl FaultClass {
         FaultClass::ClusterRestarted,
         FaultClass::SidecarPodsDeleted,
     ];
+
+    /// Where a proxy fault's rules go among a step's (the proxy serves
+    /// a request the first rule that takes it): those served a set
+    /// number of times first, so that a delay or a throttle of the same
+    /// calls never takes all of theirs.
+    pub fn proxy_precedence(self) -> u8 {
+        match self {
+            FaultClass::NovaBusy => 0,
+            FaultClass::AnswersLost => 1,
+            FaultClass::CloudThrottled => 2,
+            FaultClass::CloudSlow => 3,
+            _ => 4,
+        }
+    }
+
+    /// A fault the cloud's fault proxy serves: what it served is counted,
+    /// and a step whose proxy fault served nothing fails the campaign.
+    pub fn at_the_proxy(self) -> bool {
+        matches!(
+            self,
+            FaultClass::CloudThrottled
+                | FaultClass::NovaBusy
+                | FaultClass::AnswersLost
+                | FaultClass::CloudSlow
+        )
+    }
 
     /// What users of the upstream drivers see in the same case.
     pub fn upstream(self) -> &'static str {
@@ -187,6 +218,12 @@ impl Operation {
         Operation::SnapshotAndRestore,
         Operation::ExpandWriter,
     ];
+
+    /// Whether it attaches a volume to a server through Nova (an
+    /// expansion does not): what a busy Nova needs to be felt.
+    pub fn attaches(self) -> bool {
+        !matches!(self, Operation::ExpandWriter)
+    }
 }
 
 /// The invariants.
@@ -198,6 +235,9 @@ pub enum Invariant {
     NothingLeaked,
     NothingLeftBehind,
     BoundedPressure,
+    /// Each fault served (the proxy's count): a fault that never
+    /// happened proves nothing.
+    FaultServed,
 }
 
 /// The campaign's parameters.
@@ -227,6 +267,9 @@ pub struct StepRecord {
     /// Calls to Cinder and Nova the proxy saw during the step, and the
     /// operations done.
     pub cloud_calls: usize,
+    /// What each of the step's proxy faults served (429s given, answers
+    /// lost or delayed, busy answers).
+    pub served: BTreeMap<FaultClass, u64>,
 }
 
 /// Bounded pressure: a step may cost the cloud at most this many times
@@ -294,11 +337,26 @@ impl Report {
             self.orphans_found,
             self.holder_samples
         );
-        s.push_str("| fault | injected | converged p50 | max |\n| --- | --- | --- | --- |\n");
+        s.push_str("| fault | injected | served at the proxy (steps proven) | converged p50 | max |\n| --- | --- | --- | --- | --- |\n");
         for (class, n) in self.faults_by_class() {
             let (p50, max) = self.convergence(class).unwrap_or_default();
+            let served = if class.at_the_proxy() {
+                let counts: Vec<u64> = self
+                    .steps
+                    .iter()
+                    .filter_map(|st| st.served.get(&class).copied())
+                    .collect();
+                format!(
+                    "{} ({} of {})",
+                    counts.iter().sum::<u64>(),
+                    counts.iter().filter(|c| **c > 0).count(),
+                    counts.len()
+                )
+            } else {
+                "not counted".to_string()
+            };
             s.push_str(&format!(
-                "| {class:?} | {n} | {:.1} s | {:.1} s |\n",
+                "| {class:?} | {n} | {served} | {:.1} s | {:.1} s |\n",
                 p50.as_secs_f64(),
                 max.as_secs_f64()
             ));
@@ -487,11 +545,24 @@ impl Campaign {
             // a whole cluster's restart first: it starts every kubelet,
             // a stopped one too, and is over before the operation begins
             faults.sort_by_key(|f| *f != FaultClass::ClusterRestarted);
-            let op = Operation::ALL[rng.below(Operation::ALL.len())];
-            let pick = rng.below(WRITERS);
+            let mut op = Operation::ALL[rng.below(Operation::ALL.len())];
+            // a busy Nova is felt only by an attach
+            if faults.contains(&FaultClass::NovaBusy) && !op.attaches() {
+                let attaching: Vec<Operation> = Operation::ALL
+                    .into_iter()
+                    .filter(|o| o.attaches())
+                    .collect();
+                op = attaching[rng.below(attaching.len())];
+            }
+            let mut pick = rng.below(WRITERS);
             let label = format!("step {step} ({faults:?} during {op:?}, seed {})", plan.seed);
             if let Ok(mut s) = self.step.lock() {
                 *s = label.clone();
+            }
+            // a move that moves: a writer whose zone has another node, so
+            // that its volume goes between servers through the cloud
+            if op == Operation::MoveWriter {
+                pick = self.movable_writer().await?;
             }
             let step_started = Instant::now();
             let before = self.acknowledged().await?;
@@ -499,7 +570,11 @@ impl Campaign {
                 .clear_calls()
                 .await
                 .map_err(ClusterError::Other)?;
-            for f in &faults {
+            // a whole cluster's restart first (as drawn), the proxy's
+            // rules in their precedence
+            let mut injecting = faults.clone();
+            injecting.sort_by_key(|f| (*f != FaultClass::ClusterRestarted, f.proxy_precedence()));
+            for f in &injecting {
                 self.inject(*f, plan.cut).await?;
             }
             // the operation may wait as long as the faults last and the
@@ -516,19 +591,29 @@ impl Campaign {
                 r = &mut operation => { op_result = Some(r); window.await; }
                 _ = &mut window => {}
             }
-            self.proxy
-                .clear_faults()
-                .await
-                .map_err(ClusterError::Other)?;
-            // a stopped kubelet last: it starts only on a node that can
-            // reach the apiservers again, once a cut of the same node ended
-            let mut ending = faults.clone();
-            ending.sort_by_key(|f| *f == FaultClass::KubeletStoppedPastEviction);
-            for f in &ending {
-                self.end(*f).await?;
+            // the faults end while the operation goes on (it is polled
+            // throughout: its later stages meet what is left of the
+            // faults, not a pause)
+            let ended = {
+                let ending = self.end_faults(&faults);
+                tokio::pin!(ending);
+                loop {
+                    tokio::select! {
+                        r = &mut operation, if op_result.is_none() => op_result = Some(r),
+                        e = &mut ending => break e,
+                    }
+                }
+            };
+            let (served, unserved) = ended?;
+            for f in unserved {
+                report.violations.push(format!(
+                    "{:?} at {label}: {f:?} served nothing at the proxy in the window and 2 minutes more (the operation never made the calls it targets)",
+                    Invariant::FaultServed
+                ));
             }
-            // from here, the cloud and the cluster are whole again: how long
-            // until the operation is done and everything converged
+            // from here, the cloud and the cluster are whole again: the
+            // operation done and everything converged within the bound of
+            // the faults' end, or a violation
             let faults_ended = Instant::now();
             let op_result = match op_result {
                 Some(r) => r,
@@ -540,15 +625,27 @@ impl Campaign {
                     Invariant::Converges
                 ));
             }
-            let converged_in = match self.converged(plan.converge_bound).await {
+            let left = plan
+                .converge_bound
+                .saturating_sub(faults_ended.elapsed())
+                .max(Duration::from_secs(1));
+            let converged_in = match self.converged(left).await {
                 Ok(_) => faults_ended.elapsed(),
                 Err(e) => {
                     report
                         .violations
                         .push(format!("{:?} at {label}: {e}", Invariant::Converges));
-                    plan.converge_bound
+                    faults_ended.elapsed()
                 }
             };
+            if converged_in > plan.converge_bound {
+                report.violations.push(format!(
+                    "{:?} at {label}: converged {:.0} s after the faults ended, past the bound of {} s",
+                    Invariant::Converges,
+                    converged_in.as_secs_f64(),
+                    plan.converge_bound.as_secs()
+                ));
+            }
             for lost in self.check_acknowledged(&before).await? {
                 report.violations.push(format!(
                     "{:?} at {label}: {lost}",
@@ -577,7 +674,7 @@ impl Campaign {
             }
             // progress, while a long campaign runs, with what it broke
             eprintln!(
-                "{label}: converged {:.1} s after the faults ended; {cloud_calls} Cinder and Nova calls",
+                "{label}: converged {:.1} s after the faults ended; {cloud_calls} Cinder and Nova calls; served at the proxy {served:?}",
                 converged_in.as_secs_f64()
             );
             for v in &report.violations[shown..] {
@@ -595,6 +692,7 @@ impl Campaign {
                 operation: op,
                 converged_in,
                 cloud_calls,
+                served,
             });
         }
         // the deletions of the last steps are done before nothing may leak
