@@ -619,32 +619,19 @@ async fn the_orphan_report_tells_real_cinders_volumes_apart() {
         "{identity:?}"
     );
     api.objects().pvs = vec![("cinder.csi.openstack.org".into(), named.clone())];
-    let out = tokio::process::Command::new(BIN)
-        .arg("orphans")
-        .arg(format!(
-            "--cloud-config={}",
-            dir.join("cloud-member.conf").display()
-        ))
-        .args([
-            "--cluster=sanity-real",
-            "--drivername=cinder.csi.openstack.org",
-            "--older-than=0s",
-            "--output=json",
-        ])
-        .args(api.flags())
-        .output()
+    let report = api
+        .orphan_report(
+            Path::new(BIN),
+            &dir.join("cloud-member.conf"),
+            &[
+                "--cluster=sanity-real",
+                "--drivername=cinder.csi.openstack.org",
+                "--older-than=0s",
+            ],
+        )
         .await
         .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|err| panic!("{err}: {}", String::from_utf8_lossy(&out.stderr)));
-    let ids = |key: &str| -> Vec<String> {
-        report["report"][key]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|o| o["id"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let ids = |key: &str| report.ids(key);
     let (orphans, unproven) = (ids("orphans"), ids("unproven"));
     for id in [&gone, &snapshot] {
         assert!(orphans.contains(id), "{id} is an orphan: {report:#}");

@@ -461,33 +461,20 @@ async fn the_orphan_report_tells_real_manilas_shares_and_snapshots_apart() {
         "{identity:?}"
     );
     api.objects().pvs = vec![("cephfs.manila.csi.openstack.org".into(), named.clone())];
-    let out = tokio::process::Command::new(BIN)
-        .arg("orphans")
-        .arg(format!(
-            "--cloud-config={}",
-            cloud_dir().join("cloud-member.conf").display()
-        ))
-        .args([
-            "--cluster-id=sanity-real",
-            "--drivername=cephfs.manila.csi.openstack.org",
-            "--share-protocol-selector=CEPHFS",
-            "--older-than=0s",
-            "--output=json",
-        ])
-        .args(api.flags())
-        .output()
+    let report = api
+        .orphan_report(
+            Path::new(BIN),
+            &cloud_dir().join("cloud-member.conf"),
+            &[
+                "--cluster-id=sanity-real",
+                "--drivername=cephfs.manila.csi.openstack.org",
+                "--share-protocol-selector=CEPHFS",
+                "--older-than=0s",
+            ],
+        )
         .await
         .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|err| panic!("{err}: {}", String::from_utf8_lossy(&out.stderr)));
-    let ids = |key: &str| -> Vec<String> {
-        report["report"][key]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|o| o["id"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let ids = |key: &str| report.ids(key);
     let (orphans, unproven) = (ids("orphans"), ids("unproven"));
     for id in [&gone, &ours] {
         assert!(orphans.contains(id), "{id} is an orphan: {report:#}");

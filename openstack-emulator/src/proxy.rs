@@ -476,10 +476,7 @@ impl ProxyControl {
     /// The rules in place (spent ones too), each with how many requests
     /// it served its fault to.
     pub async fn faults(&self) -> Result<Vec<FaultRule>, String> {
-        let body = self
-            .expect(http::Method::GET, "/faults", None, StatusCode::OK)
-            .await?;
-        serde_json::from_slice(&body).map_err(|e| e.to_string())
+        self.get_json("/faults").await
     }
 
     pub async fn clear_faults(&self) -> Result<(), String> {
@@ -494,8 +491,13 @@ impl ProxyControl {
     }
 
     pub async fn calls(&self) -> Result<Vec<CallRecord>, String> {
+        self.get_json("/calls").await
+    }
+
+    /// What a GET of `path` answered OK, read as `T`.
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, String> {
         let body = self
-            .expect(http::Method::GET, "/calls", None, StatusCode::OK)
+            .expect(http::Method::GET, path, None, StatusCode::OK)
             .await?;
         serde_json::from_slice(&body).map_err(|e| e.to_string())
     }

@@ -242,4 +242,54 @@ impl StandInApiserver {
             format!("--kube-token-file={}", self.token_file.display()),
         ]
     }
+
+    /// `<binary> orphans --cloud-config=<cloud_conf> <args>
+    /// --output=json` against this stand-in: the report it printed (an
+    /// error with what it said on standard error when it printed none).
+    pub async fn orphan_report(
+        &self,
+        binary: &std::path::Path,
+        cloud_conf: &std::path::Path,
+        args: &[&str],
+    ) -> Result<OrphanReport, HarnessError> {
+        let out = tokio::process::Command::new(binary)
+            .arg("orphans")
+            .arg(format!("--cloud-config={}", cloud_conf.display()))
+            .args(args)
+            .arg("--output=json")
+            .args(self.flags())
+            .output()
+            .await?;
+        serde_json::from_slice(&out.stdout)
+            .map(OrphanReport)
+            .map_err(|e| {
+                HarnessError::Output(format!(
+                    "the orphan report: {e}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ))
+            })
+    }
+}
+
+/// What `<plugin> orphans --output=json` printed.
+#[derive(Debug, Clone)]
+pub struct OrphanReport(pub Value);
+
+impl OrphanReport {
+    /// The ids the report lists under `key` (`orphans`, `unproven`,
+    /// `held`, `young`).
+    pub fn ids(&self, key: &str) -> Vec<String> {
+        self.0["report"][key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o["id"].as_str().map(str::to_string))
+            .collect()
+    }
+}
+
+impl std::fmt::Display for OrphanReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
 }

@@ -32,6 +32,9 @@ pub enum HarnessError {
     NoSocket(PathBuf),
     #[error("the test cloud's credentials: {0}")]
     Cloud(String),
+    /// What a program run by a test printed could not be read.
+    #[error("{0}")]
+    Output(String),
 }
 
 /// Waits (up to 20 s) until the plugin's log file holds `needle` at
