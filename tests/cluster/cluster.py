@@ -37,8 +37,13 @@ metadata and `topology.kubernetes.io/zone` label).
                         the cloud (its APIs, Ceph) or from the apiservers:
                         what it sends there is dropped, until mend-node
     cluster.py mend-node NAME    every cut of the node ends
+    cluster.py probe-node NAME cloud|apiserver  whether the node reaches the
+                        cloud or the apiserver now (reachable, unreachable)
     cluster.py csi-mounts NAME   the node's CSI staging and publish mounts,
                         with the volume kubelet recorded for each (JSON)
+    cluster.py remount NAME TARGET ro|rw  the filesystem of a CSI mount of
+                        the node made read-only (as one that met an error),
+                        or writable again
     cluster.py kubectl ARGS...   kubectl against the cluster
 
 Needs root, and the real test cloud up (tests/openstack/cloud.py up all):
@@ -112,6 +117,8 @@ from k8stier.control_plane import (
 )
 from k8stier.faults import (
     cmd_csi_mounts,
+    cmd_probe_node,
+    cmd_remount,
     cmd_cut_node,
     cmd_kill_node,
     cmd_mend_node,
@@ -315,6 +322,8 @@ def main(argv):
         "cut-node": cmd_cut_node,
         "mend-node": cmd_mend_node,
         "csi-mounts": cmd_csi_mounts,
+        "remount": cmd_remount,
+        "probe-node": cmd_probe_node,
         "kubectl": lambda rest: subprocess.run(
             ["kubectl", f"--kubeconfig={STATE / 'admin.kubeconfig'}", *rest]).returncode,
     }, "cluster", {Skipped: ("SKIPPED", 3), ClusterError: ("ERROR", 1)})

@@ -6,7 +6,10 @@
 //! step. Prints, never asserts: faults injected by class, the operations
 //! done, the invariant violations (there must be none), the time to
 //! converge after each class (p50 and max), the Cinder and Nova calls per
-//! operation, the orphans found. `CAMPAIGN_SEED` replays a campaign.
+//! operation, the orphans found. `CAMPAIGN_SEED` replays a campaign;
+//! `CAMPAIGN_CUT_SECS` sets a node cut's length (default 100);
+//! `CAMPAIGN_MINUTES` begins no step past that many minutes (the table
+//! says how many steps ran).
 //!
 //! Needs the cluster tier up (`tests/cluster/cluster.py up`): `cargo bench
 //! -p cluster-tests --bench campaign`. `BENCH_QUICK=1`: one step.
@@ -18,9 +21,13 @@ use std::time::{Duration, Instant};
 use cluster_tests::campaign::{Campaign, Plan, seed_from_env};
 use cluster_tests::{bench_cluster, bench_quick};
 
-/// How long a node stays cut off (the longer cut; the test runs
-/// the 20 s one).
+/// How long a node stays cut off by default (the longer cut; the
+/// test runs the 20 s one).
 const CUT_SECS: u64 = 100;
+
+fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|s| s.parse().ok())
+}
 
 #[tokio::main]
 async fn main() {
@@ -49,7 +56,8 @@ async fn main() {
         faults_per_step,
         window: Duration::from_secs(20),
         converge_bound: Duration::from_secs(300),
-        cut: Duration::from_secs(CUT_SECS),
+        cut: Duration::from_secs(env_number("CAMPAIGN_CUT_SECS").unwrap_or(CUT_SECS)),
+        stop_after: env_number("CAMPAIGN_MINUTES").map(|m| Duration::from_secs(60 * m)),
     };
     let started = Instant::now();
     let mut campaign = Campaign::start(&c).await.unwrap();

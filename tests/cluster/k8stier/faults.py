@@ -253,7 +253,8 @@ import json, os, sys
 root = sys.argv[1]
 found = []
 for line in open("/proc/self/mountinfo"):
-    target = line.split(" ")[4].encode().decode("unicode_escape")
+    fields = line.split(" ")
+    target = fields[4].encode().decode("unicode_escape")
     parts = target[len(root):].split("/") if target.startswith(root + "/") else []
     if parts[1:2] == ["plugins"] and parts[-1] == "globalmount" and parts[2:4] == ["kubernetes.io", "csi"]:
         kind, pod = "staging", None
@@ -266,7 +267,8 @@ for line in open("/proc/self/mountinfo"):
     except (OSError, ValueError):
         data = {}
     found.append({"target": target, "kind": kind, "pod_uid": pod, "driver": data.get("driverName"),
-                  "volume_handle": data.get("volumeHandle"), "pv": data.get("specVolID")})
+                  "volume_handle": data.get("volumeHandle"), "pv": data.get("specVolID"),
+                  "device": fields[2]})
 print(json.dumps(found))
 """
 
@@ -274,7 +276,8 @@ print(json.dumps(found))
 def cmd_csi_mounts(rest):
     """`csi-mounts NAME`: the node's CSI mounts (staging and publish) below
     the kubelet directory, as JSON: each one's path, kind, pod uid (of a
-    publish), and the driver, volume handle and PV kubelet recorded."""
+    publish), the driver, volume handle and PV kubelet recorded, and the
+    device mounted (major:minor)."""
     if len(rest) != 1:
         raise ClusterError("usage: cluster.py csi-mounts NAME")
     node = node_named(rest[0])
@@ -283,6 +286,30 @@ def cmd_csi_mounts(rest):
     if r.returncode != 0:
         raise ClusterError(f"{node.name}: cannot list its mounts: {r.stderr.strip()}")
     print(r.stdout.strip())
+
+
+def cmd_remount(rest):
+    """`remount NAME TARGET ro|rw`: the filesystem of a CSI mount of the
+    node (below the kubelet directory) made read-only, or writable again,
+    as a filesystem that met an error turns read-only under its writers.
+    A filesystem with a file open for writing refuses; a writer's shell
+    opens its file for each line, so the remount is tried a few times."""
+    if len(rest) != 3 or rest[2] not in ("ro", "rw"):
+        raise ClusterError("usage: cluster.py remount NAME TARGET ro|rw")
+    node = node_named(rest[0])
+    target = rest[1]
+    if not target.startswith(str(KUBELET_DIR) + "/") or "/../" in target:
+        raise ClusterError(f"remount: {target} is not below {KUBELET_DIR}")
+    last = ""
+    for _ in range(50):
+        r = subprocess.run([*node.enter(), "mount", "-o", f"remount,{rest[2]}", target],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            log(f"{node.name}: {target} remounted {rest[2]}")
+            return
+        last = r.stderr.strip()
+        time.sleep(0.1)
+    raise ClusterError(f"{node.name}: cannot remount {target} {rest[2]}: {last}")
 
 
 # a node's cut, in its own network namespace: a chain of the filter table
@@ -318,6 +345,21 @@ def cmd_cut_node(rest):
         run([*ns, "-I", "OUTPUT", "-j", CUT_CHAIN])
     run([*ns, "-A", CUT_CHAIN, "-d", node.gateway, "-p", "tcp", "-m", "multiport", "--dports", ports, "-j", "DROP"])
     log(f"{node.name} cut off from the {rest[1]}")
+
+
+def cmd_probe_node(rest):
+    """`probe-node NAME cloud|apiserver`: whether the node reaches the
+    cloud (the fault proxy's Keystone listener, the plugins' way in) or
+    the first apiserver: a TCP connection from its network namespace,
+    given 3 s. Prints `reachable` or `unreachable`: what proves a cut."""
+    if len(rest) != 2 or rest[1] not in ("cloud", "apiserver"):
+        raise ClusterError("usage: cluster.py probe-node NAME cloud|apiserver")
+    node = namespaced_node(rest[0])
+    port = CLOUD_PORT_BASE + 500 if rest[1] == "cloud" else PORTS["apiserver"]
+    probe = "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=3)"
+    r = subprocess.run(["ip", "netns", "exec", node.netns, sys.executable, "-c", probe, str(port)],
+                       capture_output=True)
+    print("reachable" if r.returncode == 0 else "unreachable")
 
 
 def cmd_mend_node(rest):

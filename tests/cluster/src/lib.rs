@@ -48,7 +48,8 @@ pub enum ClusterError {
 
 pub type Result<T> = std::result::Result<T, ClusterError>;
 
-pub(crate) fn repo() -> PathBuf {
+/// The checkout this harness belongs to.
+pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .canonicalize()

@@ -11,51 +11,52 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cluster_tests::Cluster;
-use cluster_tests::campaign::{Campaign, FaultClass, Plan, seed_from_env};
-use openstack_emulator::{FaultAction, FaultRule};
+use cluster_tests::campaign::{Campaign, FaultClass, Plan, hint_ignored, seed_from_env};
+use openstack_emulator::{FaultAction, FaultRule, RetryHint};
 
-/// A tmpfs mounted where kubelet puts a pod's CSI volume, of a pod that
-/// does not exist (node A's kubelet directory); unmounted and removed
-/// when dropped.
-struct LeftMount {
-    pod_dir: std::path::PathBuf,
+/// A tmpfs mounted at `below` in node A's kubelet directory (a pod's
+/// publish or a staging), with the `vol_data.json` kubelet would have
+/// written beside it; unmounted and removed when dropped.
+struct FakeMount {
+    top: std::path::PathBuf,
     target: String,
 }
 
-impl LeftMount {
-    fn new() -> Self {
-        let pod_dir =
-            std::path::PathBuf::from("/var/lib/kubelet/pods/00000000-0000-0000-0000-1eftbe41nd00");
-        let volume = pod_dir.join("volumes/kubernetes.io~csi/pvc-left-behind");
-        let target = volume.join("mount");
+impl FakeMount {
+    fn new(below: &str, vol_data: &str) -> Self {
+        let kubelet = std::path::Path::new("/var/lib/kubelet");
+        let target = kubelet.join(below);
+        // the first folder made for it, removed with it
+        let top = target
+            .ancestors()
+            .filter(|a| a.starts_with(kubelet) && *a != kubelet && !a.exists())
+            .last()
+            .expect("a folder of its own")
+            .to_path_buf();
         std::fs::create_dir_all(&target).unwrap();
-        std::fs::write(
-            volume.join("vol_data.json"),
-            r#"{"driverName":"cinder.csi.openstack.org","volumeHandle":"left-behind","specVolID":"pvc-left-behind"}"#,
-        )
-        .unwrap();
+        std::fs::write(target.parent().unwrap().join("vol_data.json"), vol_data).unwrap();
         let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "left-behind"])
+            .args(["-t", "tmpfs", "campaign-mutation"])
             .arg(&target)
             .status()
             .unwrap();
         assert!(status.success());
         Self {
-            pod_dir,
+            top,
             target: target.to_string_lossy().into_owned(),
         }
     }
 }
 
-impl Drop for LeftMount {
+impl Drop for FakeMount {
     fn drop(&mut self) {
         let _ = std::process::Command::new("umount")
             .arg(&self.target)
             .status();
-        let _ = std::fs::remove_dir_all(&self.pod_dir);
+        let _ = std::fs::remove_dir_all(&self.top);
     }
 }
 
@@ -76,6 +77,7 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
         window: Duration::from_secs(10),
         converge_bound: Duration::from_secs(300),
         cut: Duration::from_secs(CUT_SECS),
+        stop_after: None,
     };
     let mut campaign = Campaign::start(&c).await.unwrap();
     let report = campaign.run(&plan).await.unwrap();
@@ -91,16 +93,19 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
         report.violations
     );
 
-    // and the checks see what they guard against, on the same workload: a
-    // volume the cluster made and nothing names (a leak), a writer whose
-    // acknowledged numbers are gone (a lost write), a claim that never
-    // binds (no convergence). (Two servers holding one volume cannot be
-    // made on the real cloud, whose Cinder and Nova refuse it: the
-    // sampler's judgement is unit-tested,
-    // `two_servers_holding_one_volume_are_seen_in_either_service`.)
+    // and each check sees what it guards against, on the same workload:
+    // a mutation of what it guards, then the step's checks, which must
+    // report it with its invariant and the mutation's label, and nothing
+    // else (what a mutation leaves behind on purpose is given little time)
+    campaign.set_catch_up(Duration::from_secs(20));
     let n = campaign.n().to_string();
+    let bound = Duration::from_secs(300);
 
-    // a leak: tagged with the cluster, named by no PV
+    // a leak in the middle of a campaign: tagged with the cluster, named
+    // by no PV
+    let label = "mutation 1 (a volume leaked mid-campaign)";
+    campaign.begin_step(label);
+    let began = Instant::now();
     let cinder = c.cinder().unwrap();
     let leaked = cinder
         .create_volume(&openstack_client::cinder::CreateVolume {
@@ -115,16 +120,79 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
         })
         .await
         .unwrap();
-    let orphans = campaign.orphans().await.unwrap();
+    let checked = campaign
+        .after_step(label, began, Instant::now(), bound)
+        .await;
     let _ = cinder.delete_volume(&leaked.id).await;
-    assert!(
-        orphans.iter().any(|o| o.contains(&leaked.id)),
-        "the leak is reported: {orphans:?}"
-    );
+    reported(&checked.unwrap().1, "NothingLeaked", label, &leaked.id);
 
-    // a lost write: with the writers stopped, writer-0's file cut back
-    // (by another pod on its claim), then the writers started again
-    let acknowledged = campaign.acknowledged().await.unwrap();
+    // a single-attach volume staged on two nodes: a writer's volume
+    // mounted at a staging path of node A's as well, seen by the sampler
+    let label = "mutation 2 (a writer's volume staged on a second node)";
+    campaign.begin_step(label);
+    let began = Instant::now();
+    let (writer, _) = writer_away_from(&c, &n, &c.node).await;
+    let handle = volume_handle(&c, &n, &writer).await;
+    let staged = FakeMount::new(
+        "plugins/kubernetes.io/csi/cinder.csi.openstack.org/0000two0writers0000/globalmount",
+        &format!(r#"{{"driverName":"cinder.csi.openstack.org","volumeHandle":"{handle}"}}"#),
+    );
+    let once = campaign.two_writers_on_nodes(label).await.unwrap();
+    reported(&once, "NeverTwoWriters", label, &handle);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    drop(staged);
+    let checked = campaign
+        .after_step(label, began, Instant::now(), bound)
+        .await;
+    reported(&checked.unwrap().1, "NeverTwoWriters", label, &handle);
+
+    // a writer whose filesystem went read-only: Ready, converged, dead
+    let label = "mutation 3 (a writer's filesystem read-only)";
+    campaign.begin_step(label);
+    let began = Instant::now();
+    let (writer, node) = writer_away_from(&c, &n, "").await;
+    let handle = volume_handle(&c, &n, &writer).await;
+    let mounts = c.cluster_py(&["csi-mounts", &node]).await.unwrap();
+    let mounts: serde_json::Value =
+        serde_json::from_str(mounts.lines().rev().find(|l| l.starts_with('[')).unwrap()).unwrap();
+    let staging = mounts
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["kind"] == "staging" && m["volume_handle"] == handle.as_str())
+        .and_then(|m| m["target"].as_str())
+        .unwrap()
+        .to_string();
+    let read_only = ReadOnly::new(&c, &node, &staging).await;
+    let checked = campaign
+        .after_step(label, began, Instant::now(), bound)
+        .await;
+    drop(read_only);
+    reported(&checked.unwrap().1, "WorkloadAlive", label, &writer);
+
+    // a mount nothing owns: a publish mount of a pod that does not
+    // exist, as a NodePublish answered with a final error after it
+    // mounted would leave
+    let label = "mutation 4 (a mount left behind)";
+    campaign.begin_step(label);
+    let began = Instant::now();
+    let left = FakeMount::new(
+        "pods/00000000-0000-0000-0000-1eftbe41nd00/volumes/kubernetes.io~csi/pvc-left-behind/mount",
+        r#"{"driverName":"cinder.csi.openstack.org","volumeHandle":"left-behind","specVolID":"pvc-left-behind"}"#,
+    );
+    let checked = campaign
+        .after_step(label, began, Instant::now(), bound)
+        .await;
+    let target = left.target.clone();
+    drop(left);
+    reported(&checked.unwrap().1, "NothingLeftBehind", label, &target);
+
+    // a lost tail of acknowledged writes: with the writers stopped, the
+    // last 150 records of writer-0's file cut (by another pod on its
+    // claim), then the writers started again, resuming from what is left
+    let label = "mutation 5 (the tail of a writer's acknowledged writes removed)";
+    campaign.begin_step(label);
+    let began = Instant::now();
     let node = c.get("pod", "writer-0", Some(&n)).await.unwrap().unwrap()["spec"]["nodeName"]
         .as_str()
         .unwrap()
@@ -142,11 +210,11 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
     })
     .await
     .unwrap();
-    let rewind = cluster_tests::placed_on(
+    let cut = cluster_tests::placed_on(
         &cluster_tests::pod(
-            "rewind",
+            "cut-tail",
             "data-writer-0",
-            "echo 1 > /data/seq",
+            "n=$(wc -l < /data/seq); head -n $((n - 150)) /data/seq > /data/kept && cat /data/kept > /data/seq && rm /data/kept && sync",
             cluster_tests::PodOptions {
                 run_once: true,
                 ..Default::default()
@@ -154,35 +222,33 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
         ),
         &[&node],
     );
-    c.apply_in(&n, &rewind).await.unwrap();
-    c.wait_succeeded(&n, "rewind", Duration::from_secs(180))
+    c.apply_in(&n, &cut).await.unwrap();
+    c.wait_succeeded(&n, "cut-tail", Duration::from_secs(180))
         .await
         .unwrap();
-    c.kubectl(&["delete", "pod", "-n", &n, "rewind"])
+    c.kubectl(&["delete", "pod", "-n", &n, "cut-tail"])
         .await
         .unwrap();
     c.kubectl(&["scale", "statefulset", "writer", "-n", &n, "--replicas=3"])
         .await
         .unwrap();
-    campaign.converged(Duration::from_secs(180)).await.unwrap();
-    let lost = campaign.check_acknowledged(&acknowledged).await.unwrap();
-    assert!(
-        lost.iter().any(|l| l.starts_with("writer-0")),
-        "the lost write is seen: {lost:?}"
+    let checked = campaign
+        .after_step(label, began, Instant::now(), bound)
+        .await;
+    reported(
+        &checked.unwrap().1,
+        "NoAcknowledgedWriteLost",
+        label,
+        "writer-0",
     );
+    // what was cut stays cut: its witness goes, and writer-0's next
+    // records start a new one
+    std::fs::remove_file(campaign.witness_dir().join("writer-0")).unwrap();
 
-    // a mount nothing owns: a publish mount of a pod that does not
-    // exist, as a NodePublish answered with a final error after it
-    // mounted would leave
-    let left = LeftMount::new();
-    let found = campaign.left_behind().await.unwrap();
-    assert!(
-        found.iter().any(|f| f.contains(&left.target)),
-        "the mount left behind is seen: {found:?}"
-    );
-    drop(left);
-
-    // a claim that never binds
+    // convergence slower than the bound: a claim that never binds
+    let label = "mutation 6 (a claim that never binds)";
+    campaign.begin_step(label);
+    let began = Instant::now();
     c.apply_in(
         &n,
         &cluster_tests::claim(
@@ -195,12 +261,141 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
     )
     .await
     .unwrap();
-    let stuck = campaign.converged(Duration::from_secs(10)).await;
-    assert!(
-        stuck
-            .as_ref()
-            .is_err_and(|e| e.to_string().contains("never-bound")),
-        "{stuck:?}"
+    let checked = campaign
+        .after_step(label, began, Instant::now(), Duration::from_secs(10))
+        .await;
+    reported(&checked.unwrap().1, "Converges", label, "never-bound");
+
+    // a detach that fails for good: a scratch claim used on node A, then
+    // its pod and claim deleted while Nova answers every detach with a
+    // 500; its VolumeAttachment stays, being deleted, and the server
+    // holds the volume
+    let label = "mutation 8 (a detach that fails for good)";
+    c.kubectl(&["delete", "pvc", "-n", &n, "never-bound", "--wait=false"])
+        .await
+        .unwrap();
+    c.apply_in(
+        &n,
+        &[
+            cluster_tests::claim(
+                "undetached",
+                "csi-cinder-sc-delete",
+                "1Gi",
+                "ReadWriteOnce",
+                false,
+            ),
+            cluster_tests::placed_on(
+                &cluster_tests::pod(
+                    "undetached",
+                    "undetached",
+                    "exec sleep 3600",
+                    cluster_tests::PodOptions::default(),
+                ),
+                &[&c.node],
+            ),
+        ]
+        .join("---\n"),
+    )
+    .await
+    .unwrap();
+    c.wait_running(&n, "undetached", Duration::from_secs(180))
+        .await
+        .unwrap();
+    campaign.begin_step(label);
+    let began = Instant::now();
+    campaign
+        .proxy_rule(
+            FaultClass::AnswersLost,
+            FaultRule::new(
+                Some("DELETE"),
+                "/os-volume_attachments/",
+                FaultAction::Status {
+                    status: 500,
+                    message: Some("the detach fails for good".into()),
+                    retry_after: None,
+                    hint: RetryHint::None,
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    for kind in ["pod", "pvc"] {
+        c.kubectl(&["delete", kind, "-n", &n, "undetached", "--wait=false"])
+            .await
+            .unwrap();
+    }
+    // the detach tried (and refused) before the checks look
+    let (served, _) = campaign
+        .until_served(&[FaultClass::AnswersLost], Duration::from_secs(180))
+        .await
+        .unwrap();
+    let checked = campaign
+        .after_step(label, began, Instant::now(), bound)
+        .await;
+    campaign.clear_proxy_faults().await.unwrap();
+    println!(
+        "{label}: the detach refused {} times",
+        served[&FaultClass::AnswersLost]
+    );
+    reported(
+        &checked.unwrap().1,
+        "NothingLeftBehind",
+        label,
+        "no VolumeAttachment says so",
+    );
+    // the detach goes through once Nova takes it again
+    let left = campaign
+        .wait_nothing_left_behind(Duration::from_secs(180))
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "the detach never went through: {left:?}");
+
+    // a retry loop that ignores the hint: a throttle of Keystone's at the
+    // proxy (calls nobody else makes), and a client asking again every
+    // 100 ms whatever the hint says
+    let label = "mutation 7 (a retry loop that ignores the throttle's hint)";
+    campaign
+        .proxy_rule(
+            FaultClass::CloudThrottled,
+            FaultRule::new(
+                Some("GET"),
+                "/identity/v3/campaign-mutation",
+                FaultAction::Throttle {
+                    per_second: 0.2,
+                    burst: 1,
+                    hint: RetryHint::XRateLimitRetryAfter,
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    let throttled = Instant::now();
+    let keystone = keystone_via_proxy(&c);
+    let (mut answers, mut refused) = (0, 0);
+    while throttled.elapsed() < Duration::from_secs(10) {
+        if let Some(status) = get_status(&keystone, "campaign-mutation").await {
+            answers += 1;
+            if status == 429 {
+                refused += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (served, _) = campaign
+        .until_served(&[FaultClass::CloudThrottled], Duration::from_secs(1))
+        .await
+        .unwrap();
+    campaign.clear_proxy_faults().await.unwrap();
+    let n429 = served[&FaultClass::CloudThrottled];
+    println!("{label}: {answers} answers, {refused} of them 429; the proxy served {n429}");
+    let found: Vec<String> = hint_ignored(label, 1, n429, throttled.elapsed().as_secs())
+        .into_iter()
+        .collect();
+    reported(&found, "BoundedPressure", label, "hint not honoured");
+    // and a client that waits as told stays within it
+    assert_eq!(
+        hint_ignored(label, 1, throttled.elapsed().as_secs() / 5 + 1, 10),
+        None
     );
 
     // a fault that is never felt: a rule for calls nobody makes
@@ -222,4 +417,122 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
         "the fault that served nothing is seen: {served:?}"
     );
     campaign.close().await.unwrap();
+}
+
+/// The step's checks found the mutation (a violation of `invariant`, at
+/// `label`, naming `what`), and nothing else.
+fn reported(found: &[String], invariant: &str, label: &str, what: &str) {
+    println!("{label}: {found:#?}");
+    assert!(
+        found
+            .iter()
+            .any(|v| v.starts_with(invariant) && v.contains(label) && v.contains(what)),
+        "{label}: {invariant} naming {what} not reported: {found:#?}"
+    );
+    assert!(
+        found
+            .iter()
+            .all(|v| v.starts_with(invariant) && v.contains(label)),
+        "{label}: more than {invariant} reported: {found:#?}"
+    );
+}
+
+/// Keystone's v3 API as the plugins reach it, through the fault proxy
+/// (`cloud-member-via-proxy.conf`'s auth-url, `http://host:port/path`):
+/// its address and path.
+fn keystone_via_proxy(c: &Cluster) -> (String, String) {
+    let conf = std::fs::read_to_string(c.cloud_conf("member-via-proxy")).unwrap();
+    let url = conf
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == "auth-url").then(|| v.trim().trim_matches('"').to_string())
+        })
+        .unwrap();
+    let rest = url.strip_prefix("http://").unwrap();
+    let (address, path) = rest.split_once('/').unwrap_or((rest, ""));
+    (
+        address.to_string(),
+        format!("/{}", path.trim_end_matches('/')),
+    )
+}
+
+/// The status of a GET of `below` the API at `(address, path)`, plain
+/// HTTP on loopback (a client that reads no hint).
+async fn get_status((address, path): &(String, String), below: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(address).await.ok()?;
+    s.write_all(
+        format!("GET {path}/{below} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .ok()?;
+    let mut head = vec![0; 64];
+    let n = s.read(&mut head).await.ok()?;
+    let line = String::from_utf8_lossy(&head[..n]).into_owned();
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A writer (its pod's name and node) on another node than `not_on`.
+async fn writer_away_from(c: &Cluster, n: &str, not_on: &str) -> (String, String) {
+    for p in c
+        .list("pods", &["-n", n, "-l", "app=writer"])
+        .await
+        .unwrap()
+    {
+        let node = p["spec"]["nodeName"].as_str().unwrap_or_default();
+        if node != not_on && !node.is_empty() {
+            return (
+                p["metadata"]["name"].as_str().unwrap().to_string(),
+                node.to_string(),
+            );
+        }
+    }
+    panic!("no writer away from {not_on}");
+}
+
+/// The Cinder volume of a writer's claim.
+async fn volume_handle(c: &Cluster, n: &str, writer: &str) -> String {
+    let claim = c
+        .get("pvc", &format!("data-{writer}"), Some(n))
+        .await
+        .unwrap()
+        .unwrap();
+    let pv = c
+        .get("pv", claim["spec"]["volumeName"].as_str().unwrap(), None)
+        .await
+        .unwrap()
+        .unwrap();
+    pv["spec"]["csi"]["volumeHandle"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// A filesystem of a node read-only until dropped.
+struct ReadOnly {
+    node: String,
+    target: String,
+}
+
+impl ReadOnly {
+    async fn new(c: &Cluster, node: &str, target: &str) -> Self {
+        c.cluster_py(&["remount", node, target, "ro"])
+            .await
+            .unwrap();
+        Self {
+            node: node.to_string(),
+            target: target.to_string(),
+        }
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("python3")
+            .arg(cluster_tests::repo().join("tests/cluster/cluster.py"))
+            .args(["remount", &self.node, &self.target, "rw"])
+            .output();
+    }
 }

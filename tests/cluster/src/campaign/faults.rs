@@ -24,7 +24,11 @@ impl Campaign {
     /// apiservers again, once a cut of the same node ended), then the
     /// proxy's once each was felt or 2 minutes passed (an operation held
     /// up by an outage or a restart reaches the cloud late). What each
-    /// proxy fault served, and those that served nothing.
+    /// fault is shown to have done (the proxy's: what it served; a pod
+    /// deletion: the pods gone, by uid; an outage: a call that failed
+    /// during it; a cut: a probe from the node that failed; a kubelet
+    /// stopped: its node unreachable; a restart: cluster.py's own wait),
+    /// and those shown to have done nothing.
     pub(super) async fn end_faults(
         &self,
         faults: &[FaultClass],
@@ -34,9 +38,116 @@ impl Campaign {
         for f in &ending {
             self.end(*f).await?;
         }
-        let proven = self.until_served(faults, 2 * MINUTE).await?;
+        let (mut served, mut unserved) = self.until_served(faults, 2 * MINUTE).await?;
         self.clear_proxy_faults().await?;
-        Ok(proven)
+        self.prove_pods_gone(2 * MINUTE).await?;
+        let proofs = self
+            .proofs
+            .lock()
+            .map(|mut p| std::mem::take(&mut *p))
+            .unwrap_or_default();
+        for f in faults.iter().filter(|f| !f.at_the_proxy()) {
+            let n = proofs.get(f).copied().unwrap_or(0);
+            served.insert(*f, n);
+            if n == 0 {
+                unserved.push(*f);
+            }
+        }
+        Ok((served, unserved))
+    }
+
+    /// Counts `n` proofs that `class` happened.
+    fn prove(&self, class: FaultClass, n: u64) {
+        if let Ok(mut p) = self.proofs.lock() {
+            *p.entry(class).or_default() += n;
+        }
+    }
+
+    /// Deletes the pods `selector` (kubectl's `-l`, and `more` of its
+    /// arguments) picks in `namespace`, their uids kept: the fault is
+    /// proven by each of them gone.
+    async fn delete_pods(
+        &self,
+        class: FaultClass,
+        namespace: &str,
+        selector: &str,
+        more: &[&str],
+    ) -> Result<()> {
+        let mut args = vec!["-n", namespace, "-l", selector];
+        args.extend_from_slice(more);
+        let uids: Vec<String> = self
+            .c
+            .list("pods", &args)
+            .await?
+            .iter()
+            .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_string))
+            .collect();
+        let mut delete = vec!["delete", "pod"];
+        delete.extend_from_slice(&args);
+        delete.push("--wait=false");
+        if class == FaultClass::ControllerKilled {
+            delete.extend_from_slice(&["--grace-period=0", "--force"]);
+        }
+        self.c.kubectl(&delete).await?;
+        if let Ok(mut d) = self.doomed.lock() {
+            d.push((class, uids));
+        }
+        Ok(())
+    }
+
+    /// The pods the step's faults deleted, gone (by uid: a replacement
+    /// of the same name is another pod), within `patience`; each one
+    /// gone proves its fault.
+    async fn prove_pods_gone(&self, patience: Duration) -> Result<()> {
+        let doomed = self
+            .doomed
+            .lock()
+            .map(|mut d| std::mem::take(&mut *d))
+            .unwrap_or_default();
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        let until = Instant::now() + patience;
+        loop {
+            let alive: std::collections::HashSet<String> = self
+                .c
+                .list("pods", &["-A"])
+                .await?
+                .iter()
+                .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_string))
+                .collect();
+            let all_gone = doomed
+                .iter()
+                .all(|(_, uids)| uids.iter().all(|u| !alive.contains(u)));
+            if all_gone || Instant::now() >= until {
+                for (class, uids) in &doomed {
+                    let gone = uids.iter().filter(|u| !alive.contains(*u)).count();
+                    self.prove(*class, gone as u64);
+                }
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+
+    /// Whether the cloud refuses a fresh client now (a new session asks
+    /// Keystone for a token, then Cinder for its volume types): what
+    /// proves an outage of either.
+    async fn cloud_refuses(&self) -> bool {
+        let Ok(cinder) = self.c.cinder() else {
+            return true;
+        };
+        !matches!(
+            tokio::time::timeout(Duration::from_secs(15), cinder.list_volume_types()).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Whether `node` reaches `what` (cloud, apiserver) now, probed from
+    /// its own network namespace.
+    async fn node_reaches(&self, node: &str, what: &str) -> Result<bool> {
+        let out = self.c.cluster_py(&["probe-node", node, what]).await?;
+        Ok(out.lines().any(|l| l.trim() == "reachable"))
     }
 
     /// Takes every rule away from the proxy.
@@ -121,6 +232,14 @@ impl Campaign {
             }
         };
         self.c.cluster_py(&["cut-node", &node, what]).await?;
+        let class = if what == "cloud" {
+            FaultClass::NodeCutFromCloud
+        } else {
+            FaultClass::NodeCutFromApiserver
+        };
+        if !self.node_reaches(&node, what).await? {
+            self.prove(class, 1);
+        }
         if let Ok(mut c) = self.cut.lock()
             && c.is_none()
         {
@@ -204,44 +323,44 @@ impl Campaign {
                     .await?;
                 }
             }
-            FaultClass::CinderOutage => self.outage("stop", "cinder").await?,
-            FaultClass::KeystoneOutage => self.outage("stop", "keystone").await?,
+            FaultClass::CinderOutage | FaultClass::KeystoneOutage => {
+                let service = if class == FaultClass::CinderOutage {
+                    "cinder"
+                } else {
+                    "keystone"
+                };
+                self.outage("stop", service).await?;
+                if self.cloud_refuses().await {
+                    self.prove(class, 1);
+                }
+            }
             FaultClass::ControllerKilled => {
-                self.c
-                    .kubectl(&[
-                        "delete",
-                        "pod",
-                        "-n",
-                        SUITE_NAMESPACE,
-                        "-l",
-                        "app=csi-cinder-controllerplugin",
-                        "--grace-period=0",
-                        "--force",
-                        "--wait=false",
-                    ])
-                    .await?;
+                self.delete_pods(
+                    class,
+                    SUITE_NAMESPACE,
+                    "app=csi-cinder-controllerplugin",
+                    &[],
+                )
+                .await?;
             }
             FaultClass::NodePluginRestarted => {
                 let node = self
                     .first_writers_node()
                     .await?
                     .unwrap_or_else(|| self.c.node.clone());
-                self.c
-                    .kubectl(&[
-                        "delete",
-                        "pod",
-                        "-n",
-                        SUITE_NAMESPACE,
-                        "-l",
-                        "app=csi-cinder-nodeplugin",
-                        "--field-selector",
-                        &format!("spec.nodeName={node}"),
-                        "--wait=false",
-                    ])
-                    .await?;
+                self.delete_pods(
+                    class,
+                    SUITE_NAMESPACE,
+                    "app=csi-cinder-nodeplugin",
+                    &["--field-selector", &format!("spec.nodeName={node}")],
+                )
+                .await?;
             }
             FaultClass::KubeletRestarted => {
+                // cluster.py stops it, starts it and waits for its node
+                // Ready again, or fails
                 self.c.cluster_py(&["restart-kubelet"]).await?;
+                self.prove(class, 1);
             }
             FaultClass::NodeCutFromCloud => self.cut_node("cloud", cut).await?,
             FaultClass::NodeCutFromApiserver => self.cut_node("apiserver", cut).await?,
@@ -253,7 +372,10 @@ impl Campaign {
                 }
             }
             FaultClass::ClusterRestarted => {
+                // as a kubelet's restart: every process stopped, started
+                // and waited for, or the command fails
                 self.c.cluster_py(&["restart-cluster"]).await?;
+                self.prove(class, 1);
             }
             FaultClass::SidecarPodsDeleted => {
                 for (namespace, app) in [
@@ -261,16 +383,7 @@ impl Campaign {
                     (SUITE_NAMESPACE, "csi-manila-cephfs-controllerplugin"),
                     ("kube-system", "snapshot-controller"),
                 ] {
-                    self.c
-                        .kubectl(&[
-                            "delete",
-                            "pod",
-                            "-n",
-                            namespace,
-                            "-l",
-                            &format!("app={app}"),
-                            "--wait=false",
-                        ])
+                    self.delete_pods(class, namespace, &format!("app={app}"), &[])
                         .await?;
                 }
             }
@@ -324,18 +437,55 @@ impl Campaign {
         // the kubelet starts again whatever happened: a fault never
         // outlives its step
         if let Ok(pods) = &evicted {
+            // the node was seen unreachable: the stop was felt
+            self.prove(FaultClass::KubeletStoppedPastEviction, 1);
             eprintln!(
-                "{node}'s kubelet stopped: the node unreachable, {pods} workload pods there evicted and force-deleted"
+                "{node}'s kubelet stopped: the node unreachable, {pods} workload pods there evicted"
             );
         }
+        // a writer is force-deleted only where its volume can go to
+        // another node (its zone has one): a replacement on the stopped
+        // node itself starts when the kubelet is back, and kubelet (v1.36)
+        // tears down the volumes of a pod it had not seen deleted before
+        // it kills that pod's containers, so the old writer went on
+        // writing, through its container's own mount, next to its
+        // replacement for a second (the witness saw both incarnations
+        // acknowledge the same numbers: seed 1796476471, step 0, kubelet-c
+        // "UnmountVolume.TearDown succeeded" at 13:21:58.300, "Killing
+        // container" at 13:21:59.268). Force-deleting a StatefulSet's pod
+        // whose containers may still run is what Kubernetes warns
+        // against; there the writers stay Terminating until the kubelet
+        // is back and stops them first, as an operator who knows it does
+        let zones = self.c.node_zones().await?;
+        let zone = zones.get(&node);
+        let writers_may_move = zones
+            .iter()
+            .any(|(other, z)| Some(z) == zone && *other != node);
+        let forced_apps = if writers_may_move {
+            "app in (writer,sharer)"
+        } else {
+            "app=sharer"
+        };
+        eprintln!("{node}: the evicted pods force-deleted: {forced_apps}");
         let forced = match evicted {
             Ok(0) => Ok(()),
-            Ok(_) => {
-                let mut args = vec!["delete", "pod"];
-                args.extend_from_slice(&workload);
-                args.extend_from_slice(&[&on_node, "--grace-period=0", "--force", "--wait=false"]);
-                self.c.kubectl(&args).await.map(|_| ())
-            }
+            Ok(_) => self
+                .c
+                .kubectl(&[
+                    "delete",
+                    "pod",
+                    "-n",
+                    &n,
+                    "-l",
+                    forced_apps,
+                    "--field-selector",
+                    &on_node,
+                    "--grace-period=0",
+                    "--force",
+                    "--wait=false",
+                ])
+                .await
+                .map(|_| ()),
             Err(e) => Err(e),
         };
         if forced.is_ok() {

@@ -28,14 +28,18 @@ pub struct CsiMount {
     pub pv: Option<String>,
 }
 
-/// What the cluster's objects own.
+/// What the cluster's objects own. An object being deleted owns
+/// nothing: past the catch-up time, an attachment whose VolumeAttachment
+/// is still being deleted is a detach that keeps failing, and a mount of
+/// a pod stuck Terminating an unmount that does.
 #[derive(Debug, Default)]
 pub struct Owners {
-    /// (node, PV) of every VolumeAttachment, being deleted or not.
+    /// (node, PV) of every VolumeAttachment not being deleted.
     pub attached: HashSet<(String, String)>,
-    /// The uids of every pod, terminating or not.
+    /// The uids of every pod not being deleted.
     pub pods: HashSet<String>,
-    /// (node, PV) of every claim a pod on a node uses.
+    /// (node, PV) of every claim a pod on a node (not being deleted)
+    /// uses.
     pub used: HashSet<(String, String)>,
 }
 
@@ -79,7 +83,11 @@ impl Campaign {
     /// What the cluster's objects own, now.
     async fn owners(&self) -> Result<Owners> {
         let mut o = Owners::default();
+        let deleting = |o: &Value| !o["metadata"]["deletionTimestamp"].is_null();
         for va in self.c.list("volumeattachments", &[]).await? {
+            if deleting(&va) {
+                continue;
+            }
             if let (Some(node), Some(pv)) = (
                 va["spec"]["nodeName"].as_str(),
                 va["spec"]["source"]["persistentVolumeName"].as_str(),
@@ -103,6 +111,9 @@ impl Campaign {
             })
             .collect();
         for p in self.c.list("pods", &["-A"]).await? {
+            if deleting(&p) {
+                continue;
+            }
             if let Some(uid) = p["metadata"]["uid"].as_str() {
                 o.pods.insert(uid.to_string());
             }

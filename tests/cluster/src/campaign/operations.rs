@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::witness::{WITNESS_ROOT, WORKLOAD_LOOP};
 use super::{Campaign, Operation, SHARERS, WRITERS};
 use crate::{Cluster, MULTI_NODE_TAINT_KEY, PodOptions, Result, claim, pod};
 
@@ -70,19 +71,46 @@ impl Drop for WritersAway {
     }
 }
 
-fn writers_manifest() -> String {
-    let tolerate = tolerations();
+/// The container's command: the workload's loop on `file`, witnessed in
+/// `/witness/$HOSTNAME` (a YAML block, at the container's indentation).
+fn workload_command(file: &str) -> String {
+    let mut s = "        command:\n        - sh\n        - -c\n        - |\n".to_string();
+    for line in format!("f={file}\nw=/witness/$HOSTNAME\n{WORKLOAD_LOOP}").lines() {
+        s.push_str(&format!("          {line}\n"));
+    }
+    s
+}
+
+/// The witness's folder on the host, in the workload's pods at
+/// `/witness` (a volume of the pod spec, at its indentation).
+fn witness_volume(n: &str) -> String {
     format!(
-        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: writer\nspec:\n  replicas: {WRITERS}\n  podManagementPolicy: Parallel\n  serviceName: writer\n  selector:\n    matchLabels: {{app: writer}}\n  template:\n    metadata:\n      labels: {{app: writer}}\n    spec:\n      terminationGracePeriodSeconds: 2\n{tolerate}      affinity:\n        nodeAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            nodeSelectorTerms:\n            - matchExpressions:\n              - {{key: {WRITERS_AWAY}, operator: DoesNotExist}}\n      containers:\n      - name: app\n        image: {}\n        command: [sh, -c, 'i=$(tail -n 1 /data/seq 2>/dev/null); i=${{i:-0}}; while true; do i=$((i+1)); echo $i >> /data/seq && (fsync /data/seq 2>/dev/null || sync); sleep 0.2; done']\n        volumeMounts:\n        - {{name: data, mountPath: /data}}\n  volumeClaimTemplates:\n  - metadata:\n      name: data\n    spec:\n      accessModes: [ReadWriteOnce]\n      storageClassName: csi-cinder-sc-xfs\n      resources:\n        requests:\n          storage: 1Gi\n",
-        crate::APP_IMAGE
+        "      - name: witness\n        hostPath: {{path: {WITNESS_ROOT}/{n}, type: Directory}}\n"
     )
 }
 
-fn sharers_manifest() -> String {
+/// The writers: a StatefulSet whose claims are ReadWriteOncePod, what an
+/// app that must never have two writers asks for (the node plugin refuses
+/// a second publish of such a volume while the first is mounted). It does
+/// not cover a container whose mount kubelet tore down before killing it:
+/// see the kubelet stopped past eviction in `faults.rs`.
+fn writers_manifest(n: &str) -> String {
+    let tolerate = tolerations();
     format!(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: sharer\nspec:\n  replicas: {SHARERS}\n  selector:\n    matchLabels: {{app: sharer}}\n  template:\n    metadata:\n      labels: {{app: sharer}}\n    spec:\n      terminationGracePeriodSeconds: 2\n{}      containers:\n      - name: app\n        image: {}\n        command: [sh, -c, 'i=0; while true; do i=$((i+1)); echo $i >> /data/$HOSTNAME && (fsync /data/$HOSTNAME 2>/dev/null || sync); sleep 0.2; done']\n        volumeMounts:\n        - {{name: data, mountPath: /data}}\n      volumes:\n      - name: data\n        persistentVolumeClaim: {{claimName: shared}}\n",
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: writer\nspec:\n  replicas: {WRITERS}\n  podManagementPolicy: Parallel\n  serviceName: writer\n  selector:\n    matchLabels: {{app: writer}}\n  template:\n    metadata:\n      labels: {{app: writer}}\n    spec:\n      terminationGracePeriodSeconds: 2\n{tolerate}      affinity:\n        nodeAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            nodeSelectorTerms:\n            - matchExpressions:\n              - {{key: {WRITERS_AWAY}, operator: DoesNotExist}}\n      containers:\n      - name: app\n        image: {}\n{}        volumeMounts:\n        - {{name: data, mountPath: /data}}\n        - {{name: witness, mountPath: /witness}}\n      volumes:\n{}  volumeClaimTemplates:\n  - metadata:\n      name: data\n    spec:\n      accessModes: [ReadWriteOncePod]\n      storageClassName: csi-cinder-sc-xfs\n      resources:\n        requests:\n          storage: 1Gi\n",
+        crate::APP_IMAGE,
+        workload_command("/data/seq"),
+        witness_volume(n)
+    )
+}
+
+fn sharers_manifest(n: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: sharer\nspec:\n  replicas: {SHARERS}\n  selector:\n    matchLabels: {{app: sharer}}\n  template:\n    metadata:\n      labels: {{app: sharer}}\n    spec:\n      terminationGracePeriodSeconds: 2\n{}      containers:\n      - name: app\n        image: {}\n{}        volumeMounts:\n        - {{name: data, mountPath: /data}}\n        - {{name: witness, mountPath: /witness}}\n      volumes:\n      - name: data\n        persistentVolumeClaim: {{claimName: shared}}\n{}",
         tolerations(),
-        crate::APP_IMAGE
+        crate::APP_IMAGE,
+        workload_command("/data/$HOSTNAME"),
+        witness_volume(n)
     )
 }
 
@@ -94,9 +122,9 @@ pub(super) async fn apply_workload(c: &Cluster, n: &str) -> Result<()> {
     c.apply_in(
         n,
         &[
-            writers_manifest(),
+            writers_manifest(n),
             claim("shared", "csi-manila-cephfs", "1Gi", "ReadWriteMany", false),
-            sharers_manifest(),
+            sharers_manifest(n),
         ]
         .join("---\n"),
     )
