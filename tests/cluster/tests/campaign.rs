@@ -97,7 +97,7 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
     // a mutation of what it guards, then the step's checks, which must
     // report it with its invariant and the mutation's label, and nothing
     // else (what a mutation leaves behind on purpose is given little time)
-    campaign.set_catch_up(Duration::from_secs(20));
+    campaign.set_catch_up(Duration::from_secs(10));
     let n = campaign.n().to_string();
     let bound = Duration::from_secs(300);
 
