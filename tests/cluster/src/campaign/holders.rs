@@ -38,6 +38,10 @@ pub struct NodeMount {
     pub volume_handle: Option<String>,
     /// major:minor of what is mounted.
     pub device: String,
+    /// A publish's pod (None: a staging mount).
+    pub pod_uid: Option<String>,
+    /// The PV kubelet recorded (a publish's).
+    pub pv: Option<String>,
 }
 
 /// A Cinder volume mounted on two nodes, or a block device on two (an
@@ -128,6 +132,7 @@ pub fn unsampled(
     found
 }
 
+/// `cluster.py csi-mounts`'s answer for `node`.
 fn node_mounts(node: &str, out: &str) -> Result<Vec<NodeMount>> {
     let json = out
         .lines()
@@ -145,16 +150,22 @@ fn node_mounts(node: &str, out: &str) -> Result<Vec<NodeMount>> {
             driver: m["driver"].as_str().map(str::to_string),
             volume_handle: m["volume_handle"].as_str().map(str::to_string),
             device: m["device"].as_str().unwrap_or_default().to_string(),
+            pod_uid: m["pod_uid"].as_str().map(str::to_string),
+            pv: m["pv"].as_str().map(str::to_string),
         })
         .collect())
+}
+
+/// A node's CSI mounts, now.
+pub(super) async fn read_node(c: &Cluster, node: &str) -> Result<Vec<NodeMount>> {
+    node_mounts(node, &c.cluster_py(&["csi-mounts", node]).await?)
 }
 
 /// Every node's CSI mounts, now.
 pub async fn read_nodes(c: &Cluster, nodes: &[String]) -> Result<Vec<NodeMount>> {
     let mut all = Vec::new();
     for node in nodes {
-        let out = c.cluster_py(&["csi-mounts", node]).await?;
-        all.extend(node_mounts(node, &out)?);
+        all.extend(read_node(c, node).await?);
     }
     Ok(all)
 }
@@ -338,6 +349,8 @@ mod tests {
             driver: Some(driver.into()),
             volume_handle: Some(handle.into()),
             device: device.into(),
+            pod_uid: None,
+            pv: None,
         }
     }
 

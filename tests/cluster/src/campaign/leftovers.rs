@@ -141,25 +141,15 @@ impl Campaign {
         node: &str,
         pv_of: &HashMap<String, String>,
     ) -> Result<Vec<CsiMount>> {
-        let out = self.c.cluster_py(&["csi-mounts", node]).await?;
-        let json = out
-            .lines()
-            .rev()
-            .find(|l| l.starts_with('['))
-            .unwrap_or("[]");
-        let v: Value = serde_json::from_str(json)
-            .map_err(|e| ClusterError::Other(format!("csi-mounts {node}: {e}: {out}")))?;
-        Ok(v.as_array()
+        Ok(super::holders::read_node(&self.c, node)
+            .await?
             .into_iter()
-            .flatten()
             .map(|m| CsiMount {
-                target: m["target"].as_str().unwrap_or_default().to_string(),
-                pod_uid: m["pod_uid"].as_str().map(str::to_string),
-                pv: m["pv"].as_str().map(str::to_string).or_else(|| {
-                    m["volume_handle"]
-                        .as_str()
-                        .and_then(|h| pv_of.get(h).cloned())
-                }),
+                target: m.target,
+                pod_uid: m.pod_uid,
+                pv: m
+                    .pv
+                    .or_else(|| m.volume_handle.and_then(|h| pv_of.get(&h).cloned())),
             })
             .collect())
     }
