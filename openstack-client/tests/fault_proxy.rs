@@ -15,8 +15,16 @@ use openstack_client::{Error, RetryPolicy, Session, SessionOptions};
 use openstack_emulator::proxy::{FaultProxy, ProxyControl, Upstream};
 use openstack_emulator::{Emulator, EmulatorConfig, FaultAction, FaultRule, RetryHint};
 
-#[tokio::test]
-async fn a_client_of_the_proxied_keystone_goes_through_the_proxy_and_meets_its_faults() {
+/// The emulator behind a fault proxy, a session given the proxied
+/// Keystone (so every call goes through the proxy), and the proxy's
+/// listener for the emulator.
+async fn proxied() -> (
+    Emulator,
+    FaultProxy,
+    ProxyControl,
+    Session,
+    std::net::SocketAddr,
+) {
     let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
     let target: std::net::SocketAddr = format!(
         "{}:{}",
@@ -58,6 +66,50 @@ async fn a_client_of_the_proxied_keystone_goes_through_the_proxy_and_meets_its_f
         },
     )
     .unwrap();
+    (emu, proxy, control, session, listen)
+}
+
+#[tokio::test]
+async fn tokens_expired_at_the_proxy_refuse_each_old_token_once_and_let_a_new_one_through() {
+    let (_emu, _proxy, control, session, _) = proxied().await;
+    let cinder = BlockStorage::new(session);
+    // a token issued before the rule
+    cinder.list_volume_types().await.unwrap();
+    control
+        .add_fault(&FaultRule::new(None, "/", FaultAction::TokensExpired).except("/identity"))
+        .await
+        .unwrap();
+    // its holder is refused, logs in again (a login carries no token and
+    // is not matched) and goes on with the new token
+    cinder.list_volume_types().await.unwrap();
+    cinder.list_volume_types().await.unwrap();
+    let rules = control.faults().await.unwrap();
+    assert_eq!(
+        rules.iter().map(|r| r.served).collect::<Vec<_>>(),
+        [1],
+        "{rules:#?}"
+    );
+    let calls = control.calls().await.unwrap();
+    let logins = calls
+        .iter()
+        .filter(|c| c.method == "POST" && c.path.ends_with("/auth/tokens"))
+        .count();
+    assert_eq!(
+        logins, 2,
+        "one login, and one after the refusal: {calls:#?}"
+    );
+    let refused: Vec<_> = calls
+        .iter()
+        .filter(|c| c.fault.as_deref() == Some("token expired (401)"))
+        .map(|c| (c.path.as_str(), c.status))
+        .collect();
+    assert_eq!(refused.len(), 1, "{calls:#?}");
+    assert_eq!(refused[0].1, Some(401), "{calls:#?}");
+}
+
+#[tokio::test]
+async fn a_client_of_the_proxied_keystone_goes_through_the_proxy_and_meets_its_faults() {
+    let (_emu, _proxy, control, session, listen) = proxied().await;
     let cinder = BlockStorage::new(session);
 
     control

@@ -142,6 +142,11 @@ pub fn injected(
     e.into_response()
 }
 
+/// What a service answers a token that expired (keystonemiddleware's 401).
+pub fn token_expired() -> Response<Body> {
+    ApiErr::unauthorized().into_response()
+}
+
 pub async fn not_found_fallback(uri: http::Uri) -> ApiErr {
     ApiErr::not_found(
         style_for_path(uri.path()),

@@ -59,6 +59,13 @@ pub enum FaultAction {
         status: u16,
         serve_after_millis: u64,
     },
+    /// A token issued before the rule was added is refused with 401, as an
+    /// expired one is: its holder must log in again (a Keystone outage is
+    /// felt only then). A request without a token (a login) is not
+    /// matched, nor one whose token was issued since, which the proxy
+    /// knows from the token answers it carried; the emulator, which does
+    /// not tell when a token was issued, refuses every token.
+    TokensExpired,
     /// Answer with this JSON body instead of the real one: a cloud that
     /// lies, or one someone else controls (hostile export locations,
     /// access rules, ...).
@@ -81,6 +88,7 @@ impl FaultAction {
             Self::Throttled { .. } => "throttled".into(),
             Self::GatewayGaveUp { status, .. } => format!("gateway gave up ({status})"),
             Self::Json { status, .. } => format!("answer replaced ({status})"),
+            Self::TokensExpired => "token expired (401)".into(),
         }
     }
 }
@@ -123,6 +131,18 @@ impl RetryHint {
     }
 }
 
+/// What a request's token is known to be, for
+/// [`FaultAction::TokensExpired`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestToken {
+    /// The request carries none (a login).
+    Absent,
+    /// Issued then, through the proxy.
+    IssuedAt(std::time::Instant),
+    /// Carried, of an unknown issue time.
+    Unknown,
+}
+
 /// A fault: requests whose method and path match get `action`, on every
 /// `every_nth` matching call and/or with `probability`, at most `remaining`
 /// times.
@@ -158,6 +178,9 @@ pub struct FaultRule {
     /// A throttle's slots: how many are free, and when they were counted.
     #[serde(skip)]
     bucket: Option<(f64, std::time::Instant)>,
+    /// When the rule was added (tokens issued since are not expired).
+    #[serde(skip)]
+    added: Option<std::time::Instant>,
 }
 
 impl FaultRule {
@@ -174,6 +197,7 @@ impl FaultRule {
             served: 0,
             label: None,
             bucket: None,
+            added: Some(std::time::Instant::now()),
         }
     }
 
@@ -182,6 +206,7 @@ impl FaultRule {
     pub fn fresh(mut self) -> Self {
         self.matched = 0;
         self.served = 0;
+        self.added = Some(std::time::Instant::now());
         self
     }
 
@@ -212,7 +237,12 @@ impl FaultRule {
         self
     }
 
-    pub(crate) fn check(&mut self, method: &Method, path: &str) -> Option<FaultAction> {
+    pub(crate) fn check(
+        &mut self,
+        method: &Method,
+        path: &str,
+        token: RequestToken,
+    ) -> Option<FaultAction> {
         if self.remaining == Some(0) {
             return None;
         }
@@ -233,6 +263,16 @@ impl FaultRule {
                 .is_some_and(|p| path.contains(p))
         {
             return None;
+        }
+        if self.action == FaultAction::TokensExpired {
+            let fresh = match token {
+                RequestToken::Absent => true,
+                RequestToken::IssuedAt(at) => self.added.is_some_and(|added| at >= added),
+                RequestToken::Unknown => false,
+            };
+            if fresh {
+                return None;
+            }
         }
         self.matched += 1;
         if let Some(n) = self.every_nth

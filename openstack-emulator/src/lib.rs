@@ -35,7 +35,7 @@ use tokio::sync::watch;
 use tower::ServiceExt;
 use url::Url;
 
-pub use faults::{FaultAction, FaultRule, RetryHint};
+pub use faults::{FaultAction, FaultRule, RequestToken, RetryHint};
 use state::World;
 pub use state::{CallRecord, Delays, Quotas};
 
@@ -353,7 +353,13 @@ async fn handle(
     let fault = if path.starts_with("/_admin") {
         None
     } else {
-        state.world().match_fault(&method, &path)
+        // the emulator does not tell when a token was issued
+        let token = if req.headers().contains_key("x-auth-token") {
+            RequestToken::Unknown
+        } else {
+            RequestToken::Absent
+        };
+        state.world().match_fault(&method, &path, token)
     };
     // a throttle that lets a call through served no fault to it
     let fault_name = fault
@@ -499,6 +505,7 @@ async fn handle(
             Some(wait),
             hint,
         ),
+        Some(FaultAction::TokensExpired) => errors::token_expired(),
         Some(FaultAction::Json { status, body }) => {
             let mut r = axum::response::IntoResponse::into_response(axum::Json(body));
             *r.status_mut() =

@@ -27,7 +27,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::errors;
-use crate::faults::{FaultAction, FaultRule};
+use crate::faults::{FaultAction, FaultRule, RequestToken};
 use crate::state::CallRecord;
 
 /// The largest request or answer body the proxy carries.
@@ -45,10 +45,16 @@ pub struct Upstream {
     pub target: SocketAddr,
 }
 
+/// The most tokens whose issue time the proxy keeps.
+const MAX_ISSUED: usize = 10_000;
+
 #[derive(Debug, Default)]
 struct ProxyState {
     faults: Mutex<Vec<FaultRule>>,
     calls: Mutex<Vec<CallRecord>>,
+    /// When each token the proxy carried the answer of was issued, by a
+    /// hash of the token (the token itself is not kept).
+    issued: Mutex<HashMap<u64, std::time::Instant>>,
     /// The services' ports, and the proxy's port for each.
     ports: HashMap<u16, u16>,
 }
@@ -84,10 +90,53 @@ impl ProxyState {
         });
     }
 
-    fn matching_fault(&self, method: &http::Method, path: &str) -> Option<FaultAction> {
+    fn matching_fault(
+        &self,
+        method: &http::Method,
+        path: &str,
+        token: RequestToken,
+    ) -> Option<FaultAction> {
         // spent rules stay, with their counts, until cleared
-        self.faults().iter_mut().find_map(|r| r.check(method, path))
+        self.faults()
+            .iter_mut()
+            .find_map(|r| r.check(method, path, token))
     }
+
+    fn issued(&self) -> MutexGuard<'_, HashMap<u64, std::time::Instant>> {
+        self.issued.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A token answer carried: its token was issued now.
+    fn token_issued(&self, token: &[u8]) {
+        let mut issued = self.issued();
+        if issued.len() >= MAX_ISSUED {
+            // bounded: the oldest half forgotten (their requests then
+            // count as carrying a token of an unknown issue time)
+            let mut times: Vec<std::time::Instant> = issued.values().copied().collect();
+            times.sort_unstable();
+            let median = times[times.len() / 2];
+            issued.retain(|_, at| *at >= median);
+        }
+        issued.insert(token_key(token), std::time::Instant::now());
+    }
+
+    /// What a request's token is known to be.
+    fn request_token(&self, headers: &http::HeaderMap) -> RequestToken {
+        match headers.get("x-auth-token") {
+            None => RequestToken::Absent,
+            Some(t) => self
+                .issued()
+                .get(&token_key(t.as_bytes()))
+                .map_or(RequestToken::Unknown, |at| RequestToken::IssuedAt(*at)),
+        }
+    }
+}
+
+fn token_key(token: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    token.hash(&mut h);
+    h.finish()
 }
 
 /// A running proxy; dropping it stops every listener.
@@ -193,7 +242,8 @@ async fn handle(
     let method = req.method().clone();
     let path = format!("/{}{}", upstream.service, req.uri().path());
     let query = req.uri().query().unwrap_or_default().to_string();
-    let fault = state.matching_fault(&method, &path);
+    let token = state.request_token(req.headers());
+    let fault = state.matching_fault(&method, &path, token);
     // a throttle that lets a call through served no fault to it
     let fault_name = fault
         .as_ref()
@@ -296,6 +346,7 @@ async fn handle(
             Some(wait),
             hint,
         )),
+        Some(FaultAction::TokensExpired) => Ok(errors::token_expired()),
         Some(FaultAction::Json { status, body }) => {
             let mut r = axum::response::IntoResponse::into_response(Json(body));
             *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
@@ -357,6 +408,11 @@ async fn forward(
         .await
         .map_err(|e| format!("reading the answer: {e}"))?;
     // a token answer (Keystone's, whichever listener it came through)
+    if parts.status.is_success()
+        && let Some(token) = parts.headers.get("x-subject-token")
+    {
+        state.token_issued(token.as_bytes());
+    }
     let body = if parts.headers.contains_key("x-subject-token") {
         let rewritten = proxied_catalog(&body, &state.ports);
         parts.headers.remove(http::header::CONTENT_LENGTH);

@@ -717,11 +717,16 @@ impl World {
         self.tokens.get(token).cloned()
     }
 
-    pub fn match_fault(&mut self, method: &Method, path: &str) -> Option<FaultAction> {
+    pub fn match_fault(
+        &mut self,
+        method: &Method,
+        path: &str,
+        token: crate::faults::RequestToken,
+    ) -> Option<FaultAction> {
         // spent rules stay, with their counts, until cleared
         self.faults
             .iter_mut()
-            .find_map(|rule| rule.check(method, path))
+            .find_map(|rule| rule.check(method, path, token))
     }
 
     pub fn record_call(
