@@ -147,7 +147,6 @@ impl PluginServer {
         routes: tonic::service::Routes,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), RuntimeError> {
-        let listener = endpoint::bind(&self.endpoint, self.socket_mode)?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let http_task = match self.http_endpoint {
             Some(addr) => {
@@ -181,6 +180,16 @@ impl PluginServer {
                 Some(task)
             }
             None => None,
+        };
+        // the socket last: once it exists everything listens, and a plugin
+        // that cannot listen on its HTTP endpoint leaves no socket behind
+        // for kubelet or a sidecar to take for a live one
+        let listener = match endpoint::bind(&self.endpoint, self.socket_mode) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = stop_tx.send(true);
+                return Err(e.into());
+            }
         };
         tracing::info!(endpoint = %self.endpoint, mode = format!("{:o}", self.socket_mode), "serving gRPC");
         let mut drain_rx = stop_rx.clone();

@@ -220,3 +220,24 @@ async fn replaces_a_stale_socket_but_never_another_file() {
     assert_eq!(std::fs::read(&file).unwrap(), b"data");
     assert!(err.to_string().contains("is not a socket"));
 }
+
+#[tokio::test]
+async fn a_plugin_that_cannot_listen_for_http_leaves_no_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    // the HTTP endpoint's port taken by someone else
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let err = PluginServer::new(sock.to_str().unwrap().parse().unwrap())
+        .http_endpoint(Some(addr))
+        .serve(routes(), std::future::pending())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::Http { .. }), "{err}");
+    // a socket here would be taken for a live plugin's (refusing every
+    // connection) by kubelet, a sidecar or a test waiting for it
+    assert!(
+        !sock.exists(),
+        "the plugin exits and leaves its socket: {err}"
+    );
+}

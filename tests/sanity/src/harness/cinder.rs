@@ -14,7 +14,8 @@ use std::sync::Arc;
 use openstack_emulator::{Emulator, EmulatorConfig, HypervisorConfig};
 
 use super::{
-    HarnessError, metadata_document, mounts_below, serve_metadata, stderr_to, wait_for_socket,
+    HarnessError, metadata_document, mounts_below, serve_metadata, stderr_to,
+    wait_for_plugin_socket,
 };
 
 #[derive(Debug, Clone)]
@@ -187,8 +188,8 @@ impl CinderOnEmulator {
             .env("RUST_LOG", "info")
             .stderr(stderr_to(self.options.log_file.as_deref())?)
             .spawn()?;
-        self.plugin = Some(child);
-        wait_for_socket(&self.socket).await
+        let plugin = self.plugin.insert(child);
+        wait_for_plugin_socket(plugin, &self.socket).await
     }
 
     /// Rewrites the plugin's cloud.conf as kubelet updates a mounted
@@ -350,7 +351,7 @@ impl CinderOnRealCloud {
             .env("RUST_LOG", "info")
             .stderr(stderr_to(log_file.as_deref())?)
             .spawn()?;
-        let h = Self {
+        let mut h = Self {
             attach_limit_enforced: !attach_limit.is_empty(),
             secret_dir,
             conf_tail,
@@ -361,7 +362,9 @@ impl CinderOnRealCloud {
             plugin: Some(child),
             metadata,
         };
-        wait_for_socket(&h.socket).await?;
+        if let Some(plugin) = h.plugin.as_mut() {
+            wait_for_plugin_socket(plugin, &h.socket).await?;
+        }
         Ok(h)
     }
 }

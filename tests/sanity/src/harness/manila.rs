@@ -22,7 +22,8 @@ use openstack_emulator::{Emulator, EmulatorConfig};
 
 use super::stand_ins::{HelperCall, NfsServer, StandIns, kill_with_namespace, mounts_seen_by};
 use super::{
-    HarnessError, metadata_document, mounts_below, serve_metadata, stderr_to, wait_for_socket,
+    HarnessError, metadata_document, mounts_below, serve_metadata, stderr_to,
+    wait_for_plugin_socket,
 };
 
 #[derive(Debug, Clone)]
@@ -184,8 +185,8 @@ impl ManilaOnEmulator {
             .env("RUST_LOG", &self.options.log_level)
             .stderr(stderr_to(self.options.log_file.as_deref())?)
             .spawn()?;
-        self.plugin = Some(child);
-        wait_for_socket(&self.socket).await
+        let plugin = self.plugin.insert(child);
+        wait_for_plugin_socket(plugin, &self.socket).await
     }
 
     pub fn plugin_pid(&self) -> Option<u32> {
@@ -426,8 +427,8 @@ impl ManilaOnRealCloud {
             .env("RUST_LOG", "info")
             .stderr(stderr_to(self.log_file.as_deref())?)
             .spawn()?;
-        self.plugin = Some(child);
-        wait_for_socket(&self.socket).await
+        let plugin = self.plugin.insert(child);
+        wait_for_plugin_socket(plugin, &self.socket).await
     }
 
     pub fn plugin_pid(&self) -> Option<u32> {

@@ -228,6 +228,28 @@ pub fn stderr_to(log: Option<&Path>) -> Result<std::process::Stdio, HarnessError
     })
 }
 
+/// Waits (up to 20 s) for `plugin` to open its socket; fails at once,
+/// with its exit status, when it exits first (its log says why).
+pub async fn wait_for_plugin_socket(
+    plugin: &mut std::process::Child,
+    socket: &Path,
+) -> Result<(), HarnessError> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        if let Some(status) = plugin.try_wait()? {
+            return Err(HarnessError::Emulator(format!(
+                "the plugin exited ({status}) before opening {}",
+                socket.display()
+            )));
+        }
+        if Instant::now() > deadline {
+            return Err(HarnessError::NoSocket(socket.to_path_buf()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
 /// Waits (up to 20 s) for a plugin to open its socket.
 pub async fn wait_for_socket(socket: &Path) -> Result<(), HarnessError> {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -299,11 +321,30 @@ pub fn workspace_binaries() -> Result<PathBuf, HarnessError> {
 }
 
 /// A TCP port free on 127.0.0.1 at the time of asking (for a plugin's
-/// `--http-endpoint`).
+/// `--http-endpoint`). Drawn below the kernel's ephemeral range (32768 and
+/// up): a port the kernel hands out is also the next outgoing connection's
+/// source port, and a test making many connections (to the emulator, to
+/// the plugins) took one between the asking and the plugin's listening
+/// (the test command's run of 8fcce4a: the plugin exited, its test met
+/// "connection refused").
 pub fn free_port() -> Result<u16, HarnessError> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+        ^ std::process::id().wrapping_mul(2_654_435_761);
+    for _ in 0..64 {
+        let step = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = LOW + seed.wrapping_add(step.wrapping_mul(7_919)) % SPAN;
+        let port = u16::try_from(port).map_err(std::io::Error::other)?;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::other("no free port in 20000..32000 after 64 tries").into())
 }
 
 /// `GET path` on 127.0.0.1:`port` (waiting up to 20 s for something to
