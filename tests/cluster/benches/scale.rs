@@ -82,8 +82,8 @@ use cost::{
     throttled,
 };
 use direct::{
-    shares_through_manila, snapshots_and_expansion_through_cinder, through_cinder, until_gone,
-    until_shares_gone, wave_through_openstack,
+    quiet_cloud, shares_through_manila, snapshots_and_expansion_through_cinder, through_cinder,
+    until_gone, until_shares_gone, wave_through_openstack,
 };
 use watch::{Watch, name_of, ready_times};
 
@@ -127,10 +127,18 @@ fn marks(d: &[Duration; 4]) -> String {
 
 /// One row of a burst's table: N, ours, OpenStack's own, the ratio, the
 /// deletions, the calls per claim; returns our four marks.
-fn burst_row(n: usize, ours: &Burst, theirs: &Burst, calls: [usize; 2]) -> [Duration; 4] {
+/// `ratio_note` follows the ratio (what makes it more or less like with
+/// like).
+fn burst_row(
+    n: usize,
+    ours: &Burst,
+    theirs: &Burst,
+    calls: [usize; 2],
+    ratio_note: &str,
+) -> [Duration; 4] {
     let (q, t) = (quantiles(&ours.ready), quantiles(&theirs.ready));
     println!(
-        "| {n} | {} | {} | {:.2} | {} / {} | {:.1} / {:.1} |",
+        "| {n} | {} | {} | {:.2}{ratio_note} | {} / {} | {:.1} / {:.1} |",
         marks(&q),
         marks(&t),
         ratio(&q, &t),
@@ -974,8 +982,10 @@ async fn main() {
     );
     println!("| --- | --- | --- | --- | --- | --- |");
     let mut where_it_went = Vec::new();
+    let manila = c.manila().unwrap();
     for n in sizes().into_iter().filter(|_| part("cinder")) {
-        proxy.clear_calls().await.unwrap();
+        // both sides start from a quiet cloud (what came before finished)
+        let quiet_ours = quiet_cloud(&cinder, &manila, &proxy).await;
         let before = controller_rpc_totals(CINDER_CONTROLLER_METRICS, "CreateVolume").await;
         let since = Instant::now();
         let usage_before = cinder_plugin_usage(true);
@@ -990,13 +1000,17 @@ async fn main() {
             throttled(&c, "csi-cinder-controllerplugin", "csi-provisioner", since).await;
         let calls = calls_to(&proxy, "/volume").await;
         let calls_ours = calls_by_kind(&calls, n);
+        // our deletions finished before OpenStack's own side starts
+        let quiet_theirs = quiet_cloud(&cinder, &manila, &proxy).await;
         let cpu_theirs_before = MachineCpu::now();
-        let theirs = through_cinder(&direct_cinder, n).await;
+        let theirs = through_cinder(&direct_cinder, &cinder, n).await;
         let cpu_theirs = MachineCpu::now();
         let theirs_calls = calls_to(&proxy, "/volume").await;
-        let q = burst_row(n, &ours, &theirs, [calls.len(), theirs_calls.len()]);
+        let q = burst_row(n, &ours, &theirs, [calls.len(), theirs_calls.len()], "");
         where_it_went.push(format!(
-            "N = {n}: PVs made (CreateVolume answered) 50 / 90 / 99 / 100 % after {} s, claims Bound {} s; CreateVolume answered {creates:.0} times, in {create_mean:.2} s on average (Cinder's own create until available: {:.2} s); the provisioner waited on its own API rate limit {waits} times over 1 s (longest {:.1} s), the controller-manager (which binds the claims) {kcm_waits} times (longest {:.1} s); the controller: {:.2} s of CPU and {:+.1} MiB of memory per 100 claims made and deleted ({:.1} MiB after); this machine, through Kubernetes: {}; straight through Cinder: {}; Cinder calls per claim, ours: {calls_ours}; the bench's client's: {}",
+            "N = {n}: the cloud quiet {:.1} s before ours, {:.1} s before Cinder's own; PVs made (CreateVolume answered) 50 / 90 / 99 / 100 % after {} s, claims Bound {} s; CreateVolume answered {creates:.0} times, in {create_mean:.2} s on average (Cinder's own create until available: {:.2} s); the provisioner waited on its own API rate limit {waits} times over 1 s (longest {:.1} s), the controller-manager (which binds the claims) {kcm_waits} times (longest {:.1} s); the controller: {:.2} s of CPU and {:+.1} MiB of memory per 100 claims made and deleted ({:.1} MiB after); this machine, through Kubernetes: {}; straight through Cinder: {}; Cinder calls per claim, ours: {calls_ours}; the bench's client's: {}",
+            quiet_ours.as_secs_f64(),
+            quiet_theirs.as_secs_f64(),
             marks(&quantiles(&ours.made)),
             marks(&q),
             mean(&theirs.ready),
@@ -1016,7 +1030,6 @@ async fn main() {
     }
 
     // the same for CephFS shares
-    let manila = c.manila().unwrap();
     println!();
     println!(
         "| N (CephFS) | Bound 50 / 90 / 99 / 100 % (s) | Manila's own, until the cephx rule is active (s) | ratio at 100 % | shares gone after deletion, ours / Manila's (s) | Manila calls per claim, ours / the bench's client's |"
@@ -1024,22 +1037,40 @@ async fn main() {
     println!("| --- | --- | --- | --- | --- | --- |");
     let mut manila_errors = Vec::new();
     for n in share_sizes().into_iter().filter(|_| part("cephfs")) {
-        proxy.clear_calls().await.unwrap();
+        let quiet_ours = quiet_cloud(&cinder, &manila, &proxy).await;
         let cpu_before = MachineCpu::now();
         let ours = shares_through_kubernetes(&c, &manila, n).await;
         let cpu_ours = MachineCpu::now();
         let calls = calls_to(&proxy, "/share").await;
-        let (theirs, failed) = shares_through_manila(&direct_manila, n).await;
+        let quiet_theirs = quiet_cloud(&cinder, &manila, &proxy).await;
+        let cpu_theirs_before = MachineCpu::now();
+        let (theirs, failed) = shares_through_manila(&direct_manila, &manila, n).await;
         let cpu_theirs = MachineCpu::now();
         let theirs_calls = calls_to(&proxy, "/share").await;
+        // each share Manila failed is made again, on both sides: our
+        // creates past N are ours it failed
+        let ours_failed = calls
+            .iter()
+            .filter(|k| k.starts_with("POST ") && k.ends_with("/shares"))
+            .count()
+            .saturating_sub(n);
         manila_errors.push(format!(
-            "N = {n}: Manila put {failed} of the bench's client's shares in error (each deleted and made again, as the driver does); this machine, through Kubernetes: {}; straight through Manila: {}; Manila calls per claim, ours: {}; the bench's client's: {}",
+            "N = {n}: the cloud quiet {:.1} s before ours, {:.1} s before Manila's own; Manila put {ours_failed} of our shares and {failed} of the bench's client's in error (each deleted and made again, as the driver does); this machine, through Kubernetes: {}; straight through Manila: {}; Manila calls per claim, ours: {}; the bench's client's: {}",
+            quiet_ours.as_secs_f64(),
+            quiet_theirs.as_secs_f64(),
             cpu_before.until(&cpu_ours),
-            cpu_ours.until(&cpu_theirs),
+            cpu_theirs_before.until(&cpu_theirs),
             calls_by_kind(&calls, n),
             calls_by_kind(&theirs_calls, n)
         ));
-        burst_row(n, &ours, &theirs, [calls.len(), theirs_calls.len()]);
+        // a ratio is like with like only where Manila failed about as many
+        // shares on both sides: otherwise it says so, with both counts
+        let unequal = ours_failed.abs_diff(failed) > (n / 10).max(1);
+        let note = format!(
+            " (Manila failed {ours_failed} / {failed}{})",
+            if unequal { ": not like with like" } else { "" }
+        );
+        burst_row(n, &ours, &theirs, [calls.len(), theirs_calls.len()], &note);
     }
 
     for line in manila_errors {

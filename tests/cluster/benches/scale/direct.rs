@@ -6,17 +6,25 @@
 use std::time::{Duration, Instant};
 
 use cluster_tests::Cluster;
-use openstack_client::cinder::{BlockStorage, CreateSnapshot, CreateVolume};
+use openstack_client::cinder::{BlockStorage, CreateSnapshot, CreateVolume, ListVolumes};
 use openstack_client::manila::{
-    AccessRuleState, CreateShare, GrantAccess, ShareStatus, SharedFileSystems,
+    AccessRuleState, CreateShare, GrantAccess, ListPage, ShareStatus, SharedFileSystems,
 };
+use openstack_emulator::proxy::ProxyControl;
 
 use super::{Burst, POLL, TIMEOUT, Wave};
 
 /// The same N volumes straight through Cinder, at once: each made and
 /// watched until `available`, then all deleted and watched until gone.
-pub(super) async fn through_cinder(cinder: &BlockStorage, n: usize) -> Burst {
-    clear_volumes_named(cinder, (0..n).map(|i| format!("scale-direct-{i}"))).await;
+/// What an earlier run left is cleared first through `housekeeping` (a
+/// client outside the proxy: the bench's housekeeping is neither side's
+/// work).
+pub(super) async fn through_cinder(
+    cinder: &BlockStorage,
+    housekeeping: &BlockStorage,
+    n: usize,
+) -> Burst {
+    clear_volumes_named(housekeeping, (0..n).map(|i| format!("scale-direct-{i}"))).await;
     let started = Instant::now();
     let tasks: Vec<_> = (0..n)
         .map(|i| {
@@ -124,20 +132,26 @@ where
 /// The same N CephFS shares straight through Manila, at once: each made,
 /// given a cephx rule once `available`, watched until the rule is
 /// `active` (what the driver waits for); then all deleted.
-pub(super) async fn shares_through_manila(manila: &SharedFileSystems, n: usize) -> (Burst, usize) {
+/// What an earlier run left is cleared first through `housekeeping`, as
+/// for Cinder.
+pub(super) async fn shares_through_manila(
+    manila: &SharedFileSystems,
+    housekeeping: &SharedFileSystems,
+    n: usize,
+) -> (Burst, usize) {
     // what a run stopped on the way left under these names
     let mut leftovers = Vec::new();
     for i in 0..n {
-        for share in manila
+        for share in housekeeping
             .list_shares_named(&format!("scale-direct-share-{i}"))
             .await
             .unwrap()
         {
-            manila.delete_share(&share.id).await.unwrap();
+            housekeeping.delete_share(&share.id).await.unwrap();
             leftovers.push(share.id);
         }
     }
-    until_shares_gone(manila, leftovers).await;
+    until_shares_gone(housekeeping, leftovers).await;
     let failed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
     let tasks: Vec<_> = (0..n)
@@ -205,6 +219,70 @@ pub(super) async fn shares_through_manila(manila: &SharedFileSystems, n: usize) 
         made: Vec::new(),
     };
     (burst, failed.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// How long the proxy must have carried no call for the cloud to count
+/// as quiet.
+const QUIET_CALLS: Duration = Duration::from_secs(2);
+/// How long a side waits at most for the cloud to be quiet.
+const QUIET_PATIENCE: Duration = Duration::from_secs(300);
+
+/// Waits until the cloud is quiet, so that the next side starts as the
+/// last one did: no volume of the project in a passing state (creating,
+/// deleting, attaching, ...), no share either, and no call through the
+/// proxy (the plugins') for `QUIET_CALLS`. Read through `cinder` and
+/// `manila`, clients outside the proxy; the proxy's record of calls is
+/// cleared at the end, so the wait is counted as neither side's work.
+/// How long it waited.
+pub(super) async fn quiet_cloud(
+    cinder: &BlockStorage,
+    manila: &SharedFileSystems,
+    proxy: &ProxyControl,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        if started.elapsed() > QUIET_PATIENCE {
+            println!(
+                "(the cloud was not quiet after {} s: the next side starts all the same)",
+                QUIET_PATIENCE.as_secs()
+            );
+            proxy.clear_calls().await.unwrap();
+            return started.elapsed();
+        }
+        let volumes_settled = cinder
+            .list_volumes(&ListVolumes::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .all(|v| {
+                matches!(v.status.as_str(), "available" | "in-use")
+                    || v.status.as_str().contains("error")
+            });
+        let shares_settled = manila
+            .list_shares(&ListPage::default())
+            .await
+            .unwrap()
+            .iter()
+            .all(|s| s.status == ShareStatus::Available || s.status.is_error());
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let last_call = proxy
+            .calls()
+            .await
+            .unwrap()
+            .iter()
+            .map(|c| c.at_ms)
+            .max()
+            .unwrap_or(0);
+        let calls_settled = now_ms.saturating_sub(last_call) >= QUIET_CALLS.as_millis() as u64;
+        if volumes_settled && shares_settled && calls_settled {
+            proxy.clear_calls().await.unwrap();
+            return started.elapsed();
+        }
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 /// Waits until none of `ids` is in Manila any more.
