@@ -21,9 +21,12 @@ metadata and `topology.kubernetes.io/zone` label).
     cluster.py restart-kubelet   stop kubelet and start it again (its pods run on)
     cluster.py stop-kubelet NAME   a node's kubelet stopped (its pods run on),
                         until start-kubelet NAME (until it reported Ready)
-    cluster.py restart-cluster   every kubelet, the controllers, both
+    cluster.py restart-cluster [--cold]  every kubelet, the controllers, both
                         apiservers and etcd stopped and started again
-                        (etcd on its data), until every node is Ready
+                        (etcd on its data), until every node is Ready;
+                        --cold: the KMS plugins' containers killed too while
+                        all is down, as a power cut of the control-plane
+                        node does (they must fetch their key again)
     cluster.py restart-apiservers [--live]  stop both apiservers and start them
                         again (until ready; --live: until they serve)
     cluster.py kill-node NAME    a node (not A) dies as a machine losing power:
@@ -137,6 +140,7 @@ from k8stier.nodes import (
     remove_namespaced_node,
     remove_node_chain,
     start_containerd,
+    start_host_dns,
     start_kubelet,
     start_metadata,
     wait_node_ready,
@@ -221,6 +225,7 @@ def cmd_up():
     # plugin's socket at once (its gRPC channel otherwise backs off for
     # up to two minutes, and Secrets cannot be written meanwhile)
     install_kms()
+    start_host_dns()
     write_overlay_inputs()
     for node in all_nodes:
         start_containerd(node)
@@ -276,7 +281,7 @@ def cmd_down():
         unmount_below(root)
     remove_network()
     SERVICES.stop_all(["kube-scheduler", "kube-controller-manager", "kube-apiserver", "kube-apiserver-b",
-                       *(n.service("metadata") for n in all_nodes)])
+                       *(n.service("metadata") for n in all_nodes), "host-dns"])
     SERVICES.stop("etcd")
     restore_host()
     remove_cgroups()
@@ -315,7 +320,7 @@ def main(argv):
         "restart-kubelet": lambda rest: cmd_restart_kubelet(),
         "stop-kubelet": cmd_stop_kubelet,
         "start-kubelet": cmd_start_kubelet,
-        "restart-cluster": lambda rest: cmd_restart_cluster(),
+        "restart-cluster": cmd_restart_cluster,
         "restart-apiservers": cmd_restart_apiservers,
         "kill-node": cmd_kill_node,
         "revive-node": cmd_revive_node,

@@ -65,7 +65,15 @@ SIDECARS = ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter",
             "csi-node-driver-registrar", "livenessprobe"]
 CONTROL_PLANE = ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"]
 PROCESSES = ["kubelet", "containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
-             "kube-apiserver-b", "etcd", "metadata"]
+             "kube-apiserver-b", "etcd", "metadata", "host-dns"]
+# DNS (k8stier/host_dns.py): the control-plane node's own resolver answers
+# the test cloud's names under HOST_DNS_ZONE (its pods with dnsPolicy
+# Default ask it, through kubelet's resolvConf); cluster DNS is down for
+# the whole tier: nothing answers at CLUSTER_DNS, in any node's namespace
+# (refused at once, as a Service without endpoints is)
+HOST_DNS = "127.0.0.153"
+HOST_DNS_ZONE = "cloud.k8s-test.internal"
+CLUSTER_DNS = "127.0.0.154"
 
 # the cloud's listeners a namespaced node reaches on the host's loopback:
 # its API ports (and Ceph's daemons), Ceph's monitor, NFS

@@ -24,6 +24,7 @@ from .config import (
     run,
 )
 from .control_plane import start_apiserver, start_controllers, start_etcd, wait_apiserver
+from .images import ctr
 from .nodes import start_containerd, start_kubelet, wait_node_ready
 from .pki import kubectl
 from .processes import shim_pids
@@ -92,14 +93,39 @@ def cmd_start_kubelet(rest):
     log(f"{node.name}'s kubelet started; Ready after {time.time() - t:.1f}s")
 
 
-def cmd_restart_cluster():
+def kill_kms_plugins():
+    """Every KMS plugin container of node A (the static pods', a chart's)
+    killed, as a power cut kills them; the ids of those that ran. Their
+    key lives only in their memory: once started again they must fetch it
+    from Barbican before an apiserver can read a Secret."""
+    node = nodes()[0]
+    listed = ctr("containers", "ls", "-q", 'labels."io.kubernetes.container.name"==barbican-kms-plugin',
+                 node=node).split()
+    running = {line.split()[0] for line in ctr("tasks", "ls", node=node).splitlines()[1:]
+               if "RUNNING" in line.split()}
+    killed = []
+    for cid in listed:
+        if cid in running:
+            ctr("tasks", "kill", "--signal", "SIGKILL", cid, node=node)
+            killed.append(cid)
+    if not killed:
+        raise ClusterError("no running KMS plugin container on node A to kill")
+    return killed
+
+
+def cmd_restart_cluster(rest):
     """The whole cluster restarted, as after a power cut of its control
     plane and a restart of every node's kubelet: every kubelet, the
     scheduler, the controller-manager, both apiservers and etcd stopped
     (abruptly), then started again in order, etcd on its data of before;
     until every node reported Ready since. The pods' containers (each
     node's containerd, and the KMS plugins the apiservers need) run on
-    meanwhile, writing to their volumes."""
+    meanwhile, writing to their volumes. `--cold`: the KMS plugins'
+    containers are killed too while everything is down (a power cut of the
+    control-plane node), and both apiservers are waited for until they
+    serve, not until ready (readiness needs the plugins back, which the
+    caller judges)."""
+    cold = "--cold" in rest
     binary("kubelet")  # before anything stops: a missing input stops nothing
     binary("kube-apiserver")
     all_nodes = nodes()
@@ -107,18 +133,28 @@ def cmd_restart_cluster():
     SERVICES.stop_all([n.service("kubelet") for n in all_nodes], grace=3)
     SERVICES.stop_all(["kube-scheduler", "kube-controller-manager", "kube-apiserver", "kube-apiserver-b"], grace=3)
     SERVICES.stop("etcd", grace=3)
+    failed = None
+    if cold:
+        try:
+            log(f"KMS plugin containers killed: {', '.join(c[:12] for c in kill_kms_plugins())}")
+        except (ClusterError, subprocess.SubprocessError) as e:
+            # the cluster comes back all the same; the failure is told after
+            failed = e
     down = time.time()
     start_etcd(fresh=False)
+    until = "livez" if cold else "readyz"
     for name in ("kube-apiserver", "kube-apiserver-b"):
-        start_apiserver(name, wait=False)
+        start_apiserver(name, until, wait=False)
     for name in ("kube-apiserver", "kube-apiserver-b"):
-        wait_apiserver(name)
+        wait_apiserver(name, until)
     start_controllers()
     for node in all_nodes:
         start_kubelet(node)
     for node in all_nodes:
         SERVICES.wait_until(node.service("kubelet"), lambda node=node: reported_since(node, down), 120)
     log(f"cluster restarted: down {down - t:.1f}s, every node Ready again after {time.time() - t:.1f}s")
+    if failed is not None:
+        raise ClusterError(f"the cold start's kill of the KMS plugins failed: {failed}")
 
 
 def cmd_restart_apiservers(rest):

@@ -4,6 +4,7 @@ and instance metadata."""
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,10 @@ from .config import (
     BRIDGE,
     CLOUD,
     CLOUD_PORT_BASE,
+    CLUSTER_DNS,
     HERE,
+    HOST_DNS,
+    HOST_DNS_ZONE,
     KUBELET_DIR,
     MULTI_NODE_TAINT,
     PAUSE_IMAGE,
@@ -22,6 +26,7 @@ from .config import (
     SERVICES,
     STARTUP_TAINTS,
     STATE,
+    ClusterError,
     binary,
     http,
     log,
@@ -77,10 +82,51 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                         60)
 
 
+def start_host_dns():
+    """The control-plane node's own resolver (k8stier/host_dns.py), and the
+    resolv.conf that names it, which node A's kubelet gives its pods of
+    dnsPolicy Default."""
+    (STATE / "host-resolv.conf").write_text(f"nameserver {HOST_DNS}\n")
+    SERVICES.start("host-dns", [sys.executable, HERE / "k8stier" / "host_dns.py", HOST_DNS, HOST_DNS_ZONE])
+
+    def answers():
+        # one A query for a name of its zone, straight to it
+        query = (b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+                 + b"".join(bytes([len(p)]) + p.encode() for p in f"probe.{HOST_DNS_ZONE}".split("."))
+                 + b"\x00\x00\x01\x00\x01")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(1)
+            try:
+                s.sendto(query, (HOST_DNS, 53))
+                reply = s.recv(512)
+            except OSError:
+                return False
+        return reply[:2] == b"\x12\x34" and reply.endswith(bytes([127, 0, 0, 1]))
+
+    SERVICES.wait_until("host-dns", answers, 30)
+    # and cluster DNS is down: a query there is refused
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(2)
+        s.connect((CLUSTER_DNS, 53))
+        try:
+            s.send(b"\x00\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00")
+            s.recv(512)
+            refused = False
+        except ConnectionRefusedError:
+            refused = True
+        except OSError:
+            refused = False
+    if not refused:
+        raise ClusterError(f"something answers DNS at {CLUSTER_DNS}, the tier's cluster DNS, which must be down")
+
+
 def start_kubelet(node):
     config = node.state / "kubelet.yaml"
     (node.state / "manifests").mkdir(parents=True, exist_ok=True)
     cgroup_root = f"cgroupRoot: /{node.cgroup_root}\n" if node.cgroup_root else ""
+    # pods of dnsPolicy Default on A ask the node's own resolver; the others
+    # keep their mount namespace's /etc/resolv.conf
+    resolv = f"resolvConf: {STATE / 'host-resolv.conf'}\n" if node.host else ""
     config.write_text(f"""apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: {node.address}
@@ -108,7 +154,9 @@ authentication:
 authorization:
   mode: Webhook
 clusterDomain: cluster.local
-# a shared disk must not evict the test pods, nor collect the imported images;
+# cluster DNS is down for the whole tier: nothing answers there
+clusterDNS: ["{CLUSTER_DNS}"]
+{resolv}# a shared disk must not evict the test pods, nor collect the imported images;
 # absolute sizes, as 1% of a 250 GB disk is 2.5 GB, which a CI run's build
 # can take the disk under and so leave every pod Pending on DiskPressure
 evictionHard:
