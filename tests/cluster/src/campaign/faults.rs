@@ -26,19 +26,26 @@ impl Campaign {
     /// up by an outage or a restart reaches the cloud late). What each
     /// fault is shown to have done (the proxy's: what it served; a pod
     /// deletion: the pods gone, by uid; an outage: a call that failed
-    /// during it; a cut: a probe from the node that failed; a kubelet
+    /// during it, and for Keystone's a plugin's call refused for its
+    /// expired token while Keystone was down; a cut: a probe from the node that failed; a kubelet
     /// stopped: its node unreachable; a restart: cluster.py's own wait),
     /// and those shown to have done nothing.
     pub(super) async fn end_faults(
         &self,
         faults: &[FaultClass],
+        patience: Duration,
     ) -> Result<(BTreeMap<FaultClass, u64>, Vec<FaultClass>)> {
         let mut ending = faults.to_vec();
         ending.sort_by_key(|f| *f == FaultClass::KubeletStoppedPastEviction);
         for f in &ending {
             self.end(*f).await?;
         }
-        let (mut served, mut unserved) = self.until_served(faults, 2 * MINUTE).await?;
+        // a proxy fault stays armed until the operation meets it, as long
+        // as convergence may take: after an outage the sidecars back off
+        // (up to 5 minutes a volume), and the attach a busy Nova waits
+        // for may come minutes after the window (seen: a move's attach
+        // past the window and 2 minutes more, after a Keystone outage)
+        let (mut served, mut unserved) = self.until_served(faults, patience).await?;
         self.clear_proxy_faults().await?;
         self.prove_pods_gone(2 * MINUTE).await?;
         let proofs = self
@@ -54,6 +61,46 @@ impl Campaign {
             }
         }
         Ok((served, unserved))
+    }
+
+    /// Keeps Keystone stopped until a plugin felt it, or `patience` is
+    /// over: a call of a plugin's met its expired token, or a plugin's
+    /// login failed at the proxy (Keystone not answering; a controller
+    /// started during the outage holds no token to be refused, as in a
+    /// replay of seed 1796497017, where 12 logins failed and the outage
+    /// was taken for unfelt). The outage's proof is then the number of
+    /// those refusals and failed logins while Keystone was down, and none
+    /// if there was none (or no fresh client was refused).
+    async fn keystone_outage_felt(&self, patience: Duration) -> Result<()> {
+        let class = FaultClass::KeystoneOutage;
+        let since = self
+            .keystone_down_since
+            .lock()
+            .ok()
+            .and_then(|mut s| s.take())
+            .unwrap_or_else(now_ms);
+        let until = Instant::now() + patience;
+        let felt = loop {
+            let refused = self
+                .served_by_class()
+                .await?
+                .get(&format!("{class:?}"))
+                .copied()
+                .unwrap_or(0);
+            let calls = self.proxy.calls().await.map_err(|e| {
+                ClusterError::Other(format!("the fault proxy's call log cannot be read: {e}"))
+            })?;
+            let felt = refused + failed_logins(&calls, since);
+            if felt > 0 || Instant::now() >= until {
+                break felt;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        if let Ok(mut p) = self.proofs.lock() {
+            let refused = p.get(&class).copied().unwrap_or(0) > 0;
+            p.insert(class, if refused { felt } else { 0 });
+        }
+        Ok(())
     }
 
     /// Counts `n` proofs that `class` happened.
@@ -323,15 +370,26 @@ impl Campaign {
                     .await?;
                 }
             }
-            FaultClass::CinderOutage | FaultClass::KeystoneOutage => {
-                let service = if class == FaultClass::CinderOutage {
-                    "cinder"
-                } else {
-                    "keystone"
-                };
-                self.outage("stop", service).await?;
+            FaultClass::CinderOutage => {
+                self.outage("stop", "cinder").await?;
                 if self.cloud_refuses().await {
                     self.prove(class, 1);
+                }
+            }
+            FaultClass::KeystoneOutage => {
+                self.outage("stop", "keystone").await?;
+                // every token held now is expired: its next call is
+                // refused, and its holder must ask the stopped Keystone
+                self.proxy_rule(
+                    class,
+                    FaultRule::new(None, "/", FaultAction::TokensExpired).except("/identity"),
+                )
+                .await?;
+                if self.cloud_refuses().await {
+                    self.prove(class, 1);
+                }
+                if let Ok(mut since) = self.keystone_down_since.lock() {
+                    *since = Some(now_ms());
                 }
             }
             FaultClass::ControllerKilled => {
@@ -498,7 +556,10 @@ impl Campaign {
     pub(super) async fn end(&self, class: FaultClass) -> Result<()> {
         match class {
             FaultClass::CinderOutage => self.outage("start", "cinder").await,
-            FaultClass::KeystoneOutage => self.outage("start", "keystone").await,
+            FaultClass::KeystoneOutage => {
+                self.keystone_outage_felt(MINUTE).await?;
+                self.outage("start", "keystone").await
+            }
             FaultClass::NodeCutFromCloud | FaultClass::NodeCutFromApiserver => {
                 self.mend_node().await
             }
@@ -522,5 +583,82 @@ impl Campaign {
                 String::from_utf8_lossy(&out.stderr)
             )))
         }
+    }
+}
+
+/// Now, in milliseconds since the Unix epoch (the proxy's call log's
+/// clock).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The logins (a POST of a token to Keystone) that failed at Keystone
+/// since `since_ms`: the proxy could not reach it, or it answered 5xx
+/// itself; a plugin that could not get a token. A failure another rule
+/// of the step injected (a lost answer, a status) is not Keystone's.
+fn failed_logins(calls: &[openstack_emulator::CallRecord], since_ms: u64) -> u64 {
+    let failed = calls
+        .iter()
+        .filter(|c| {
+            let keystones = match c.fault.as_deref() {
+                Some(f) => f == "service unreachable",
+                None => c.status.is_some_and(|s| s >= 500),
+            };
+            c.at_ms >= since_ms
+                && c.method == "POST"
+                && c.path.trim_end_matches('/').ends_with("/auth/tokens")
+                && keystones
+        })
+        .count();
+    u64::try_from(failed).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(
+        path: &str,
+        status: Option<u16>,
+        fault: Option<&str>,
+        at_ms: u64,
+    ) -> openstack_emulator::CallRecord {
+        openstack_emulator::CallRecord {
+            method: "POST".into(),
+            path: path.into(),
+            query: String::new(),
+            status,
+            at_ms,
+            took_ms: 1,
+            fault: fault.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn a_login_keystone_could_not_answer_counts_and_nothing_else() {
+        let login = "/identity/v3/auth/tokens";
+        let calls = [
+            // Keystone stopped: the proxy could not reach it
+            call(login, None, Some("service unreachable"), 2_000),
+            // a front of Keystone's answering for it
+            call(login, Some(503), None, 2_100),
+            // before the outage (the campaign's own probe)
+            call(login, None, Some("service unreachable"), 900),
+            // a login that worked, one another rule lost, one refused
+            call(login, Some(201), None, 2_200),
+            call(login, None, Some("answer lost"), 2_300),
+            call(login, Some(401), None, 2_400),
+            // not a login
+            call(
+                "/volume/v3/p/volumes",
+                None,
+                Some("service unreachable"),
+                2_500,
+            ),
+        ];
+        assert_eq!(failed_logins(&calls, 1_000), 2);
+        assert_eq!(failed_logins(&calls, 3_000), 0);
     }
 }

@@ -102,7 +102,11 @@ pub enum FaultClass {
     CloudSlow,
     /// Cinder's API stopped for the fault's window.
     CinderOutage,
-    /// Keystone stopped for the window (tokens cannot be checked).
+    /// Keystone stopped for the window, and every token issued before it
+    /// expired (the proxy answers 401 to each; a token issued since
+    /// passes): the plugins must log in again while they cannot, as when
+    /// tokens expire during an outage. Without the expiry their cached
+    /// tokens would carry them through, and nothing would be felt.
     KeystoneOutage,
     /// The Cinder controller's pod force-deleted (its processes killed).
     ControllerKilled,
@@ -377,6 +381,10 @@ pub struct Campaign {
     doomed: Arc<Mutex<Vec<DeletedPods>>>,
     /// The node whose kubelet is stopped.
     kubelet_stopped: Arc<Mutex<Option<String>>>,
+    /// When Keystone was stopped (ms since the epoch), once the
+    /// campaign's own probe of it was done: logins the proxy saw fail
+    /// since then were a plugin's.
+    keystone_down_since: Arc<Mutex<Option<u64>>>,
 }
 
 impl Drop for Campaign {
@@ -445,6 +453,7 @@ impl Campaign {
             step: Arc::new(Mutex::new("setting up".into())),
             samplers: Vec::new(),
             proofs: Arc::default(),
+            keystone_down_since: Arc::default(),
             doomed: Arc::default(),
             catch_up: 2 * MINUTE,
             cut: Arc::default(),
@@ -588,7 +597,7 @@ impl Campaign {
             // throughout: its later stages meet what is left of the
             // faults, not a pause)
             let ended = {
-                let ending = self.end_faults(&faults);
+                let ending = self.end_faults(&faults, plan.converge_bound);
                 tokio::pin!(ending);
                 loop {
                     tokio::select! {
@@ -605,7 +614,7 @@ impl Campaign {
             }
             for f in unserved {
                 report.violations.push(format!(
-                    "{:?} at {label}: {f:?} was not shown to happen (at the proxy: it served nothing in the window and 2 minutes more, the operation never made the calls it targets; else no pod it deleted gone, the service still answering, the node still reaching what it was cut from)",
+                    "{:?} at {label}: {f:?} was not shown to happen (at the proxy: it served nothing in the window and the bound of convergence more, the operation never made the calls it targets; else no pod it deleted gone, the service still answering, the node still reaching what it was cut from)",
                     Invariant::FaultServed
                 ));
             }

@@ -212,20 +212,44 @@ impl Campaign {
     }
 
     /// A file of the workload as it is now: a writer's from its pod, a
-    /// sharer's from any sharer (they share the claim).
+    /// sharer's from any sharer (they share the claim). A read is tried
+    /// again, from every sharer, for half a minute: `kubectl exec` over
+    /// websockets sometimes ends a stream early ("Unknown stream id …
+    /// closed all streams", the test command's run of 7c179cf) and a
+    /// reader's broken stream says nothing of the file. A file no reader
+    /// could give in that time is the caller's to report.
     async fn workload_file(&self, name: &str) -> Result<String> {
-        if name.starts_with("writer-") {
-            return self.c.exec(self.n(), name, "cat /data/seq").await;
+        const ATTEMPTS: u32 = 6;
+        let mut errors = Vec::new();
+        for attempt in 1..=ATTEMPTS {
+            let readers: Vec<(String, String)> = if name.starts_with("writer-") {
+                vec![(name.to_string(), "cat /data/seq".to_string())]
+            } else {
+                self.pods("sharer")
+                    .await?
+                    .iter()
+                    .filter_map(|p| p["metadata"]["name"].as_str())
+                    .map(|pod| (pod.to_string(), format!("cat /data/{name}")))
+                    .collect()
+            };
+            if readers.is_empty() {
+                errors.push(format!("attempt {attempt}: no sharer to read the share"));
+            }
+            for (pod, script) in &readers {
+                match self.c.exec(self.n(), pod, script).await {
+                    Ok(data) => return Ok(data),
+                    Err(e) => errors.push(format!("attempt {attempt} from {pod}: {e}")),
+                }
+            }
+            if attempt < ATTEMPTS {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
         }
-        let sharers = self.pods("sharer").await?;
-        let reader = sharers
-            .iter()
-            .filter_map(|p| p["metadata"]["name"].as_str())
-            .next()
-            .ok_or_else(|| ClusterError::Other("no sharer to read the share".into()))?;
-        self.c
-            .exec(self.n(), reader, &format!("cat /data/{name}"))
-            .await
+        let last = errors.pop().unwrap_or_default();
+        Err(ClusterError::Other(format!(
+            "{} reads failed in {ATTEMPTS} attempts, the last {last}",
+            errors.len() + 1
+        )))
     }
 
     /// No acknowledged write lost: each witness against its file. The
@@ -235,7 +259,19 @@ impl Campaign {
         let witnesses = self.witnesses()?;
         let mut found = Vec::new();
         for (name, witnessed) in &witnesses {
-            let data = self.workload_file(name).await?;
+            // a file that cannot be read (its pod not running: the step
+            // did not converge) is reported, never the campaign's end
+            let data = match self.workload_file(name).await {
+                Ok(data) => data,
+                Err(e) => {
+                    found.push(format!(
+                        "{:?} at {label}: {name}'s file cannot be read, {} acknowledged records unchecked: {e}",
+                        Invariant::NoAcknowledgedWriteLost,
+                        witnessed.len()
+                    ));
+                    continue;
+                }
+            };
             for lost in acknowledged_lost(name, witnessed, &data) {
                 found.push(format!(
                     "{:?} at {label}: {lost}",
