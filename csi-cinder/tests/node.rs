@@ -43,6 +43,41 @@ async fn node_info_comes_from_metadata_with_a_safe_limit() {
     );
 }
 
+#[tokio::test]
+async fn an_inline_ephemeral_volume_is_refused_naming_generic_ephemeral_volumes() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let (_, target) = e.h.paths("csi-0123456789abcdef");
+    // as kubelet sends it: no staging path, the pod's attributes
+    let err =
+        e.n.node_publish_volume(csi::NodePublishVolumeRequest {
+            volume_id: "csi-0123456789abcdef".into(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(mount_cap("ext4", Mode::SingleNodeWriter)),
+            volume_context: [
+                (
+                    "csi.storage.k8s.io/ephemeral".to_string(),
+                    "true".to_string(),
+                ),
+                ("csi.storage.k8s.io/pod.name".to_string(), "app".to_string()),
+                ("capacity".to_string(), "1Gi".to_string()),
+            ]
+            .into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    assert!(
+        err.message().contains("generic ephemeral volume"),
+        "{}",
+        err.message()
+    );
+    assert!(!target.exists(), "nothing made at the target");
+}
+
 // ------------------------------------------------------------ data safety
 
 #[tokio::test]
@@ -263,30 +298,7 @@ async fn btrfs_volumes_are_formatted_grown_online_and_never_reformatted() {
     let before = host_ops::volume_usage(&staging).unwrap().total_bytes;
 
     // online expansion: Cinder grows the volume, the node the filesystem
-    e.c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: 2 * GIB,
-            limit_bytes: 0,
-        }),
-        volume_capability: Some(btrfs.clone()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    e.n.node_expand_volume(csi::NodeExpandVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        volume_path: staging.to_string_lossy().into(),
-        staging_target_path: staging.to_string_lossy().into(),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: 2 * GIB,
-            limit_bytes: 0,
-        }),
-        volume_capability: Some(btrfs.clone()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    grown_to_2_gib(&mut e, &v, &staging, &staging, &btrfs).await;
     let after = host_ops::volume_usage(&staging).unwrap().total_bytes;
     assert!(
         after > before + (GIB as u64) / 2,
@@ -304,4 +316,146 @@ async fn btrfs_volumes_are_formatted_grown_online_and_never_reformatted() {
     assert_eq!(std::fs::read(staging.join("kept")).unwrap(), b"btrfs data");
     e.unstage(&v.volume_id).await;
     e.unpublish(&v.volume_id).await;
+}
+
+/// Stages and publishes `v` as upstream's node plugin does
+/// (cloud-provider-openstack's Go plugin, through Kubernetes'
+/// mount-utils): on a blank device `mkfs.ext4 -F -m0` or `mkfs.xfs -f`,
+/// `mount -t FS -o defaults DEVICE STAGING`; then the staging path bound
+/// at the target (`mount -o bind`, then a remount with the options). The
+/// staging and target paths.
+fn staged_by_upstream(
+    e: &Env,
+    v: &csi::Volume,
+    fs: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dev = e.device(&v.volume_id);
+    let dev = dev.to_string_lossy();
+    let (staging, target) = e.h.paths(&v.volume_id);
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::create_dir_all(&target).unwrap();
+    match fs {
+        "xfs" => run("mkfs.xfs", &["-q", "-f", &dev]),
+        _ => run(&format!("mkfs.{fs}"), &["-q", "-F", "-m0", &dev]),
+    }
+    let (s, t) = (staging.to_string_lossy(), target.to_string_lossy());
+    run("mount", &["-t", fs, "-o", "defaults", &dev, &s]);
+    run("mount", &["-o", "bind", &s, &t]);
+    run("mount", &["-o", "bind,remount,rw", &t]);
+    (staging, target)
+}
+
+/// Volumes upstream's node plugin staged and published, served by ours
+/// after a release was replaced in place: ours reports their usage,
+/// grows them online (xfs here: ext4 online needs CAP_SYS_RESOURCE,
+/// which this machine lacks), unpublishes and unstages them, and stages
+/// them again its own way, without a format, the data there.
+#[tokio::test]
+async fn volumes_upstreams_plugin_staged_are_served_released_and_restaged() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let lm = host_ops::LinuxMounter;
+    for fs in ["ext4", "xfs"] {
+        let cap = mount_cap(fs, Mode::SingleNodeWriter);
+        let v = e
+            .create(&format!("upstream-staged-{fs}"), cap.clone(), 1)
+            .await;
+        e.publish(&v.volume_id, cap.clone()).await;
+        let (staging, target) = staged_by_upstream(&e, &v, fs);
+        std::fs::write(target.join("written-under-upstream"), fs).unwrap();
+
+        let stats =
+            e.n.node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+                volume_id: v.volume_id.clone(),
+                volume_path: target.to_string_lossy().into(),
+                staging_target_path: staging.to_string_lossy().into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let bytes = stats
+            .usage
+            .iter()
+            .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+            .unwrap();
+        assert!(bytes.total > GIB / 2, "{fs}: {stats:?}");
+        assert!(
+            stats.volume_condition.as_ref().is_none_or(|c| !c.abnormal),
+            "{fs}: {stats:?}"
+        );
+
+        if fs == "xfs" {
+            let before = host_ops::volume_usage(&target).unwrap().total_bytes;
+            grown_to_2_gib(&mut e, &v, &target, &staging, &cap).await;
+            let after = host_ops::volume_usage(&target).unwrap().total_bytes;
+            assert!(
+                after > before + (GIB as u64) / 2,
+                "upstream's xfs not grown: {before} -> {after}"
+            );
+        }
+
+        e.n.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            target_path: target.to_string_lossy().into(),
+        })
+        .await
+        .unwrap();
+        assert!(
+            host_ops::Mounter::mounts_at(&lm, &target)
+                .unwrap()
+                .is_empty(),
+            "{fs}: the target still mounted"
+        );
+        e.unstage(&v.volume_id).await;
+        assert!(
+            host_ops::Mounter::mounts_at(&lm, &staging)
+                .unwrap()
+                .is_empty(),
+            "{fs}: the staging path still mounted"
+        );
+
+        // staged again by ours: upstream's filesystem as it is, its data
+        e.stage(&v, cap.clone()).await.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(staging.join("written-under-upstream")).unwrap(),
+            fs
+        );
+        e.unstage(&v.volume_id).await;
+        e.unpublish(&v.volume_id).await;
+    }
+}
+
+/// Cinder grows `v` to 2 GiB, then the node its filesystem, mounted at
+/// `volume_path` (staged at `staging`).
+async fn grown_to_2_gib(
+    e: &mut Env,
+    v: &csi::Volume,
+    volume_path: &Path,
+    staging: &Path,
+    cap: &csi::VolumeCapability,
+) {
+    let capacity_range = Some(csi::CapacityRange {
+        required_bytes: 2 * GIB,
+        limit_bytes: 0,
+    });
+    e.c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        capacity_range,
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    e.n.node_expand_volume(csi::NodeExpandVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        volume_path: volume_path.to_string_lossy().into(),
+        staging_target_path: staging.to_string_lossy().into(),
+        capacity_range,
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
 }

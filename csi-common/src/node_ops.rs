@@ -142,19 +142,26 @@ impl PublishArgs {
         roots: &[PathBuf],
         parse: ParseCapability,
     ) -> DriverResult<Self> {
-        let volume_id = require(&r.volume_id, "volume_id")?.to_string();
-        let staging = path_arg(&r.staging_target_path, "staging_target_path", roots)?;
-        let target = path_arg(&r.target_path, "target_path", roots)?;
-        let capability = capability(r.volume_capability.as_ref(), parse)?;
+        // first: kubelet sends an inline volume without a staging path,
+        // and its user must read what to use instead, not that a path
+        // is missing (the CSIDriver lists Ephemeral, as upstream's does,
+        // so that replacing upstream's release in place is not refused)
         if r.volume_context
             .get("csi.storage.k8s.io/ephemeral")
             .map(String::as_str)
             == Some("true")
         {
             return Err(DriverError::InvalidArgument(
-                "inline ephemeral volumes are not supported".into(),
+                "inline ephemeral CSI volumes are not served by this driver (upstream's refuses them too, \
+                 since 1.31): use a generic ephemeral volume, a pod volume `ephemeral: {volumeClaimTemplate: ...}` \
+                 naming a StorageClass of this driver, which gets a volume for the pod's life"
+                    .into(),
             ));
         }
+        let volume_id = require(&r.volume_id, "volume_id")?.to_string();
+        let staging = path_arg(&r.staging_target_path, "staging_target_path", roots)?;
+        let target = path_arg(&r.target_path, "target_path", roots)?;
+        let capability = capability(r.volume_capability.as_ref(), parse)?;
         Ok(Self {
             read_only: r.readonly || capability.read_only_mode(),
             volume_id,

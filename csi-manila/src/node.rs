@@ -20,7 +20,7 @@ use csi_common::node_ops::{
     remove_mount_point, sanitize_label, single_writer_alone, unpublish_args, unstage_args,
     usage_response, volume_path_arg,
 };
-use csi_common::request::require;
+use csi_common::request::{Capability, require};
 use csi_common::{Context, DriverError, DriverResult, KeyedLocks, csi_node_service};
 use host_ops::{MountOptions, Mounter};
 use openstack_client::manila::SharedFileSystems;
@@ -134,9 +134,25 @@ impl NodeService {
         } = StageArgs::parse(&r, &self.opts.path_roots, parse_capability)?;
         let params = NodeParameters::parse(&r.volume_context)?;
         let _guard = self.locks.lock(&id, deadline).await?;
+        self.stage_locked(&id, &staging, &cap, &params, &r.secrets, deadline)
+            .await?;
+        Ok(csi::NodeStageVolumeResponse {})
+    }
+
+    /// NodeStage with the volume's lock held (also NodePublish's, for a
+    /// volume staged by another plugin).
+    async fn stage_locked(
+        &self,
+        id: &str,
+        staging: &host_ops::Beneath,
+        cap: &Capability,
+        params: &NodeParameters,
+        secrets: &HashMap<String, String>,
+        deadline: Instant,
+    ) -> DriverResult<()> {
         self.state.ensure()?;
 
-        if let Some(rec) = self.state.load(&staging) {
+        if let Some(rec) = self.state.load(staging) {
             if rec.volume_id != id {
                 return Err(DriverError::FailedPrecondition(format!(
                     "{} is the staging path of volume {}, not {id}",
@@ -146,19 +162,16 @@ impl NodeService {
             }
             if self.staged_and_healthy(&rec).await? {
                 tracing::info!(volume_id = %id, "already staged");
-                return Ok(csi::NodeStageVolumeResponse {});
+                return Ok(());
             }
-        } else if self.mounted(&staging)? {
-            return Err(DriverError::FailedPrecondition(format!(
-                "{} already has something mounted that this plugin did not stage",
-                staging.display()
-            )));
+        } else if self.mounted(staging)? {
+            self.take_down_foreign_staging(id, staging).await?;
         }
 
         // what to mount: from the volume context and the rule, else all
         // from Manila (with the node-stage secrets)
         let started = Instant::now();
-        let (manila, _) = self.credentials.client_for(&r.secrets)?;
+        let (manila, _) = self.credentials.client_for(secrets)?;
         let manila = manila.with_deadline(deadline);
         let protocol = self.opts.protocol;
         let matching = match (
@@ -171,31 +184,30 @@ impl NodeService {
             _ => None,
         };
         let mut target =
-            match mount_target::from_context(&manila, &id, &params, protocol, matching.as_ref())
+            match mount_target::from_context(&manila, id, params, protocol, matching.as_ref())
                 .await?
             {
                 Some(t) => t,
                 None => {
-                    mount_target::from_manila(&manila, &id, &params, protocol, matching.as_ref())
+                    mount_target::from_manila(&manila, id, params, protocol, matching.as_ref())
                         .await?
                 }
             };
         let mut asked = started.elapsed();
         let mut result = self
-            .mount_staged(&id, &staging, &cap, &params, &target, deadline)
+            .mount_staged(id, staging, cap, params, &target, deadline)
             .await;
         if result.is_err() && target.from_context {
             // the context may be stale (the export moved): look it all up
             // and mount once more if Manila says something else
             let fresh =
-                mount_target::from_manila(&manila, &id, &params, protocol, matching.as_ref())
-                    .await?;
+                mount_target::from_manila(&manila, id, params, protocol, matching.as_ref()).await?;
             asked = started.elapsed();
             if fresh.export != target.export || fresh.rule.id != target.rule.id {
                 tracing::info!(volume_id = %id, "the volume context's export location is stale; mounting what Manila says");
                 target = fresh;
                 result = self
-                    .mount_staged(&id, &staging, &cap, &params, &target, deadline)
+                    .mount_staged(id, staging, cap, params, &target, deadline)
                     .await;
             }
         }
@@ -210,7 +222,47 @@ impl NodeService {
             total_ms = started.elapsed().as_millis() as u64,
             "staged"
         );
-        Ok(csi::NodeStageVolumeResponse {})
+        Ok(())
+    }
+
+    /// What another plugin mounted at a staging path this plugin has no
+    /// record of (upstream's, or the partner plugin it forwarded to:
+    /// ceph-csi's ceph-fuse or kernel mount, csi-driver-nfs's NFS mount),
+    /// taken down so that the share is mounted this plugin's way. Nothing
+    /// is served from it: kubelet names the path for this volume, but
+    /// what is mounted there cannot be proven to be its share. The pods'
+    /// binds of it keep working (they hold its filesystem). Anything that
+    /// is not a mount of this plugin's protocol stays, and is refused.
+    async fn take_down_foreign_staging(&self, id: &str, staging: &Path) -> DriverResult<()> {
+        let found = self
+            .mounter
+            .mounts_at(staging)
+            .context("reading mounts")?
+            .last()
+            .map(|m| m.fs_type.clone())
+            .unwrap_or_default();
+        let ours = match self.opts.protocol {
+            ShareProtocol::Cephfs => ["fuse.ceph-fuse", "ceph"].as_slice(),
+            ShareProtocol::Nfs => ["nfs", "nfs4"].as_slice(),
+        };
+        if !ours.contains(&found.as_str()) {
+            return Err(DriverError::FailedPrecondition(format!(
+                "{} already has a {found} mount that this plugin did not stage (a staging by another plugin is taken over only when it mounts a share: {})",
+                staging.display(),
+                ours.join(", ")
+            )));
+        }
+        tracing::info!(volume_id = %id, staging = %staging.display(), fs_type = %found, "staged by another plugin; mounting it this plugin's way");
+        for _ in 0..8 {
+            if !self.mounted(staging)? {
+                return Ok(());
+            }
+            mounts::unmount_bounded(staging, None).await?;
+        }
+        Err(DriverError::Internal(format!(
+            "{} is still mounted",
+            staging.display()
+        )))
     }
 
     /// Records and mounts `target` at `staging`; on failure nothing is
@@ -357,6 +409,24 @@ impl NodeService {
         );
         let read_only = args.read_only;
         let _guard = self.locks.lock(&id, deadline).await?;
+        if self.state.load(&staging).is_none() && staging.is_dir() {
+            // kubelet staged it through another plugin (upstream's, whose
+            // NFS partner stages nothing, or ceph-csi's mount), and, as
+            // the volume stays staged for kubelet, asks this one only to
+            // publish: staged now, this plugin's way, with the publish
+            // secrets (upstream's classes name both)
+            let params = NodeParameters::parse(&r.volume_context)?;
+            tracing::info!(volume_id = %id, staging = %staging.display(), "published before this plugin staged it; staging it first");
+            self.stage_locked(
+                &id,
+                &staging,
+                &args.capability,
+                &params,
+                &r.secrets,
+                deadline,
+            )
+            .await?;
+        }
         let Some(mut rec) = self.state.load(&staging) else {
             return Err(DriverError::FailedPrecondition(format!(
                 "volume {id} is not staged at {}",

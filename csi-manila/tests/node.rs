@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use openstack_client::manila::AccessRuleState;
+use proto::csi::v1 as csi;
 use proto::csi::v1::volume_capability::access_mode::Mode;
 use tonic::Code;
 
@@ -416,4 +417,98 @@ async fn node_stage_asks_manila_only_for_the_access_rule() {
         assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
         e.delete(&v.volume_id).await.unwrap();
     }
+}
+
+// ------------------------------------------- staged by another plugin
+
+/// `mount ARGS... target` in the plugin's mount namespace (where kubelet's
+/// directory of the test lives).
+fn mount_in_plugin_namespace(e: &Env, args: &[&str], target: &Path) {
+    let pid = e.h.plugin_pid().unwrap().to_string();
+    let st = std::process::Command::new("nsenter")
+        .args(["-t", &pid, "-m", "mount"])
+        .args(args)
+        .arg(target)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount {args:?} {}", target.display());
+}
+
+#[tokio::test]
+async fn an_nfs_share_published_by_csi_driver_nfs_is_released_and_staged_our_way_for_a_new_pod() {
+    if !root() {
+        return;
+    }
+    let mut e = env("NFS").await;
+    let v = e
+        .create("pvc-partner", 1, &[("nfs-shareClient", "10.0.0.0/24")])
+        .await;
+    let (staging, old) = e.h.paths(&v.volume_id, "pod-old");
+    // upstream's plugin forwarded to csi-driver-nfs, which stages nothing
+    // (no STAGE_UNSTAGE_VOLUME): kubelet made the staging folder and
+    // nothing is mounted there; each pod's target is csi-driver-nfs's own
+    // `mount -t nfs` of the export (csi-driver-nfs `pkg/nfs/nodeserver.go`).
+    // With no NFS client here, a tmpfs at the target stands for it
+    std::fs::create_dir_all(e.h.seen(&staging)).unwrap();
+    std::fs::create_dir_all(e.h.seen(&old)).unwrap();
+    mount_in_plugin_namespace(&e, &["-t", "tmpfs", "csi-driver-nfs-mount"], &old);
+    std::fs::write(e.h.seen(&old).join("before"), b"theirs").unwrap();
+
+    let st = e.stats(&old).await;
+    assert!(!st.volume_condition.as_ref().unwrap().abnormal, "{st:?}");
+    assert!(st.usage.iter().any(|u| u.total > 0));
+
+    // a new pod: the volume is staged for kubelet, which asks ours only
+    // to publish; ours stages it its own way first (with the publish
+    // secrets upstream's classes name)
+    let (_, new) = e.h.paths(&v.volume_id, "pod-new");
+    // kubelet's publish of a pod's target, with the node-publish secrets
+    let secrets = e.stage_req(&v, rwx()).secrets;
+    let publish_to = |target: &Path| csi::NodePublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+        target_path: target.to_string_lossy().into(),
+        volume_capability: Some(rwx()),
+        volume_context: v.volume_context.clone(),
+        secrets: secrets.clone(),
+        ..Default::default()
+    };
+    e.n.node_publish_volume(publish_to(&new))
+        .await
+        .unwrap_or_else(|s| panic!("NodePublishVolume of a volume staged by csi-driver-nfs: {s}"));
+    let calls = e.h.helper_calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        (calls[0].program.as_str(), calls[0].target.as_str()),
+        ("nfs", &*staging.to_string_lossy()),
+        "staged at kubelet's staging path"
+    );
+    assert_eq!(
+        calls[0].source,
+        format!("127.0.0.1:/shares/share-{}", v.volume_id)
+    );
+    assert!(!e.h.mounts_at(&new).is_empty(), "the new pod's target");
+    std::fs::write(e.h.seen(&new).join("ours"), b"through our staging").unwrap();
+
+    // the old pod goes: ours unpublishes csi-driver-nfs's mount
+    e.unpublish(&v, "pod-old").await;
+    assert!(e.h.mounts_at(&old).is_empty());
+    assert!(!e.h.seen(&old).exists());
+    e.unpublish(&v, "pod-new").await;
+    e.unstage(&v).await;
+    assert!(
+        e.h.mounts_below_dir().is_empty(),
+        "{:?}",
+        e.h.mounts_below_dir()
+    );
+
+    // a folder kubelet never made is no staging: publish stays refused
+    let (_, other) = e.h.paths(&v.volume_id, "pod-other");
+    let err =
+        e.n.node_publish_volume(publish_to(&other))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert_eq!(e.h.helper_calls().len(), 1, "nothing staged for it");
+    e.delete(&v.volume_id).await.unwrap();
 }

@@ -45,19 +45,33 @@ fn bounded_total_bytes(path: &Path) -> Option<u64> {
     rx.recv_timeout(Duration::from_secs(5)).ok().flatten()
 }
 
+/// A CephFS share made through the plugin: its cephx user (the share's
+/// name, which its one access rule names), its volume, its export
+/// location's path and the user's key.
+async fn cephfs_share(e: &mut Env, prefix: &str) -> (String, csi::Volume, String, String) {
+    let name = unique(prefix);
+    let v = e.create(&name, 1, None).await;
+    let exports = e.manila.list_export_locations(&v.volume_id).await.unwrap();
+    let rule = e
+        .manila
+        .list_access_rules(&v.volume_id)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(rule.access_to, name);
+    let key = rule.access_key.clone().unwrap();
+    let export = exports[0].path.clone();
+    (name, v, export, key)
+}
+
 #[tokio::test]
 #[ignore = "needs root and the real test cloud (tests/openstack/cloud.py up file)"]
 async fn cephfs_share_lives_through_csi_on_real_manila_and_ceph() {
     let _serial = SERIAL.lock().await;
     let mut e = env("CEPHFS", &[("type", "cephfs")]).await;
-    let name = unique("rwx");
-    let v = e.create(&name, 1, None).await;
+    let (name, v, export, key) = cephfs_share(&mut e, "rwx").await;
     let id = v.volume_id.clone();
-    let exports = e.manila.list_export_locations(&id).await.unwrap();
-    let subvolume_path = exports[0].path.split_once(":/").unwrap().1.to_string();
-    let rule = e.manila.list_access_rules(&id).await.unwrap().remove(0);
-    let key = rule.access_key.clone().unwrap();
-    assert_eq!(rule.access_to, name);
+    let subvolume_path = export.split_once(":/").unwrap().1.to_string();
 
     // one ceph-fuse mount, two writers, one reader
     let staging = e.stage(&id, &v.volume_context).await;
@@ -507,4 +521,228 @@ async fn the_orphan_report_tells_real_manilas_shares_and_snapshots_apart() {
         e.delete(id).await;
     }
     e.manila.delete_share(&theirs).await.unwrap();
+}
+
+/// ceph-csi's CephFS node plugin, as upstream's Manila plugin forwards to
+/// it (ceph-csi `internal/cephfs/mounter/fuse.go`, `nodeserver.go`): its
+/// own ceph-fuse mounted straight at kubelet's staging path with the
+/// share's cephx user and a key file, `-r` the share's path, `-o
+/// nonempty`, the file system named; each pod's target a bind of the
+/// staging path (remounted read-only for a read-only publish). Its
+/// daemon's command line carries `marker` (the key file's folder).
+fn ceph_csi_stage(staging: &Path, export: &str, user: &str, key: &str, marker: &Path) {
+    let (mons, root) = export.split_once(":/").unwrap();
+    std::fs::create_dir_all(staging).unwrap();
+    std::fs::create_dir_all(marker).unwrap();
+    let conf = marker.join("ceph.conf");
+    std::fs::write(
+        &conf,
+        "[global]\nauth_cluster_required = cephx\nauth_service_required = cephx\nauth_client_required = cephx\nfuse_big_writes = true\n",
+    )
+    .unwrap();
+    let keyfile = marker.join("keyfile");
+    std::fs::write(&keyfile, key).unwrap();
+    let out = std::process::Command::new("timeout")
+        .arg("30")
+        .arg("ceph-fuse")
+        .arg(staging)
+        .args(["-m", mons, "-c"])
+        .arg(&conf)
+        .args(["-n", &format!("client.{user}")])
+        .arg(format!("--keyfile={}", keyfile.display()))
+        .args(["-r", &format!("/{root}"), "-o", "nonempty"])
+        .arg("--client_mds_namespace=cephfs")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ceph-fuse as ceph-csi runs it: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn ceph_csi_publish(staging: &Path, target: &Path, read_only: bool) {
+    std::fs::create_dir_all(target).unwrap();
+    let run = |args: &[&str]| {
+        let st = std::process::Command::new("mount")
+            .args(args)
+            .arg(staging)
+            .arg(target)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount {args:?}");
+    };
+    run(&["-o", "bind"]);
+    run(&[
+        "-o",
+        if read_only {
+            "bind,remount,ro,_netdev"
+        } else {
+            "bind,remount,_netdev"
+        },
+    ]);
+}
+
+/// Whatever the test mounted by hand, taken down (also when it fails).
+struct HandMounts(Vec<std::path::PathBuf>);
+
+impl Drop for HandMounts {
+    fn drop(&mut self) {
+        for p in self.0.iter().rev() {
+            let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs root and the real test cloud (tests/openstack/cloud.py up file)"]
+async fn a_share_staged_by_ceph_csi_is_served_taken_over_released_and_staged_again() {
+    let _serial = SERIAL.lock().await;
+    let mut e = env("CEPHFS", &[("type", "cephfs")]).await;
+    let (name, v, export, key) = cephfs_share(&mut e, "cephcsi").await;
+    let id = v.volume_id.clone();
+    let (staging, old_target) = e.h.paths(&id, "pod-old");
+    let (_, old_reader) = e.h.paths(&id, "pod-old-reader");
+    let theirs = tempfile::tempdir().unwrap();
+    let marker = theirs.path().join("ceph-csi-keys");
+    let mut hand = HandMounts(vec![
+        staging.clone(),
+        old_target.clone(),
+        old_reader.clone(),
+    ]);
+
+    // what upstream's plugin and ceph-csi left on the node: a staging and
+    // two pods' binds, one read-only
+    ceph_csi_stage(&staging, &export, &name, &key, &marker);
+    assert_eq!(
+        host_ops::mounts_at(&staging)
+            .unwrap()
+            .last()
+            .unwrap()
+            .fs_type,
+        "fuse.ceph-fuse"
+    );
+    ceph_csi_publish(&staging, &old_target, false);
+    ceph_csi_publish(&staging, &old_reader, true);
+    std::fs::write(old_target.join("before"), b"written through ceph-csi").unwrap();
+    assert_eq!(ceph_fuse_processes_under(&marker), 1);
+
+    // ours answers for their mounts: usage and health
+    let st = e.stats(&old_target).await;
+    assert!(!st.volume_condition.unwrap().abnormal);
+    let total = st.usage.iter().find(|u| u.unit == 1).map(|u| u.total);
+    assert_eq!(total, Some(GIB), "{:?}", st.usage);
+
+    // a new pod on the node: kubelet, for which the volume is staged,
+    // asks ours only to publish (with the node-publish secrets upstream's
+    // classes name); ours stages it its own way first
+    let (_, new_target) = e.h.paths(&id, "pod-new");
+    e.n.node_publish_volume(timed(csi::NodePublishVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+        target_path: new_target.to_string_lossy().into(),
+        volume_capability: Some(cap(Mode::MultiNodeMultiWriter)),
+        volume_context: v.volume_context.clone(),
+        secrets: e.h.secrets.clone(),
+        ..Default::default()
+    }))
+    .await
+    .unwrap_or_else(|s| panic!("NodePublishVolume of a share ceph-csi staged: {s}"));
+    assert_eq!(
+        ceph_fuse_processes_under(&e.h.state_dir),
+        1,
+        "the staging is ours now"
+    );
+    assert_eq!(
+        std::fs::read(new_target.join("before")).unwrap(),
+        b"written through ceph-csi"
+    );
+    std::fs::write(new_target.join("after"), b"written through ours").unwrap();
+    // the old pods still work, through ceph-csi's daemon (their binds hold it)
+    let until = Instant::now() + Duration::from_secs(10);
+    while std::fs::read(old_target.join("after")).ok().as_deref() != Some(b"written through ours")
+        && Instant::now() < until
+    {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        std::fs::read(old_target.join("after")).unwrap(),
+        b"written through ours"
+    );
+    let err = std::fs::write(old_reader.join("nope"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(nix::libc::EROFS), "{err}");
+    assert_eq!(ceph_fuse_processes_under(&marker), 1);
+
+    // the old pods go: ours unpublishes their binds; ceph-csi's daemon
+    // ends with its last mount
+    for pod in ["pod-old", "pod-old-reader"] {
+        e.unpublish(&id, pod).await.unwrap();
+        e.unpublish(&id, pod).await.unwrap();
+    }
+    assert!(!e.mounted(&old_target) && !e.mounted(&old_reader));
+    let until = Instant::now() + Duration::from_secs(10);
+    while ceph_fuse_processes_under(&marker) > 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        ceph_fuse_processes_under(&marker),
+        0,
+        "ceph-csi's daemon outlived its mounts"
+    );
+    e.unpublish(&id, "pod-new").await.unwrap();
+    e.unstage(&id).await.unwrap();
+    assert!(!e.mounted(&staging));
+
+    // staged by ceph-csi again, then a NodeStage to ours (a kubelet
+    // restarted): ours takes it over
+    ceph_csi_stage(&staging, &export, &name, &key, &marker);
+    e.stage(&id, &v.volume_context).await;
+    let t = e.publish(&id, "pod-new", false).await;
+    assert_eq!(
+        std::fs::read(t.join("after")).unwrap(),
+        b"written through ours"
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    while ceph_fuse_processes_under(&marker) > 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(ceph_fuse_processes_under(&marker), 0);
+    assert_eq!(ceph_fuse_processes_under(&e.h.state_dir), 1);
+    e.unpublish(&id, "pod-new").await.unwrap();
+    e.unstage(&id).await.unwrap();
+
+    // what is not a share's mount at the staging path is not taken down
+    std::fs::create_dir_all(&staging).unwrap();
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "not-a-share"])
+        .arg(&staging)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let err =
+        e.n.node_stage_volume(timed(csi::NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.to_string_lossy().into(),
+            volume_capability: Some(cap(Mode::MultiNodeMultiWriter)),
+            secrets: e.h.secrets.clone(),
+            volume_context: v.volume_context.clone(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+    assert!(err.message().contains("tmpfs"), "{err}");
+    assert_eq!(
+        host_ops::mounts_at(&staging)
+            .unwrap()
+            .last()
+            .unwrap()
+            .fs_type,
+        "tmpfs",
+        "the foreign tmpfs was taken down"
+    );
+    nix::mount::umount2(&staging, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    hand.0.clear();
+    assert!(csi_sanity::harness::mounts_below(e.h.dir.path()).is_empty());
+    e.delete(&id).await;
 }
