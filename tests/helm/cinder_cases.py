@@ -49,6 +49,17 @@ def the_defaults_differ_from_deploy_only_in_the_stated_values():
     expect(all(c["allowVolumeExpansion"] is True and c["volumeBindingMode"] == "WaitForFirstConsumer"
                for c in classes.values()), "classes expand and wait for their first consumer")
     expect("credentials included" in r.notes, "NOTES warns that the node plugins read the credentials")
+    # the hosts' cloud.conf is root's: the controller's plugin, and only
+    # it, reads it as root, with no capability
+    plugin = r.container(*CONTROLLER, "cinder-csi-plugin")["securityContext"]
+    expect(plugin.get("runAsUser") == 0 and plugin.get("runAsNonRoot") is False
+           and plugin.get("capabilities") == {"drop": ["ALL"]} and plugin.get("allowPrivilegeEscalation") is False,
+           f"the plugin reading the hosts' cloud.conf: {plugin}")
+    for c in r.pod(*CONTROLLER)["containers"]:
+        if c["name"] != "cinder-csi-plugin":
+            expect("runAsUser" not in c.get("securityContext", {}), f"{c['name']} keeps the pod's user")
+    expect(r.pod(*CONTROLLER)["securityContext"]["runAsUser"] == 65532, "the pod's user")
+    expect("reads the hosts' cloud.conf as root" in r.notes, f"NOTES: {r.notes}")
     return [r]
 
 
@@ -118,7 +129,15 @@ def an_operators_values_take_effect():
     expect(controller["spec"]["replicas"] == 2, "replicas")
     tpl = controller["spec"]["template"]
     expect(tpl["metadata"]["annotations"] == {"team": "storage", "owner": "platform-team"}, tpl["metadata"])
-    expect(tpl["metadata"]["labels"] == {"app": "csi-cinder-controllerplugin", "tier": "control"}, "podLabels")
+    # deploy/'s app (the selector), upstream's chart's pod labels and
+    # extraLabels (which reach upstream's pods too), podLabels
+    for kind, name in (CONTROLLER, NODE):
+        labels = r.get(kind, name)["spec"]["template"]["metadata"]["labels"]
+        component = name.removeprefix("csi-cinder-")
+        want = {"app": name, "component": component, "release": r.release,
+                "chart": f"openstack-cinder-csi-{r.chart_version}", "heritage": "Helm", "team": "storage"}
+        expect({k: labels.get(k) for k in want} == want, f"{name}: pod labels {labels}")
+    expect(tpl["metadata"]["labels"]["tier"] == "control", "podLabels")
     expect(controller["spec"]["selector"]["matchLabels"] == {"app": "csi-cinder-controllerplugin"},
            "the selector never changes with the values")
     expect(tpl["spec"]["securityContext"]["runAsUser"] == 1001, "podSecurityContext")
@@ -126,11 +145,14 @@ def an_operators_values_take_effect():
     expect(tpl["spec"]["hostNetwork"] is True and tpl["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet",
            "controllerPlugin.hostNetwork")
     plugin = r.container(*CONTROLLER, "cinder-csi-plugin")
+    expect("runAsUser" not in plugin["securityContext"], f"a Secret's cloud.conf: the pod's user {plugin}")
+    expect("as root" not in r.notes, "no root reader named")
     expect("--http-endpoint=:8080" in plugin["args"], plugin["args"])
     expect({"name": "metrics", "containerPort": 8080, "protocol": "TCP"} in plugin["ports"], plugin["ports"])
     expect({"name": "CLUSTER_NAME", "value": "prod-eu-1"} in plugin["env"], "clusterID")
     monitor = r.get("PodMonitor", "csi-cinder-controllerplugin")
     expect(monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack", "podMonitor.additionalLabels")
+    expect(monitor["spec"].get("jobLabel") == "component", f"upstream's job label: {monitor['spec']}")
     classes = {c["metadata"]["name"]: c for c in r.objects("StorageClass")}
     expect(set(classes) == {"csi-cinder-sc-delete", "csi-cinder-sc-retain", "sas"}, sorted(classes))
     expect(classes["csi-cinder-sc-delete"]["metadata"]["annotations"]
@@ -243,6 +265,56 @@ def the_node_plugins_get_none_of_the_credentials_the_chart_holds():
     return [r, shared]
 
 
+def values_in_the_types_upstreams_chart_takes_render_what_they_mean():
+    """Upstream's chart has no schema: an operator's values give numbers
+    as strings (`--set`, quoted YAML), a cluster id as a number, a Go
+    duration of two units. Each is taken and means what it says; a
+    million or more from a values file (a float64 to Helm) renders its
+    digits, not Go's exponent."""
+    r = Rendering(CHART, {
+        "timeout": "1m30s",
+        "clusterID": 12345678,
+        "logVerbosityLevel": "4",
+        "csi": {"plugin": {"image": {"tag": 1.31},
+                           "httpEndpoint": {"enabled": True, "port": "9090"},
+                           "controllerPlugin": {"replicas": "2"}},
+                "livenessprobe": {"failureThreshold": "5"}},
+    })
+    expect("--timeout=1m30s" in r.container(*CONTROLLER, "csi-provisioner")["args"], "the timeout")
+    plugin = r.container(*CONTROLLER, "cinder-csi-plugin")
+    env = {e["name"]: e.get("value") for e in plugin["env"]}
+    expect(env["CLUSTER_NAME"] == "12345678", f"the cluster id's digits: {env}")
+    expect(r.get(*CONTROLLER)["spec"]["replicas"] == 2, "two replicas, a number")
+    expect("--http-endpoint=:9090" in plugin["args"], plugin["args"])
+    expect({"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in plugin["ports"], plugin["ports"])
+    expect("--log-level=debug" in plugin["args"], f"verbosity 4 is debug: {plugin['args']}")
+    expect("-v=4" in r.container(*CONTROLLER, "csi-provisioner")["args"], "the sidecars' verbosity")
+    expect(plugin["image"].endswith(":1.31"), plugin["image"])
+    expect(plugin["livenessProbe"]["failureThreshold"] == 5, plugin["livenessProbe"])
+    # what no reading makes work is still refused, by its path
+    fails_to_render(CHART, {"timeout": "90"}, "/timeout")
+    fails_to_render(CHART, {"csi": {"plugin": {"httpEndpoint": {"port": "70000"}}}}, "/csi/plugin/httpEndpoint/port")
+    fails_to_render(CHART, {"logVerbosityLevel": "-1"}, "/logVerbosityLevel")
+    return [r]
+
+
+def the_csidriver_keeps_upstreams_immutable_fields():
+    """The CSIDriver fields the apiserver will not change hold upstream's
+    values (chart 2.36: both lifecycle modes, attach required), so that
+    `helm upgrade` of upstream's release to this chart, or `kubectl
+    apply` of deploy/ over upstream's manifests, is not refused; the
+    modes come from the installed object when there is one (Helm's
+    `lookup`, empty when rendered offline)."""
+    r = Rendering(CHART, {})
+    spec = r.get("CSIDriver", "cinder.csi.openstack.org")["spec"]
+    expect(spec["volumeLifecycleModes"] == ["Persistent", "Ephemeral"], spec)
+    expect(spec["attachRequired"] is True, spec)
+    deployed = [d for d in kustomize("deploy/cinder/example") if d["kind"] == "CSIDriver"]
+    expect([d["spec"]["volumeLifecycleModes"] for d in deployed] == [["Persistent", "Ephemeral"]],
+           f"deploy/: {deployed}")
+    return [r]
+
+
 TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
     the_default_rendering_is_deploy_cinder_base,
     the_defaults_differ_from_deploy_only_in_the_stated_values,
@@ -254,4 +326,6 @@ TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
     upstream_keys_with_no_use_here_are_named,
     no_policy_no_verb_it_guards,
     the_node_plugins_get_none_of_the_credentials_the_chart_holds,
+    values_in_the_types_upstreams_chart_takes_render_what_they_mean,
+    the_csidriver_keeps_upstreams_immutable_fields,
 )]

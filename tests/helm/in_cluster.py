@@ -73,7 +73,7 @@ def addresses():
     return dict(pairs)
 
 
-def cinder_values(verbosity=2):
+def cinder_values(verbosity=2, binding=None):
     """An operator's values in upstream's shapes (a Secret made from the
     values, as upstream's README has it), plus this cluster's loopback
     addresses, as the overlay patches them in."""
@@ -82,6 +82,7 @@ def cinder_values(verbosity=2):
     api = [{"name": k, "value": addr[k]} for k in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")]
     return {
         "logVerbosityLevel": verbosity,
+        **({"storageClass": {"volumeBindingMode": binding}} if binding else {}),
         # the cluster has the snapshot CRDs; a name of its own beside
         # deploy/cinder/classes' csi-cinder-snapclass
         "volumeSnapshotClass": {"enabled": True, "name": "helm-cinder-snapclass"},
@@ -345,9 +346,22 @@ def install_upgrade_rollback_uninstall():
         wait("the NFS claim bound", lambda: get_json("-n", TEST_NAMESPACE, "pvc", "nfs")["status"].get("phase") == "Bound")
         before = {p: writes(p) for p in ("block-writer", "shared-writer")}
 
-        # an upgrade that changes a value rolls every plugin; no write fails
-        cfg.upgrade(str(CHARTS / "openstack-cinder-csi"), "cinder-csi", cinder_values(verbosity=4),
+        # an upgrade that changes a value rolls every plugin; no write
+        # fails. It also asks upstream's binding mode of the classes,
+        # which the apiserver cannot change: the installed classes keep
+        # theirs (the apiserver refused the whole upgrade before), and
+        # NOTES says so
+        bindings = {c: get_json("storageclass", c).get("volumeBindingMode")
+                    for c in ("csi-cinder-sc-delete", "csi-cinder-sc-retain")}
+        assert set(bindings.values()) == {"WaitForFirstConsumer"}, bindings
+        cfg.upgrade(str(CHARTS / "openstack-cinder-csi"), "cinder-csi",
+                    cinder_values(verbosity=4, binding="Immediate"),
                     namespace=NAMESPACE, wait="watcher", timeout=300)
+        kept = {c: get_json("storageclass", c).get("volumeBindingMode") for c in bindings}
+        assert kept == bindings, f"the classes' binding mode after the upgrade: {kept}"
+        stored = json.dumps(cfg.get_all("cinder-csi").get("info", {}))
+        assert "csi-cinder-sc-delete keeps volumeBindingMode WaitForFirstConsumer" in stored, \
+            f"the release's NOTES: {stored[:3000]}"
         cfg.upgrade(str(CHARTS / "openstack-manila-csi"), "manila-csi", manila_values(verbosity=4),
                     namespace=NAMESPACE, wait="watcher", timeout=300)
         after = rolled_to(debug=True, writers=before, what="the upgrade")
@@ -423,18 +437,93 @@ def kms_b_metrics():
     return calls
 
 
+# the test cloud's Keystone by a name that only the control-plane node's
+# own resolver answers (tests/cluster/k8stier/host_dns.py); cluster DNS is
+# down for the whole tier (kubelet's clusterDNS answers nothing)
+CLOUD_BY_NAME = "keystone.cloud.k8s-test.internal"
+CLUSTER_DNS = ("127.0.0.154", 53)
+
+
+def cloud_conf_by_name(text):
+    """cloud.conf with Keystone's address in auth-url replaced by its name."""
+    lines = []
+    for line in text.splitlines():
+        if line.replace(" ", "").startswith("auth-url="):
+            assert "127.0.0.1" in line, f"the test cloud's auth-url is not on 127.0.0.1: {line}"
+            line = line.replace("127.0.0.1", CLOUD_BY_NAME)
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def write_in_place(path, text):
+    """`path` rewritten in place: only the file is mounted into the
+    plugin's pod, and a file moved over it would not be seen there."""
+    with path.open("r+") as f:
+        f.seek(0)
+        f.write(text)
+        f.truncate()
+
+
+def cluster_dns_refuses():
+    """Nothing answers at the cluster DNS address: a query is refused."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(2)
+        sock.connect(CLUSTER_DNS)
+        try:
+            sock.send(b"\x00\x01\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x01")
+            sock.recv(512)
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+    return False
+
+
+def host_dns_answers_since(t):
+    """The node resolver's answers for the cloud's name logged after `t`."""
+    log = STATE / "logs" / "host-dns.log"
+    answered = 0
+    for line in log.read_text(errors="replace").splitlines():
+        when, _, said = line.partition(" ")
+        try:
+            at = float(when)
+        except ValueError:
+            continue
+        if at > t and said == f"{CLOUD_BY_NAME} type 1: 127.0.0.1":
+            answered += 1
+    return answered
+
+
+def kms_chart_pod():
+    pods = get_json("-n", "kube-system", "pods", "-l", "app=barbican-kms-plugin")["items"]
+    ours = [p for p in pods if p["metadata"].get("ownerReferences", [{}])[0].get("kind") == "DaemonSet"]
+    assert len(ours) == 1, f"the chart's KMS plugin: {len(ours)} pods"
+    statuses = ours[0]["status"].get("containerStatuses", [])
+    return ours[0]["metadata"]["name"], sum(c.get("restartCount", 0) for c in statuses)
+
+
 def the_kms_charts_plugin_serves_the_apiserver():
     """The second control-plane "node"'s KMS plugin (a static pod, as
     deploy/kms ships it) is replaced by the chart's DaemonSet on the same
     socket, cloud.conf and port; the apiservers restart, and the second one
-    writes and reads Secrets through the chart's plugin alone. Then the
-    static pod comes back."""
+    writes and reads Secrets through the chart's plugin alone. Then its
+    cloud.conf names Keystone by a name only the node's own resolver
+    answers (cluster DNS is down for the whole tier), and the control plane
+    is stopped cold (etcd, both apiservers, the controllers, every kubelet,
+    and the KMS plugins killed as a power cut kills them) and started
+    again: the chart's plugin, started again by kubelet, must fetch its key
+    through Keystone by name with cluster DNS down, or apiserver B never
+    becomes ready and cannot read the Secret it sealed. Then the static pod
+    comes back."""
     cfg = helm("kube-system")
     manifest = STATE / "manifests" / "barbican-kms-plugin-b.yaml"
     stash = STATE / "barbican-kms-plugin-b.yaml.helm-test"
+    conf = Path("/etc/kubernetes/cloud-config-b/cloud.conf")
     values = {
         "socketDir": "/var/lib/kms-b",
-        "cloudConfig": {"hostDir": "/etc/kubernetes/cloud-config-b"},
+        "cloudConfig": {"hostDir": str(conf.parent)},
         "httpEndpoint": {"port": 9900},
         # this cluster's control-plane node carries no control-plane label
         "affinity": None,
@@ -444,6 +533,9 @@ def the_kms_charts_plugin_serves_the_apiserver():
     check_rendering(r)
     b = ["--server", apiserver_b()]
     ns = "helm-charts-kms"
+    assert CLOUD_BY_NAME not in Path("/etc/hosts").read_text(), "the cloud's name must come from DNS alone"
+    assert cluster_dns_refuses(), f"something answers DNS at cluster DNS's {CLUSTER_DNS}: it must be down"
+    by_ip = conf.read_text()
     manifest.rename(stash)
     try:
         wait("the static KMS plugin of B gone", lambda: kubectl(
@@ -467,6 +559,39 @@ def the_kms_charts_plugin_serves_the_apiserver():
         assert after.get("Encrypt", 0) >= 1 and after.get("Status", 0) >= 1, \
             f"the chart's plugin was not asked to seal: {before} -> {after}"
         print(f"   the chart's KMS plugin served apiserver B: {served}")
+
+        # from now on Keystone by name; the running plugin keeps its key,
+        # so the cold start is where the name must resolve
+        write_in_place(conf, cloud_conf_by_name(by_ip))
+        pod, restarts = kms_chart_pod()
+        t = time.time()
+        subprocess.run(["python3", str(REPO / "tests" / "cluster" / "cluster.py"), "restart-cluster", "--cold"],
+                       check=True, timeout=900)
+        back = time.time()
+        wait("apiserver B ready after the cold start, through the chart's plugin",
+             lambda: kubectl(*b, "get", "--raw", "/readyz", check=False).returncode == 0 or "not ready",
+             timeout=180)
+        ready = time.time()
+        # apiserver A (the default kubeconfig's, Helm's) opens no Secret
+        # until its own plugin has answered once after the cold start: the
+        # uninstall below reads the release's Secrets through it
+        wait("apiserver A ready after the cold start, through its own plugin",
+             lambda: kubectl("get", "--raw", "/readyz", check=False).returncode == 0 or "not ready",
+             timeout=180)
+        got = kubectl(*b, "-n", ns, "get", "secret", "through-the-chart", "-o", "jsonpath={.data.word}").stdout
+        assert base64.b64decode(got).decode() == "sealed-by-the-chart", got
+        pod_after, restarts_after = kms_chart_pod()
+        assert pod_after == pod and restarts_after > restarts, \
+            f"the chart's plugin was not started again: {pod} {restarts} -> {pod_after} {restarts_after}"
+        answered = host_dns_answers_since(t)
+        assert answered >= 1, "the node's resolver answered no lookup of the cloud's name since the cold stop"
+        assert cluster_dns_refuses(), "cluster DNS answered during the cold start"
+        decrypts = kms_b_metrics().get("Decrypt", 0)
+        assert decrypts >= 1, "the restarted plugin was asked no Decrypt"
+        print(f"   cold start: the control plane stopped and started in {back - t:.0f} s; apiserver B ready "
+              f"{ready - back:.0f} s later through the chart's plugin (started again: {restarts} -> "
+              f"{restarts_after} restarts; {answered} lookups of {CLOUD_BY_NAME} answered by the node's "
+              f"resolver, cluster DNS refusing; {decrypts} Decrypt since)")
         cfg.uninstall("barbican-kms", wait="watcher", timeout=300)
         wait("the chart's KMS plugin gone", lambda: kubectl(
             "-n", "kube-system", "get", "daemonset", "barbican-kms-plugin", check=False).returncode != 0)
@@ -475,6 +600,7 @@ def the_kms_charts_plugin_serves_the_apiserver():
             cfg.uninstall("barbican-kms", wait="watcher", timeout=300, ignore_not_found=True)
         except Exception as e:  # cleanup: report, go on restoring
             print(f"   cleanup: uninstall barbican-kms: {e}")
+        write_in_place(conf, by_ip)
         stash.rename(manifest)
         kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=true", check=False)
     wait("the static KMS plugin of B back", lambda: (get_json("-n", "kube-system", "pod",

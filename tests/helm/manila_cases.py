@@ -78,6 +78,12 @@ def an_operators_values_take_effect():
         pod = r.pod(*workload)
         expect(pod["imagePullSecrets"] == [{"name": "my-imagepull-secret"}], "imagePullSecrets")
         expect(r.get(*workload)["metadata"]["labels"]["team"] == "storage", "extraLabels")
+        # upstream's chart's pod labels and extraLabels reach the pods
+        labels = r.get(*workload)["spec"]["template"]["metadata"]["labels"]
+        component = "controllerplugin" if workload[0] == "Deployment" else "nodeplugin"
+        want = {"app": workload[1], "component": component, "release": r.release,
+                "chart": f"openstack-manila-csi-{r.chart_version}", "heritage": "Helm", "team": "storage"}
+        expect({k: labels.get(k) for k in want} == want, f"{workload[1]}: pod labels {labels}")
         env = r.container(*workload, "manila-csi-plugin")["env"]
         expect({"name": "RUST_BACKTRACE", "value": "1"} in env, f"{workload[1]}: extraEnv")
     for workload in (NFS_CONTROLLER, CEPHFS_CONTROLLER):
@@ -150,8 +156,29 @@ def a_custom_kubelet_directory_is_used_everywhere():
     return [r]
 
 
+# both protocols, as deploy/ serves them (the chart's default, as
+# upstream's, is NFS alone)
+BOTH = {"shareProtocols": [{"protocolSelector": "NFS", "fsGroupPolicy": "None"},
+                           {"protocolSelector": "CEPHFS", "fsGroupPolicy": "File"}]}
+
+
+def the_defaults_are_upstreams_where_users_would_notice():
+    """NFS alone (CephFS needs FUSE or the kernel's client on every node),
+    and no runtime configuration: the first export location is mounted,
+    and the clients a share opens to come from its class."""
+    r = Rendering(CHART, None)
+    drivers = {d["metadata"]["name"] for d in r.objects("CSIDriver")}
+    expect(drivers == {"nfs.manila.csi.openstack.org"}, drivers)
+    expect({d["metadata"]["name"] for d in r.objects("DaemonSet")} == {"csi-manila-nfs-nodeplugin"},
+           [d["metadata"]["name"] for d in r.objects("DaemonSet")])
+    expect(not r.objects("ConfigMap"), [c["metadata"]["name"] for c in r.objects("ConfigMap")])
+    for workload in (NFS_CONTROLLER, NFS_NODE):
+        expect(not any(a.startswith("--runtime-config-file") for a in args_of(r, workload)), args_of(r, workload))
+    return [r]
+
+
 def another_driver_name_names_every_driver():
-    r = Rendering(CHART, {"driverName": "shares.example.com"})
+    r = Rendering(CHART, {"driverName": "shares.example.com", **BOTH})
     drivers = {d["metadata"]["name"] for d in r.objects("CSIDriver")}
     expect(drivers == {"nfs.shares.example.com", "cephfs.shares.example.com"}, drivers)
     expect("--drivername=cephfs.shares.example.com" in args_of(r, CEPHFS_NODE), "")
@@ -180,7 +207,7 @@ def each_protocol_has_its_own_account_and_only_cephfs_makes_mount_pods():
     plugin's may, for its mount pods); each plugin's token is mounted in
     its plugin container alone; without the startup-taint policy no node
     plugin may patch a Node."""
-    r = Rendering(CHART, None)
+    r = Rendering(CHART, BOTH)
     nfs, cephfs = r.granted("csi-manila-nfs-node-sa"), r.granted("csi-manila-cephfs-node-sa")
     expect(("", "pods", "create") in cephfs, f"the CephFS plugin makes its mount pods: {cephfs}")
     expect(("", "pods", "create") not in nfs and ("", "pods", "delete") not in nfs,
@@ -195,18 +222,40 @@ def each_protocol_has_its_own_account_and_only_cephfs_makes_mount_pods():
                       if any(m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
                              for m in c.get("volumeMounts", []))]
         expect(with_token == ["manila-csi-plugin"], f"{proto}: the token is in {with_token}")
-    off = Rendering(CHART, {"nodeplugin": {"startupTaintPolicy": {"enabled": False}}})
+    off = Rendering(CHART, {"nodeplugin": {"startupTaintPolicy": {"enabled": False}}, **BOTH})
     for sa in ("csi-manila-nfs-node-sa", "csi-manila-cephfs-node-sa"):
         expect(("", "nodes", "patch") not in off.granted(sa), f"{sa} patches Nodes with no policy confining it")
     return [r, off]
 
 
+def values_in_the_types_upstreams_chart_takes_render_what_they_mean():
+    """Numbers as strings and a numeric cluster id, as upstream's chart
+    (no schema) takes them: each means what it says."""
+    r = Rendering(CHART, {
+        "logVerbosityLevel": "5",
+        "csimanila": {"clusterID": 12345678, "image": {"tag": 2}},
+        "controllerplugin": {"replicas": "3"},
+        **BOTH,
+    })
+    for workload in (NFS_CONTROLLER, CEPHFS_CONTROLLER):
+        plugin = r.container(*workload, "manila-csi-plugin")
+        env = {e["name"]: e.get("value") for e in plugin["env"]}
+        expect(env["CLUSTER_NAME"] == "12345678", f"the cluster id's digits: {env}")
+        expect(r.get(*workload)["spec"]["replicas"] == 3, "three replicas, a number")
+        expect("--log-level=debug" in plugin["args"], plugin["args"])
+        expect(plugin["image"].endswith(":2"), plugin["image"])
+    fails_to_render(CHART, {"controllerplugin": {"replicas": "three"}}, "/controllerplugin")
+    return [r]
+
+
 TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
     the_default_rendering_is_deploy_manila_base,
+    the_defaults_are_upstreams_where_users_would_notice,
     upstreams_values_file_installs_unchanged,
     an_operators_values_take_effect,
     a_custom_kubelet_directory_is_used_everywhere,
     another_driver_name_names_every_driver,
     values_that_cannot_work_are_refused_when_rendered,
     each_protocol_has_its_own_account_and_only_cephfs_makes_mount_pods,
+    values_in_the_types_upstreams_chart_takes_render_what_they_mean,
 )]

@@ -12,6 +12,25 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- end -}}
 
 {{/*
+Pod labels of upstream's chart beside deploy/'s `app` (the selectors',
+which an installed workload cannot change): its `component`, `release`,
+`chart` and `heritage`, and extraLabels, so that what selects upstream's
+pods by them (NetworkPolicies, PodDisruptionBudgets, a PodMonitor's job
+label, log and alert selectors) finds ours. Upstream's `app` value
+(the chart's name) cannot be added: `app` is the selectors'.
+Called with (dict "component" NAME "root" $).
+*/}}
+{{- define "cinder-csi.podLabels" -}}
+component: {{ .component }}
+release: {{ .root.Release.Name }}
+chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+heritage: {{ .root.Release.Service }}
+{{- with .root.Values.extraLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
 Extra arguments in any of the forms upstream's values take: a YAML list as
 a string (upstream's, through `tpl`), a list, or a map of flag to value.
 Called with (list VALUE $).
@@ -163,5 +182,16 @@ include one it does not know). A tag that is not a version (a digest,
 {{- if semverCompare (index . 1) (regexFind "^v?[0-9]+[.][0-9]+[.][0-9]+" $tag) }}true{{ end -}}
 {{- else -}}
 true
+{{- end -}}
+{{- end -}}
+
+{{/* A value that may be a number as Helm read it: a whole number from a
+values file comes as a float64, which Go prints with an exponent from a
+million on ("1.2345678e+07"); its digits instead. */}}
+{{- define "cinder-csi.digits" -}}
+{{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}
+{{ int64 . }}
+{{- else -}}
+{{ . }}
 {{- end -}}
 {{- end -}}

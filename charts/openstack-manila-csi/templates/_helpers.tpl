@@ -12,15 +12,34 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- end -}}
 
 {{/*
+Pod labels of upstream's chart beside deploy/'s `app` (the selectors',
+which an installed workload cannot change): its `component`, `release`,
+`chart` and `heritage`, and extraLabels, so that what selects upstream's
+pods by them (NetworkPolicies, PodDisruptionBudgets, log and alert
+selectors) finds ours. Upstream's `app` value (the chart's name) cannot be
+added: `app` is the selectors'.
+Called with (dict "component" NAME "root" $).
+*/}}
+{{- define "manila-csi.podLabels" -}}
+component: {{ .component }}
+release: {{ .root.Release.Name }}
+chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+heritage: {{ .root.Release.Service }}
+{{- with .root.Values.extraLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
 What each protocol this plugin serves needs: its ports (each its own:
 every pod can share a node's host network) and its node plugin's
 resources. A protocol it does not serve fails the rendering.
 */}}
 {{- define "manila-csi.protocol" -}}
 {{- $known := dict
-  "NFS" (dict "controllerHealthz" 9812 "controllerMetrics" 9832 "nodeHealthz" 9811 "nodeMetrics" 9831 "preStop" 9851
+  "NFS" (dict "controllerHealthz" 9812 "controllerMetrics" 9832 "nodeHealthz" 9811 "nodeMetrics" 9831 "preStop" 9851 "registrarHealthz" 9871
               "nodeLimit" "64Mi" "nodeLimitWhy" "the plugin alone: mount.nfs exits after mounting")
-  "CEPHFS" (dict "controllerHealthz" 9813 "controllerMetrics" 9833 "nodeHealthz" 9810 "nodeMetrics" 9830 "preStop" 9850
+  "CEPHFS" (dict "controllerHealthz" 9813 "controllerMetrics" 9833 "nodeHealthz" 9810 "nodeMetrics" 9830 "preStop" 9850 "registrarHealthz" 9870
               "nodeLimit" "128Mi" "nodeLimitWhy" "the plugin alone: the ceph-fuse daemons live in mount pods")
 -}}
 {{- $p := upper .protocolSelector -}}
@@ -158,5 +177,16 @@ include one it does not know). A tag that is not a version (a digest,
 {{- if semverCompare (index . 1) (regexFind "^v?[0-9]+[.][0-9]+[.][0-9]+" $tag) }}true{{ end -}}
 {{- else -}}
 true
+{{- end -}}
+{{- end -}}
+
+{{/* A value that may be a number as Helm read it: a whole number from a
+values file comes as a float64, which Go prints with an exponent from a
+million on ("1.2345678e+07"); its digits instead. */}}
+{{- define "manila-csi.digits" -}}
+{{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}
+{{ int64 . }}
+{{- else -}}
+{{ . }}
 {{- end -}}
 {{- end -}}

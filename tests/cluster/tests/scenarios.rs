@@ -183,6 +183,10 @@ async fn make(c: &Cluster, n: &str, docs: &[String]) {
     c.apply_in(n, &docs.join("---\n")).await.unwrap();
 }
 
+// a release replaced in place (tests/scenarios/handover.rs)
+#[path = "scenarios/handover.rs"]
+mod handover;
+
 // ------------------------------------------------------------- Cinder
 
 #[tokio::test]
