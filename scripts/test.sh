@@ -241,6 +241,23 @@ run_tests() {
   return $failed
 }
 
+# run_tests_of in|out "PKG/TARGET ...": every test program named in the
+# list (in), or every one not named there (out)
+run_tests_of() {
+  local which=$1 list=" $2 " p t exe dir failed=0 named found=" "
+  while read -r p t exe dir; do
+    named=out
+    [[ $list == *" $p/$t "* ]] && named=in && found+="$p/$t "
+    [[ $named == "$which" ]] || continue
+    run_tests "$p" "$t" || failed=1
+  done <"$work/programs"
+  # a program of the list renamed or gone would run in neither lane
+  [[ $which == in ]] && for named in $2; do
+    [[ $found == *" $named "* ]] || { echo "no test program $named (named in the emulator tier's lanes)" >&2; failed=1; }
+  done
+  return $failed
+}
+
 # fuzzing: each target of fuzz/ for a bounded time over its committed
 # seeds (what it finds goes to a scratch corpus), without a sanitizer (the
 # code is safe Rust; the targets' assertions are the oracles); a crash
@@ -334,7 +351,14 @@ tests "Helm charts (charts/: lint, renderings, no drift from deploy/)" python3 t
 phase "build the tests once" build_tests
 # the tests start the binaries of that build (no cargo run inside a test)
 export CSI_SANITY_PLUGIN_DIR=$PWD/target/debug
-tests "emulator tier (every test program)" run_tests all all
+# the emulator tier in two lanes: its longest programs (csi-sanity's 44 s,
+# then 21, 19, 16 and 7 s; they mostly wait on the emulator's realistic
+# delays, not on the CPU) beside all the others (two lanes of 91 and
+# 136 s with the first three alone)
+emulator_long_programs="csi-sanity/drivers openstack-client/throttling csi-cinder/faults csi-cinder/controller csi-common/pre_stop"
+background_tests "emulator tier (its longest programs)" run_tests_of in "$emulator_long_programs"
+tests "emulator tier (every other test program)" run_tests_of out "$emulator_long_programs"
+await_background
 tests "benches, quick (each runs through; figures printed, not judged)" quick_benches
 tests "doc tests" bash -o pipefail -c 'cargo test --workspace --locked --doc 2>&1 | tee -a "$0"' "$log"
 # the community's csi-sanity, v5.4.0 and master, against each driver on
@@ -528,7 +552,9 @@ awk -v declared="$work/declared-skips" '
 if ((${#failed_phases[@]})); then
   for i in "${!failed_phases[@]}"; do
     echo "failed: ${failed_phases[$i]}; what failed, and its last lines:"
-    { grep -E -A3 '\.\.\. FAILED$|panicked at|left behind|[Ee]rror:' "${failed_outs[$i]}" | head -n 16 || true
+    # (a campaign's seed first: it replays the run)
+    { grep -E '^campaign seed' "${failed_outs[$i]}" | head -n 2 || true
+      grep -E -A3 '\.\.\. FAILED$|panicked at|left behind|[Ee]rror:' "${failed_outs[$i]}" | head -n 16 || true
       echo "..."
       tail -n 4 "${failed_outs[$i]}"; } | sed 's/^/   | /'
   done
