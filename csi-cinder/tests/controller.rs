@@ -270,6 +270,57 @@ async fn quota_and_backend_failures_leave_nothing_behind() {
     assert_eq!(e.named("fails").await[0].id, v.volume_id);
 }
 
+/// An expansion the project's quota refuses is infeasible (OutOfRange,
+/// which external-resizer takes as such: Kubernetes then lets the user
+/// lower the claim's request, KEP-1790), changes nothing, and a smaller
+/// size the quota allows then succeeds; once the quota is raised, the
+/// resizer's retry of the first size succeeds too.
+#[tokio::test]
+async fn an_expansion_the_quota_refuses_is_infeasible_and_a_smaller_one_then_succeeds() {
+    if !root() {
+        return;
+    }
+    let mut e = env().await;
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    let v = e.create("grows", cap.clone(), 1).await;
+    let expand = |gib: i64| csi::ControllerExpandVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: gib * GIB,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    };
+    e.h.emulator.control().set_quotas(Quotas {
+        gigabytes: 4,
+        ..Quotas::default()
+    });
+    let err = e.c.controller_expand_volume(expand(10)).await.unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{}", err.message());
+    for word in ["quota", "lower the claim's request", "from 1 to 10 GiB"] {
+        assert!(err.message().contains(word), "{word}: {}", err.message());
+    }
+    let after = e.cinder.get_volume(&v.volume_id).await.unwrap();
+    assert_eq!((after.size, after.status.as_str()), (1, "available"));
+
+    let grown =
+        e.c.controller_expand_volume(expand(3))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(grown.capacity_bytes, 3 * GIB);
+    assert_eq!(e.cinder.get_volume(&v.volume_id).await.unwrap().size, 3);
+
+    e.h.emulator.control().set_quotas(Quotas::default());
+    let grown =
+        e.c.controller_expand_volume(expand(10))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(grown.capacity_bytes, 10 * GIB);
+}
+
 #[tokio::test]
 async fn attachments_respect_other_servers_and_gone_servers() {
     if !root() {

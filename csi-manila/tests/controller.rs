@@ -744,3 +744,59 @@ async fn topology_follows_the_node_and_auto_topology() {
         Some("zone-b")
     );
 }
+
+/// An extend the project's share quota refuses (Manila's 403) is
+/// infeasible (OutOfRange: Kubernetes then lets the user lower the claim's
+/// request, KEP-1790), changes nothing, and a smaller size the quota
+/// allows then succeeds; once the quota is raised, the first size too.
+#[tokio::test]
+async fn an_expansion_the_quota_refuses_is_infeasible_and_a_smaller_one_then_succeeds() {
+    let mut e = env_with("CEPHFS", |o| o.stand_ins = false).await;
+    let id = e
+        .create("pvc-grows", 1, &[("type", "cephfs")])
+        .await
+        .volume_id;
+    let expand = |gib: i64| csi::ControllerExpandVolumeRequest {
+        volume_id: id.clone(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: gib * GIB,
+            limit_bytes: 0,
+        }),
+        secrets: e.secrets.clone(),
+        volume_capability: Some(rwx()),
+    };
+    e.h.emulator
+        .control()
+        .set_quotas(openstack_emulator::Quotas {
+            share_gigabytes: 4,
+            ..Default::default()
+        });
+    let err = e.c.controller_expand_volume(expand(10)).await.unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{}", err.message());
+    for word in ["quota", "lower the claim's request", "from 1 to 10 GiB"] {
+        assert!(err.message().contains(word), "{word}: {}", err.message());
+    }
+    let after = e.manila.get_share(&id).await.unwrap();
+    assert_eq!(
+        (after.size, after.status.to_string()),
+        (1, "available".to_string())
+    );
+
+    let grown =
+        e.c.controller_expand_volume(expand(3))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(grown.capacity_bytes, 3 * GIB);
+    assert_eq!(e.manila.get_share(&id).await.unwrap().size, 3);
+
+    e.h.emulator
+        .control()
+        .set_quotas(openstack_emulator::Quotas::default());
+    let grown =
+        e.c.controller_expand_volume(expand(10))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(grown.capacity_bytes, 10 * GIB);
+}

@@ -426,10 +426,21 @@ impl ControllerService {
             }
         };
         if v.status != VolumeStatus::Extending {
-            block
-                .extend_volume(id, want as u64, in_use)
-                .await
-                .context(format!("extending volume {id} to {want} GiB"))?;
+            match block.extend_volume(id, want as u64, in_use).await {
+                Ok(()) => {}
+                // Cinder refused before anything changed: an infeasible
+                // size (OutOfRange), after which Kubernetes lets the user
+                // lower the claim's request to one the quota allows
+                // (KEP-1790); the resizer still tries again with backoff,
+                // so a quota raised meanwhile also ends it
+                Err(openstack_client::Error::OverQuota(e)) => {
+                    return Err(DriverError::OutOfRange(format!(
+                        "volume {id} cannot grow from {} to {want} GiB, the project's quota refuses it ({}); lower the claim's request to a size the quota allows, or raise the quota",
+                        v.size, e.message
+                    )));
+                }
+                Err(e) => return Err(e).context(format!("extending volume {id} to {want} GiB")),
+            }
         }
         let v = wait_until(
             "volume_expand",

@@ -694,6 +694,18 @@ impl ControllerService {
                         e.message
                     )));
                 }
+                // the project's quota refused it before anything changed
+                // (Manila answers 403 for an extend, 413 elsewhere): an
+                // infeasible size (OutOfRange), after which Kubernetes lets
+                // the user lower the claim's request (KEP-1790)
+                Err(
+                    openstack_client::Error::OverQuota(e) | openstack_client::Error::Forbidden(e),
+                ) if e.message.to_ascii_lowercase().contains("quota") => {
+                    return Err(DriverError::OutOfRange(format!(
+                        "share {id} cannot grow from {} to {want} GiB, the project's quota refuses it ({}); lower the claim's request to a size the quota allows, or raise the quota",
+                        s.size, e.message
+                    )));
+                }
                 Err(e) => return Err(e).context(format!("extending share {id}")),
             },
             // an earlier attempt is under way: wait for it below

@@ -372,6 +372,22 @@ pub(super) async fn share_action(
                     ),
                 ));
             }
+            let gib: i64 = w
+                .shares
+                .values()
+                .filter(|x| x.project_id == ctx.project_id)
+                .map(|x| x.size as i64)
+                .sum();
+            let q = w.quotas.share_gigabytes;
+            if grow && q >= 0 && gib + (new_size - share.size) as i64 > q {
+                // Manila's extend answers its quota with 403, not the
+                // 413 of a create
+                return Err(ApiErr::new(
+                    403,
+                    S,
+                    "Requested share exceeds allowed project/user or share type gigabytes quota.",
+                ));
+            }
             if let Some(x) = w.shares.get_mut(&id) {
                 x.status = if grow {
                     "extending".into()
