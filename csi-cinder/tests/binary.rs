@@ -327,20 +327,86 @@ fn bad_flags_and_configuration_are_clear_errors() {
     );
 }
 
-#[test]
-fn a_live_socket_is_never_taken_over() {
+/// A plugin process killed when the test ends, also by a panic.
+struct KilledOnDrop(Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Another plugin serving on the endpoint (the release being replaced:
+/// upstream's node plugin, under a DaemonSet Helm deletes as it creates
+/// ours) keeps it while it serves: ours waits, without exiting (an exit
+/// would put its pod in crash-loop back-off, minutes without a plugin on
+/// the node after the old one went), and takes the socket over once the
+/// other is gone, leaving it stale.
+#[tokio::test]
+async fn a_live_socket_is_never_taken_over_and_taken_once_its_server_is_gone() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("csi.sock");
-    // another plugin instance serving on the endpoint
     let live = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    let err = run_expecting_failure(&[
-        &format!("--endpoint=unix://{}", path.display()),
-        "--provide-controller-service=false",
-    ]);
-    assert!(err.contains("refusing to take over"), "{err}");
-    // its socket is still the one it serves on
-    std::os::unix::net::UnixStream::connect(&path).unwrap();
-    assert!(live.accept().is_ok());
+    live.set_nonblocking(true).unwrap();
+    let log = dir.path().join("plugin.log");
+    let mut plugin = KilledOnDrop(
+        Command::new(BIN)
+            .args([
+                &format!("--endpoint=unix://{}", path.display()),
+                "--provide-controller-service=false",
+            ])
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let logged = || std::fs::read_to_string(&log).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !logged().contains("another process serves on the endpoint") {
+        assert!(
+            plugin.0.try_wait().unwrap().is_none(),
+            "the plugin exited: {}",
+            logged()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no word of waiting: {}",
+            logged()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // a while later it still waits, and the endpoint is still the other's
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(plugin.0.try_wait().unwrap().is_none(), "{}", logged());
+    let _probe = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    assert!(
+        live.accept().is_ok(),
+        "the other server's socket was replaced"
+    );
+    assert!(!logged().contains("serving gRPC"), "{}", logged());
+
+    // the other server goes (its socket file stays, stale): ours takes over
+    drop(live);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // (a node plugin without instance metadata answers, not ready)
+    loop {
+        if let Ok(channel) = plugin_runtime::connect_unix(&path).await
+            && IdentityClient::new(channel)
+                .probe(ProbeRequest {})
+                .await
+                .is_ok()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not serving after the other went: {}",
+            logged()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(logged().contains("taking the socket over"), "{}", logged());
 }
 
 /// The first line of a starting plugin's log that contains `needle`,

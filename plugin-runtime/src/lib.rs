@@ -184,13 +184,50 @@ impl PluginServer {
         // the socket last: once it exists everything listens, and a plugin
         // that cannot listen on its HTTP endpoint leaves no socket behind
         // for kubelet or a sidecar to take for a live one
-        let listener = match endpoint::bind(&self.endpoint, self.socket_mode) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = stop_tx.send(true);
-                return Err(e.into());
+        tokio::pin!(shutdown);
+        let mut waiting_since: Option<std::time::Instant> = None;
+        let mut next_warning = 0;
+        let listener = loop {
+            match endpoint::bind(&self.endpoint, self.socket_mode) {
+                Ok(l) => break l,
+                // Another plugin still serves on the endpoint: the release
+                // this one replaces (upstream's node plugin under another
+                // DaemonSet's name, which Helm deletes as it creates ours).
+                // Its socket is taken over once it is gone, never from
+                // under it; exiting instead would put this pod in
+                // crash-loop back-off, minutes without a plugin here after
+                // the old one went.
+                Err(endpoint::EndpointError::InUse(path)) => {
+                    let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
+                    let waited = since.elapsed().as_secs();
+                    if waited >= next_warning {
+                        next_warning = waited + 30;
+                        tracing::warn!(socket = %path.display(), waited_s = waited, "another process serves on the endpoint: waiting for it to go before taking the socket over");
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        () = &mut shutdown => {
+                            let _ = stop_tx.send(true);
+                            for t in [http_task, local_task].into_iter().flatten() {
+                                let _ = t.await;
+                            }
+                            tracing::info!("stopped before serving: the endpoint was never free");
+                            return Ok(());
+                        }
+                    }
+                }
+                Err(e) => {
+                    let _ = stop_tx.send(true);
+                    return Err(e.into());
+                }
             }
         };
+        if let Some(since) = waiting_since {
+            tracing::info!(
+                waited_s = since.elapsed().as_secs(),
+                "the endpoint's other server went: taking the socket over"
+            );
+        }
         tracing::info!(endpoint = %self.endpoint, mode = format!("{:o}", self.socket_mode), "serving gRPC");
         let mut drain_rx = stop_rx.clone();
         let server = tonic::transport::Server::builder()
@@ -200,7 +237,6 @@ impl PluginServer {
                 let _ = drain_rx.wait_for(|stop| *stop).await;
             });
         tokio::pin!(server);
-        tokio::pin!(shutdown);
         let result = tokio::select! {
             r = &mut server => r.map_err(RuntimeError::from),
             () = &mut shutdown => {
