@@ -556,6 +556,23 @@ impl BlockStorage {
             .volume_type)
     }
 
+    /// Admin only: sets quotas of `project_id` (`gigabytes`, or
+    /// `gigabytes_<volume type>` for one type; -1 is unlimited).
+    pub async fn set_quotas(&self, project_id: &str, quotas: &BTreeMap<String, i64>) -> Result<()> {
+        let body = json!({ "quota_set": quotas });
+        self.session
+            .send(
+                self.req(
+                    Method::PUT,
+                    format!("os-quota-sets/{project_id}"),
+                    "quota_set_update",
+                )
+                .json(body),
+            )
+            .await?;
+        Ok(())
+    }
+
     pub async fn absolute_limits(&self) -> Result<AbsoluteLimits> {
         #[derive(Deserialize)]
         struct Limits {

@@ -483,6 +483,18 @@ impl Cluster {
         Ok(BlockStorage::new(self.session("member")?))
     }
 
+    /// Cinder as the cloud's admin (volume types, quotas), and the id of
+    /// the drivers' project, whose quotas it sets.
+    pub async fn cinder_admin(&self) -> Result<(BlockStorage, String)> {
+        let project = self
+            .session("member")?
+            .project_id()
+            .await
+            .map_err(|e| ClusterError::Other(e.to_string()))?
+            .ok_or_else(|| ClusterError::Other("the member's token names no project".into()))?;
+        Ok((BlockStorage::new(self.session("admin")?), project))
+    }
+
     /// OpenStack as the plugins reach it: as the project member, through
     /// the fault proxy (its calls counted there, as theirs are).
     pub fn member_via_proxy(&self) -> Result<Session> {

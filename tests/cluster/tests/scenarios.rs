@@ -187,6 +187,10 @@ async fn make(c: &Cluster, n: &str, docs: &[String]) {
 #[path = "scenarios/handover.rs"]
 mod handover;
 
+// recovery from an expansion the quota refuses (tests/scenarios/expansion.rs)
+#[path = "scenarios/expansion.rs"]
+mod expansion;
+
 // ------------------------------------------------------------- Cinder
 
 #[tokio::test]
