@@ -122,6 +122,23 @@ impl Options {
     }
 }
 
+/// The arguments without a first one naming the program itself, as
+/// upstream's chart and manifests give it (`args: [/bin/cinder-csi-plugin,
+/// --endpoint=…]`: upstream's image has no entrypoint of its own, ours
+/// has). Manifests written for upstream's image then run ours unchanged.
+pub fn without_upstream_program_path(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<_> = args.into_iter().collect();
+    let names_program = args.get(1).is_some_and(|a| {
+        std::path::Path::new(a).file_name() == Some(std::ffi::OsStr::new("cinder-csi-plugin"))
+    });
+    if names_program {
+        args.remove(1);
+    }
+    args
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +163,31 @@ mod tests {
                 "{outside}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn klogs_verbosity_as_upstreams_charts_pass_it_sets_the_level() {
+        for (flag, level) in [("-v=2", "info"), ("--v=4", "debug"), ("-v=6", "trace")] {
+            let o = Options::try_parse_from([
+                "cinder-csi-plugin",
+                "--endpoint=unix://csi/csi.sock",
+                flag,
+            ])
+            .unwrap();
+            assert_eq!(o.log.verbosity.map(|_| ()), Some(()), "{flag}");
+            if std::env::var_os("RUST_LOG").is_none() {
+                assert_eq!(o.log.filter(), level, "{flag}");
+            }
+        }
+        // --log-level wins
+        let o = Options::try_parse_from([
+            "cinder-csi-plugin",
+            "--endpoint=unix://csi/csi.sock",
+            "-v=6",
+            "--log-level=warn",
+        ])
+        .unwrap();
+        assert_eq!(o.log.filter(), "warn");
     }
 
     #[test]

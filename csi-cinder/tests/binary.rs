@@ -478,3 +478,23 @@ fn a_node_plugin_given_credentials_says_it_needs_none() {
     let quiet = logged_line(&args, "holds credentials");
     assert!(quiet.is_err(), "warned without credentials: {quiet:?}");
 }
+
+/// Upstream's chart and manifests give the program's own path as the first
+/// argument (`args: [/bin/cinder-csi-plugin, -v=2, --endpoint=…]`; its
+/// image has no entrypoint, ours has): ours takes such a manifest as it
+/// is, and still refuses any other stray argument.
+#[test]
+fn upstreams_manifests_first_argument_naming_the_program_is_taken() {
+    let out = Command::new(BIN)
+        .args(["/bin/cinder-csi-plugin", "-v=2", "--help"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--endpoint"));
+    let err = run_expecting_failure(&["/bin/something-else", "--help"]);
+    assert!(err.contains("unexpected argument"), "{err}");
+}

@@ -31,6 +31,27 @@ pub struct LogArgs {
     /// is used when this is not given.
     #[arg(long, env = "LOG_LEVEL")]
     pub log_level: Option<String>,
+    /// klog's verbosity, as upstream's plugins take it (`-v=2`, `--v=4`,
+    /// which their charts and manifests pass): 0 to 3 `info`, 4 and 5
+    /// `debug`, 6 and more `trace`. `--log-level` and `RUST_LOG` win.
+    #[arg(short = 'v', long = "v", value_name = "LEVEL")]
+    pub verbosity: Option<u8>,
+}
+
+impl LogArgs {
+    /// The filter these flags ask for, `RUST_LOG` when they ask none.
+    pub fn filter(&self) -> String {
+        let klog = self.verbosity.map(|v| match v {
+            0..=3 => "info",
+            4..=5 => "debug",
+            _ => "trace",
+        });
+        self.log_level
+            .clone()
+            .or_else(|| std::env::var("RUST_LOG").ok())
+            .or_else(|| klog.map(str::to_string))
+            .unwrap_or_else(|| "info".to_string())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -42,11 +63,7 @@ pub struct LogError {
 
 /// Installs the global subscriber (logs go to stderr).
 pub fn init(args: &LogArgs) -> Result<(), LogError> {
-    let filter_text = args
-        .log_level
-        .clone()
-        .or_else(|| std::env::var("RUST_LOG").ok())
-        .unwrap_or_else(|| "info".to_string());
+    let filter_text = args.filter();
     let filter = tracing_subscriber::EnvFilter::try_new(&filter_text).map_err(|e| LogError {
         filter: filter_text.clone(),
         message: e.to_string(),
