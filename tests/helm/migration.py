@@ -1,0 +1,274 @@
+"""An operator's running upstream release replaced by ours in place, and
+back: upstream's Cinder chart (kubernetes/cloud-provider-openstack's
+charts/cinder-csi-plugin, 2.36) installed first with an operator's values,
+its images replaced by ours so that it runs here; writers on its volumes;
+then `helm upgrade` of that release to our chart with the same values (the
+operator's documented step), and a rollback to upstream's. No write fails,
+every driver stays registered, upstream's workloads go and come back, and
+volumes are still made, mounted, grown, unmounted and deleted after each
+switch.
+
+Upstream's charts are another project's source: never copied into this
+repository, they are supplied the way the Kubernetes binaries are, by
+UPSTREAM_CPO_DIR, a folder holding upstream's `charts/`. Unset: the test
+says so and counts as skipped. Set without the chart: an error.
+
+What this cluster needs beyond the operator's values (its pods reach
+nothing but the host's loopback) is patched in after Helm, as the overlay
+does for deploy/: upstream's controller Deployment has no hostNetwork
+value, so it is patched on each time upstream's chart puts it there."""
+
+import os
+import time
+from pathlib import Path
+
+from charts import CHARTS
+from in_cluster import (
+    CINDER_WORKLOADS,
+    LONGEST_GAPS,
+    NAMESPACE,
+    TEST_NAMESPACE,
+    apply,
+    cinder_values,
+    claim,
+    get_json,
+    helm,
+    kubectl,
+    pod_on,
+    remove_kustomize_install,
+    restore_kustomize_install,
+    rolled_out,
+    running,
+    wait,
+    writes,
+)
+
+UPSTREAM_CHART = "cinder-csi-plugin"
+UPSTREAM_WORKLOADS = [("deployment", "openstack-cinder-csi-controllerplugin"),
+                      ("daemonset", "openstack-cinder-csi-nodeplugin")]
+RELEASE = "cinder-csi"
+
+
+class Skipped(Exception):
+    """The test's inputs are missing: it counts as skipped."""
+
+
+def upstream_chart():
+    folder = os.environ.get("UPSTREAM_CPO_DIR")
+    if not folder:
+        raise Skipped("UPSTREAM_CPO_DIR is unset (a folder holding kubernetes/cloud-provider-openstack's charts/)")
+    chart = Path(folder) / "charts" / UPSTREAM_CHART
+    if not (chart / "Chart.yaml").is_file():
+        raise AssertionError(f"UPSTREAM_CPO_DIR={folder} holds no charts/{UPSTREAM_CHART}/Chart.yaml")
+    return chart
+
+
+def our_images():
+    """The image values that make upstream's chart run our plugin and the
+    sidecars this cluster has (its images are named as our chart names
+    them)."""
+    import yaml
+
+    ours = yaml.safe_load((CHARTS / "openstack-cinder-csi" / "values.yaml").read_text())["csi"]
+    app_version = yaml.safe_load((CHARTS / "openstack-cinder-csi" / "Chart.yaml").read_text())["appVersion"]
+    images = {s: {"image": {"repository": ours[s]["image"]["repository"], "tag": ours[s]["image"]["tag"]}}
+              for s in ("attacher", "provisioner", "snapshotter", "resizer", "livenessprobe", "nodeDriverRegistrar")}
+    images["plugin"] = {"image": {"repository": ours["plugin"]["image"]["repository"], "tag": app_version}}
+    return images
+
+
+def merged(a, b):
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def operator_values():
+    """The operator's values for upstream's chart, kept for ours: the
+    cluster's (cinder_values) and our images."""
+    return merged(cinder_values(), {"csi": our_images()})
+
+
+# the health port of upstream's controller on the host's network: its
+# 9808 is its node plugin's there
+CONTROLLER_HEALTH_PORT = 9818
+
+
+def upstream_controller_on_host_network():
+    """Upstream's controller Deployment on the host's network (this
+    cluster's pods reach nothing else), its health port moved off its node
+    plugin's, rolled out."""
+    import json
+
+    name = UPSTREAM_WORKLOADS[0][1]
+    wait(f"{name} made", lambda: kubectl("-n", NAMESPACE, "get", "deployment", name, check=False).returncode == 0)
+    containers = get_json("-n", NAMESPACE, "deployment", name)["spec"]["template"]["spec"]["containers"]
+    at = {c["name"]: i for i, c in enumerate(containers)}
+    probe, plugin = at["liveness-probe"], at["cinder-csi-plugin"]
+    ops = [
+        {"op": "add", "path": "/spec/template/spec/hostNetwork", "value": True},
+        {"op": "add", "path": "/spec/template/spec/dnsPolicy", "value": "ClusterFirstWithHostNet"},
+        {"op": "replace", "path": "/spec/strategy", "value": {"type": "Recreate"}},
+        {"op": "add", "path": f"/spec/template/spec/containers/{probe}/args/-",
+         "value": f"--http-endpoint=:{CONTROLLER_HEALTH_PORT}"},
+        {"op": "replace", "path": f"/spec/template/spec/containers/{plugin}/ports/0/containerPort",
+         "value": CONTROLLER_HEALTH_PORT},
+    ]
+    kubectl("-n", NAMESPACE, "patch", "deployment", name, "--type=json", "-p", json.dumps(ops))
+    rolled_out(UPSTREAM_WORKLOADS)
+
+
+def cinder_registered():
+    """Whether every node's CSINode lists Cinder's driver (Manila's are
+    away with the kustomize install while this runs)."""
+    nodes = {n["metadata"]["name"] for n in get_json("nodes")["items"]}
+    have = {c["metadata"]["name"] for c in get_json("csinodes")["items"]
+            if any(d["name"] == "cinder.csi.openstack.org" for d in c["spec"].get("drivers") or [])}
+    return True if nodes <= have else f"not registered on {sorted(nodes - have)}"
+
+
+def gone(workloads):
+    for kind, name in workloads:
+        wait(f"{kind} {name} gone", lambda: kubectl("-n", NAMESPACE, "get", kind, name,
+                                                     check=False).returncode != 0 or "still there")
+
+
+def node_plugins_per_node():
+    """The node plugin pods of either release on each node, Running or not."""
+    per = {}
+    for p in get_json("-n", NAMESPACE, "pods")["items"]:
+        name = p["metadata"]["name"]
+        if name.startswith(("openstack-cinder-csi-nodeplugin-", "csi-cinder-nodeplugin-")):
+            per.setdefault(p["spec"].get("nodeName"), []).append(name)
+    return per
+
+
+def a_volume_works(tag):
+    """A new claim through whichever release serves: made, mounted, written,
+    grown online, and gone again with its Cinder volume (on xfs: ext4
+    cannot grow online on these machines, as root lacks CAP_SYS_RESOURCE;
+    deploy/'s xfs class, which the kustomize install leaves)."""
+    pvc, pod = f"fresh-{tag}", f"fresh-{tag}-writer"
+    apply(claim(pvc, "csi-cinder-sc-xfs"), unpinned(pod_on("localhost", pod, pvc)))
+    wait(f"{pod} running", lambda: running(pod))
+    before = writes(pod)
+    kubectl("-n", TEST_NAMESPACE, "patch", "pvc", pvc, "-p", '{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}')
+    wait(f"{pvc} grown", lambda: get_json("-n", TEST_NAMESPACE, "pvc", pvc)["status"].get("capacity", {})
+         .get("storage") == "2Gi" or get_json("-n", TEST_NAMESPACE, "pvc", pvc)["status"])
+    time.sleep(1)
+    assert writes(pod) > before, f"{pod} stopped writing"
+    pv = get_json("-n", TEST_NAMESPACE, "pvc", pvc)["spec"]["volumeName"]
+    kubectl("-n", TEST_NAMESPACE, "delete", "pod", pod, "--wait=true")
+    kubectl("-n", TEST_NAMESPACE, "delete", "pvc", pvc, "--wait=true")
+    wait(f"{pv} deleted", lambda: kubectl("get", "pv", pv, check=False).returncode != 0 or "still there")
+
+
+def unpinned(pod):
+    """The pod placed by the scheduler where its volume is (upstream's
+    classes bind at once, in a zone of the provisioner's choice)."""
+    pod["spec"].pop("nodeSelector", None)
+    return pod
+
+
+def writers_went_on(writers, what):
+    now = {p: writes(p) for p in writers}
+    for p in writers:
+        assert now[p] > writers[p], f"{p} wrote nothing through {what} ({writers[p]} -> {now[p]})"
+    print(f"   {what}: the writers went on ({writers} -> {now})")
+    return now
+
+
+def upstreams_cinder_release_replaced_in_place_and_rolled_back():
+    chart = upstream_chart()
+    cfg = helm()
+    kubectl("create", "namespace", TEST_NAMESPACE)
+    kubectl("label", "namespace", TEST_NAMESPACE, "csi-cluster-tier=test")
+    LONGEST_GAPS.clear()
+    try:
+        remove_kustomize_install()
+        values = operator_values()
+        started = time.monotonic()
+        cfg.install(str(chart), RELEASE, values, namespace=NAMESPACE)
+        upstream_controller_on_host_network()
+        wait("cinder.csi.openstack.org registered by upstream's release", cinder_registered)
+        assert get_json("csidriver", "cinder.csi.openstack.org")["spec"].get("volumeLifecycleModes") == \
+            ["Persistent", "Ephemeral"], "upstream's CSIDriver"
+        print(f"   upstream's chart {chart.name} installed in {time.monotonic() - started:.0f} s")
+
+        # an operator's volumes in use: two writers (a Delete and a Retain
+        # class), placed where their volumes are
+        apply(claim("upstream-a", "csi-cinder-sc-delete"), claim("upstream-b", "csi-cinder-sc-retain"))
+        apply(unpinned(pod_on("localhost", "writer-a", "upstream-a")),
+              unpinned(pod_on("localhost", "writer-b", "upstream-b")))
+        for pod in ("writer-a", "writer-b"):
+            wait(f"{pod} running", lambda: running(pod))
+        writers = {p: writes(p) for p in ("writer-a", "writer-b")}
+
+        # the switch: helm upgrade of the same release to our chart, same
+        # values; sampled meanwhile for node plugins of both releases
+        most = {}
+        t = time.monotonic()
+        cfg.upgrade(str(CHARTS / "openstack-cinder-csi"), RELEASE, values, namespace=NAMESPACE,
+                    wait="watcher", timeout=300)
+        switched = time.monotonic() - t
+        while True:
+            per = node_plugins_per_node()
+            for node, pods in per.items():
+                most[node] = max(most.get(node, 0), len(pods))
+            if all(len(p) == 1 and p[0].startswith("csi-cinder-") for p in per.values()):
+                break
+            assert time.monotonic() - t < 300, f"upstream's node plugins still there: {per}"
+            time.sleep(1)
+        rolled_out(CINDER_WORKLOADS)
+        gone(UPSTREAM_WORKLOADS)
+        wait("cinder.csi.openstack.org registered on every node by ours", cinder_registered)
+        assert get_json("csidriver", "cinder.csi.openstack.org")["spec"].get("volumeLifecycleModes") == \
+            ["Persistent", "Ephemeral"], "the CSIDriver's lifecycle modes changed (immutable: the upgrade fails)"
+        modes = {c: get_json("storageclass", c).get("volumeBindingMode") for c in
+                 ("csi-cinder-sc-delete", "csi-cinder-sc-retain")}
+        assert set(modes.values()) == {"Immediate"}, f"the classes' binding mode: {modes}"
+        writers = writers_went_on(writers, f"the upgrade to our chart ({switched:.0f} s)")
+        a_volume_works("ours")
+        writers = writers_went_on(writers, "a volume through ours")
+
+        # and back: a rollback to upstream's release
+        t = time.monotonic()
+        cfg.rollback(RELEASE, version=1, timeout=300)
+        upstream_controller_on_host_network()
+        gone(CINDER_WORKLOADS)
+        wait("cinder.csi.openstack.org registered on every node by upstream's release again", cinder_registered)
+        writers = writers_went_on(writers, f"the rollback to upstream's chart ({time.monotonic() - t:.0f} s)")
+        a_volume_works("upstream-again")
+        writers_went_on(writers, "a volume through upstream's release again")
+
+        kubectl("-n", TEST_NAMESPACE, "delete", "pod", "--all", "--wait=true")
+        print(f"   node plugin pods on a node at once during the switch: {most}; the longest gap between two "
+              f"writes: " + ", ".join(f"{p} {g:.2f} s" for p, g in sorted(LONGEST_GAPS.items())))
+    finally:
+        # the pods first, while a release's node plugins can unmount
+        # their volumes
+        try:
+            kubectl("-n", TEST_NAMESPACE, "delete", "pod", "--all", "--wait=true", check=False)
+        except Exception as e:  # cleanup: report, go on restoring
+            print(f"   cleanup: the pods: {e}")
+        try:
+            cfg.uninstall(RELEASE, wait="watcher", timeout=300, ignore_not_found=True)
+        except Exception as e:  # cleanup: report, go on restoring
+            print(f"   cleanup: uninstall {RELEASE}: {e}")
+        restore_kustomize_install()
+        kubectl("-n", TEST_NAMESPACE, "delete", "pod", "--all", "--wait=true", check=False)
+        # the retained claim's volume, deleted through the kustomize install
+        for pv in get_json("pv")["items"]:
+            if (pv["spec"].get("claimRef") or {}).get("namespace") == TEST_NAMESPACE:
+                kubectl("patch", "pv", pv["metadata"]["name"], "--type=merge", "-p",
+                        '{"spec":{"persistentVolumeReclaimPolicy":"Delete"}}', check=False)
+        kubectl("delete", "namespace", TEST_NAMESPACE, "--ignore-not-found", "--wait=true", check=False)
+        wait("the test's volumes deleted", lambda: not [
+            pv["metadata"]["name"] for pv in get_json("pv")["items"]
+            if (pv["spec"].get("claimRef") or {}).get("namespace") == TEST_NAMESPACE] or "still there")
+
+
+TESTS = [("in-cluster/upstream-" + f.__name__, f) for f in (
+    upstreams_cinder_release_replaced_in_place_and_rolled_back,
+)]
