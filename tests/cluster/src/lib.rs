@@ -468,7 +468,8 @@ impl Cluster {
         self.cloud_dir.join(format!("cloud-{who}.conf"))
     }
 
-    fn session(&self, who: &str) -> Result<Session> {
+    /// A session of the test cloud as `admin` or `member` (its cloud.conf).
+    pub fn session(&self, who: &str) -> Result<Session> {
         let conf = CloudConf::load(&[self.cloud_conf(who)], ConfigEnv::from_process())
             .map_err(|e| ClusterError::Other(e.to_string()))?;
         let cloud = conf
@@ -481,18 +482,6 @@ impl Cluster {
     /// Cinder as the drivers' project member sees it.
     pub fn cinder(&self) -> Result<BlockStorage> {
         Ok(BlockStorage::new(self.session("member")?))
-    }
-
-    /// Cinder as the cloud's admin (volume types, quotas), and the id of
-    /// the drivers' project, whose quotas it sets.
-    pub async fn cinder_admin(&self) -> Result<(BlockStorage, String)> {
-        let project = self
-            .session("member")?
-            .project_id()
-            .await
-            .map_err(|e| ClusterError::Other(e.to_string()))?
-            .ok_or_else(|| ClusterError::Other("the member's token names no project".into()))?;
-        Ok((BlockStorage::new(self.session("admin")?), project))
     }
 
     /// OpenStack as the plugins reach it: as the project member, through

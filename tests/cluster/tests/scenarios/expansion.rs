@@ -21,7 +21,15 @@ struct TypeQuota {
 
 impl TypeQuota {
     async fn set(c: &Cluster, volume_type: &str, gib: i64) -> Self {
-        let (cinder, project) = c.cinder_admin().await.unwrap();
+        // the cloud's admin sets the quota of the drivers' project
+        let project = c
+            .session("member")
+            .unwrap()
+            .project_id()
+            .await
+            .unwrap()
+            .expect("the member's token names its project");
+        let cinder = openstack_client::cinder::BlockStorage::new(c.session("admin").unwrap());
         if cinder.get_volume_type(volume_type).await.is_err() {
             cinder
                 .create_volume_type(volume_type, &BTreeMap::new())
