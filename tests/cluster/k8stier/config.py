@@ -58,7 +58,7 @@ OVERLAY = HERE / "overlay"
 NAMESPACE = "openstack-system"
 TEST_NAMESPACE_LABEL = "csi-cluster-tier=test"
 DEBIAN_PACKAGES = ["etcd-server", "containerd", "runc", "containernetworking-plugins", "catatonit",
-                   "busybox-static", "openssl", "iproute2"]
+                   "busybox-static", "openssl", "iproute2", "iptables"]
 # the drivers deploy/suite registers with kubelet
 DRIVERS = ["cinder.csi.openstack.org", "nfs.manila.csi.openstack.org", "cephfs.manila.csi.openstack.org"]
 SIDECARS = ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter", "snapshot-controller",

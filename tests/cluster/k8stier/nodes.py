@@ -210,15 +210,18 @@ def prepare_namespaced_node(node):
     DNAT, and nothing else), its mount namespace (its own /var/lib/kubelet,
     shared for Bidirectional mounts, and /dev/disk/by-id), its cgroup root
     and its name in /etc/hosts (the apiserver reaches kubelets by name)."""
-    for d in ("kubelet", "by-id", "logs"):
-        (node.state / d).mkdir(parents=True, exist_ok=True)
-    node.run.mkdir(parents=True, exist_ok=True)
     if not namespaces_are_this_checkouts(node):
         # their names are fixed: a run cut off before its `down`, or
         # another checkout's cluster (CI's fresh clones), leaves them
-        # pointing at its own folders, where this cloud links no disk
+        # pointing at its own folders, where this cloud links no disk.
+        # Removed before the node's folders are made: the removal takes
+        # the node's state with it (CI once bound a folder it had just
+        # deleted this way)
         log(f"{node.name}: its namespaces were left by an earlier cluster: made again")
         remove_namespaced_node(node)
+    for d in ("kubelet", "by-id", "logs"):
+        (node.state / d).mkdir(parents=True, exist_ok=True)
+    node.run.mkdir(parents=True, exist_ok=True)
     if not Path(f"/run/netns/{node.netns}").exists():
         run(["ip", "netns", "add", node.netns])
         run(["ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.netns])
@@ -284,6 +287,8 @@ def namespaces_are_this_checkouts(node):
         return False
     if not has_net:
         return True
+    if not node.kubelet_dir.exists():
+        return False
     seen = subprocess.run(["nsenter", f"--mount={node.mnt_ns}", "--", "stat", "-c", "%d:%i", str(KUBELET_DIR)],
                           capture_output=True, text=True)
     own = node.kubelet_dir.stat()
