@@ -89,11 +89,19 @@ class Services:
         except (ValueError, ProcessLookupError, PermissionError):
             return False
 
-    def start(self, name, cmd, env=None, cwd=None):
-        """Starts a service in its own process group and records its PID."""
+    def start(self, name, cmd, env=None, cwd=None, restart_always=False):
+        """Starts a service in its own process group and records its PID.
+        `restart_always`: started again 2 s after it exits, whatever its
+        status, as kubelet does with a static pod of the control plane
+        (the controller-manager exits when the apiserver is not healthy
+        within 10 s of its start, as after a cold start until the KMS
+        plugins are back); each exit is logged."""
         cwd = cwd or str(self.state)
         if self.alive(name):
             return
+        if restart_always:
+            cmd = ["sh", "-c", 'while :; do "$@"; echo "[supervisor] exited with status $?; started again in 2 s"; '
+                   'sleep 2; done', name, *cmd]
         (self.state / "pids").mkdir(parents=True, exist_ok=True)
         (self.state / "logs").mkdir(parents=True, exist_ok=True)
         out = open(self.state / "logs" / f"{name}.log", "ab")

@@ -91,6 +91,11 @@ def wait_apiserver(name, until="readyz"):
 
 
 def start_controllers():
+    """The controller-manager and the scheduler, each started again when it
+    exits, as kubelet does with the static pods of a control plane: both
+    exit when the apiserver is not healthy soon after their start (after a
+    cold start, until its KMS plugin is back), and a cluster whose
+    namespace controller never came back deletes no namespace."""
     pki = STATE / "pki"
     SERVICES.start("kube-controller-manager", [
         binary("kube-controller-manager"),
@@ -108,7 +113,7 @@ def start_controllers():
         "--leader-elect=false",
         "--profiling=false",
         "--v=1",
-    ])
+    ], restart_always=True)
     SERVICES.start("kube-scheduler", [
         binary("kube-scheduler"),
         f"--kubeconfig={STATE / 'kube-scheduler.kubeconfig'}",
@@ -118,7 +123,7 @@ def start_controllers():
         "--leader-elect=false",
         "--profiling=false",
         "--v=1",
-    ])
+    ], restart_always=True)
 
 
 def keystone_token(conf):
