@@ -71,6 +71,12 @@ def main():
         if not ok:
             failures.append(what)
 
+    # the node's mount namespace is a copy of the host's: what it binds
+    # over must be there, as `up` makes it before any node (on a fresh
+    # machine neither is); what is made here goes again
+    made = [d for d in (Path("/var/lib/kubelet"), Path("/dev/disk/by-id")) if not d.exists()]
+    for d in made:
+        d.mkdir(parents=True)
     with tempfile.TemporaryDirectory(prefix="k8s-ns-earlier-") as earlier, \
             tempfile.TemporaryDirectory(prefix="k8s-ns-this-") as this:
         try:
@@ -93,6 +99,8 @@ def main():
             # earlier folders are its own
             for state in (this, earlier):
                 as_checkout(state, "remove")
+            for d in reversed(made):
+                d.rmdir()
         check(not Path("/run/netns/k8stest-b").exists()
               and not Path("/run/k8s-test-cluster/nodes/b.mnt").exists(),
               "nothing of node B is left")
