@@ -16,8 +16,9 @@ async fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let opts = Options::parse_from(csi_cinder::options::without_upstream_program_path(
+    let opts = Options::parse_from(plugin_runtime::upstream_args::without_program_path(
         std::env::args_os(),
+        "cinder-csi-plugin",
     ));
     plugin_runtime::logging::init(&opts.log)?;
     csi_cinder::plugin::run(opts).await?;

@@ -20,7 +20,10 @@ async fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let opts = Options::parse();
+    let opts = Options::parse_from(plugin_runtime::upstream_args::without_program_path(
+        std::env::args_os(),
+        "manila-csi-plugin",
+    ));
     plugin_runtime::logging::init(&opts.log)?;
     csi_manila::plugin::run(opts).await?;
     Ok(())

@@ -124,3 +124,43 @@ fn protocol_selector_is_required_and_checked() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.json does not exist"));
 }
+
+/// Upstream's chart and manifests run the node and controller plugins as
+/// `/bin/sh -c '/bin/manila-csi-plugin -v=N --with-topology --endpoint=…
+/// --drivername=… --share-protocol-selector=… --fwdendpoint=…
+/// --cluster-id=""'`: the program's path first (its image has no
+/// entrypoint), then its flags. Ours takes that line as it is; any other
+/// stray first argument is still refused.
+#[test]
+fn upstreams_command_line_naming_the_program_first_is_taken() {
+    let out = Command::new(BIN)
+        .args([
+            "/bin/manila-csi-plugin",
+            "-v=2",
+            "--with-topology",
+            "--endpoint=unix:///var/lib/kubelet/plugins/cephfs.manila.csi.openstack.org/csi.sock",
+            "--drivername=cephfs.manila.csi.openstack.org",
+            "--share-protocol-selector=CEPHFS",
+            "--fwdendpoint=unix:///var/lib/kubelet/plugins/cephfs.csi.ceph.com/csi.sock",
+            "--cluster-id=",
+            "--help",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--share-protocol-selector"));
+    let out = Command::new(BIN)
+        .args(["/bin/cinder-csi-plugin", "--help"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unexpected argument"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -64,6 +64,10 @@ for spec in "${images[@]}"; do
     --dpkgopt='path-exclude=/usr/share/locale/*' \
     "$suite" "$rootfs" "$mirror"
   install -D -m 0755 "$bin_dir/$name" "$rootfs/usr/local/bin/$name"
+  # upstream's image keeps its binary at /bin/NAME, which its charts and
+  # manifests name (in `args`, or in a `sh -c` command): here too, so that
+  # they run ours unchanged (/bin is /usr/bin in Debian)
+  ln -s "../local/bin/$name" "$rootfs/usr/bin/$name"
   umoci new --image "$out/oci:$name"
   umoci unpack --image "$out/oci:$name" "$bundle" >/dev/null
   rm -rf "$bundle/rootfs"
@@ -78,6 +82,7 @@ for spec in "${images[@]}"; do
   # the binary runs in its own root filesystem
   chroot "$bundle/rootfs" "/usr/local/bin/$name" --version
   chroot "$bundle/rootfs" "/usr/local/bin/$name" --help >/dev/null
+  chroot "$bundle/rootfs" "/bin/$name" --version >/dev/null
   for tool in $tools; do
     chroot "$bundle/rootfs" /bin/sh -c "command -v $tool" >/dev/null \
       || { echo "image $name lacks $tool" >&2; exit 1; }
@@ -123,5 +128,50 @@ if checked < 8:
     sys.exit(f"only {checked} containers of deploy/ run our images")
 print(f"images: {checked} containers of deploy/suite and of the KMS plugin checked against their images")
 EOF
+# upstream's own manifests (UPSTREAM_CPO_DIR, never kept here: another
+# project's source), their image swapped for ours: each container that
+# runs one of our images starts our binary with upstream's command line.
+# Kubernetes expands $(VAR) from the container's env before the runtime
+# sees it; a `sh -c` line runs through the image's shell.
+if [[ -n ${UPSTREAM_CPO_DIR:-} ]]; then
+  [[ -d $UPSTREAM_CPO_DIR/manifests ]] || { echo "UPSTREAM_CPO_DIR=$UPSTREAM_CPO_DIR holds no manifests/" >&2; exit 1; }
+  "$py" - "$out" "$UPSTREAM_CPO_DIR/manifests" <<'EOF'
+import glob, re, subprocess, sys
+import yaml
+out, manifests = sys.argv[1], sys.argv[2]
+ours = {"cinder-csi-plugin", "manila-csi-plugin", "barbican-kms-plugin"}
+checked = set()
+for path in sorted(glob.glob(f"{manifests}/*/*.yaml")):
+    for d in yaml.safe_load_all(open(path)):
+        if not d or d.get("kind") not in ("Deployment", "DaemonSet", "StatefulSet", "Pod"):
+            continue
+        spec = d["spec"] if d["kind"] == "Pod" else d["spec"]["template"]["spec"]
+        for c in spec["containers"]:
+            image = c["image"].rsplit("/", 1)[-1].split(":")[0]
+            if image not in ours:
+                continue
+            env = {e["name"]: e.get("value", "from-a-reference") for e in c.get("env", [])}
+            def expand(a):
+                a = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a)
+                # upstream's Manila manifests are templates: the operator
+                # writes the protocol and the partner plugin in
+                return a.replace("SHARE-PROTOCOL", "NFS").replace("FWD-NODEPLUGIN", "csi-nfsplugin")
+            argv = [expand(a) for a in (c.get("command") or [f"/usr/local/bin/{image}"]) + c.get("args", [])]
+            if argv[:2] == ["/bin/sh", "-c"]:
+                argv = ["/bin/sh", "-c", " ".join(argv[2:]) + " --help"]
+            else:
+                argv.append("--help")
+            r = subprocess.run(["chroot", f"{out}/bundles/{image}/rootfs", *argv], capture_output=True, text=True)
+            where = f"{path.split('/manifests/')[-1]}: {d['kind']}/{d['metadata']['name']} container {c['name']}"
+            if r.returncode != 0 or "Usage" not in r.stdout:
+                sys.exit(f"upstream's {where}: our image refuses its command line {argv}:\n{r.stderr}")
+            checked.add(where)
+if len(checked) < 5:
+    sys.exit(f"only {len(checked)} containers of upstream's manifests run our images: {sorted(checked)}")
+print(f"images: {len(checked)} containers of upstream's manifests (UPSTREAM_CPO_DIR) run ours with their command lines")
+EOF
+else
+  echo "images: upstream's manifests not checked (UPSTREAM_CPO_DIR unset)"
+fi
 rm -rf "$out/bundles"
 echo "OCI layout: $out/oci (tags: $(umoci ls --layout "$out/oci" | tr '\n' ' '))"

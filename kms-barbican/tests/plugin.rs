@@ -1016,17 +1016,6 @@ async fn a_rotated_application_credential_applies_without_a_restart() {
         .unwrap();
 }
 
-#[test]
-fn help_says_what_is_not_served() {
-    let out = Command::new(BIN).arg("--help").output().unwrap();
-    let help = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success());
-    assert!(
-        help.contains("Not served: the KMS v1 API"),
-        "--help does not say KMS v1 is not served: {help}"
-    );
-}
-
 async fn decrypt(
     c: &mut KeyManagementServiceClient<Channel>,
     ct: &proto::kms::v2::EncryptResponse,

@@ -9,6 +9,7 @@ pub mod grpc;
 pub mod http_endpoint;
 pub mod logging;
 pub mod reload;
+pub mod upstream_args;
 
 use std::future::Future;
 use std::net::SocketAddr;
