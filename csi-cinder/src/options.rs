@@ -15,8 +15,12 @@ use plugin_runtime::{Endpoint, LogArgs};
         --provide-controller-service=false (with the GroupController service for volume group \
         snapshots), and the Node service unless --provide-node-service=false. Not served: \
         GetCapacity (Cinder's pool capacity is admin-only) and PUBLISH_READONLY (Cinder's \
-        read-only flag is volume-wide; a read-only NodePublishVolume is honoured on the node); \
-        upstream's --pvc-annotations (scheduler hints from PVC annotations) is not implemented.\n\n\
+        read-only flag is volume-wide; a read-only NodePublishVolume is honoured on the node).\n\n\
+        With --pvc-annotations, a new volume's claim places it: its annotations \
+        cinder.csi.openstack.org/affinity and cinder.csi.openstack.org/anti-affinity name \
+        volumes (by name or id, comma-separated, at most 16 each) whose Cinder backend the \
+        volume must share, or must not (Cinder's scheduler hints same_host and \
+        different_host).\n\n\
         The attach limit, [BlockStorage] node-volume-attach-limit (default 25), counts every disk \
         of a server, its own included: the controller attaches no volume past it (even where Nova \
         sets no limit), and the node reports it to Kubernetes less the disks Kubernetes does not \
@@ -75,6 +79,8 @@ pub struct Options {
     pub driver_name: String,
     #[command(flatten)]
     pub services: csi_common::plugin::ServiceFlags,
+    #[command(flatten)]
+    pub claim_annotations: csi_common::claim_annotations::ClaimAnnotationsFlag,
     /// Controller: the orphan report (volumes and snapshots tagged with
     /// --cluster that no PV or VolumeSnapshotContent names).
     #[command(flatten)]
@@ -120,23 +126,6 @@ impl Options {
         }
         Ok(())
     }
-}
-
-/// The arguments without a first one naming the program itself, as
-/// upstream's chart and manifests give it (`args: [/bin/cinder-csi-plugin,
-/// --endpoint=…]`: upstream's image has no entrypoint of its own, ours
-/// has). Manifests written for upstream's image then run ours unchanged.
-pub fn without_upstream_program_path(
-    args: impl IntoIterator<Item = std::ffi::OsString>,
-) -> Vec<std::ffi::OsString> {
-    let mut args: Vec<_> = args.into_iter().collect();
-    let names_program = args.get(1).is_some_and(|a| {
-        std::path::Path::new(a).file_name() == Some(std::ffi::OsStr::new("cinder-csi-plugin"))
-    });
-    if names_program {
-        args.remove(1);
-    }
-    args
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use csi_common::claim_annotations::ClaimAnnotations;
 use csi_common::orphans::ClusterIdentity;
 use csi_common::readiness::Readiness;
 use openstack_client::cinder::BlockStorage;
@@ -94,6 +95,7 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
                 attach_limit: attach_limit(conf.block_storage.node_volume_attach_limit),
                 stuck_after: Duration::from_secs(opts.stuck_attachment_secs),
                 identity: ClusterIdentity::resolve(&opts.cluster, &opts.orphans.kube),
+                claims: ClaimAnnotations::from_flags(&opts.claim_annotations, &opts.orphans.kube)?,
             },
         );
         controller

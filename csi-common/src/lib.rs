@@ -22,6 +22,7 @@
 //!   trait impl written from a table.
 
 pub mod advertise;
+pub mod claim_annotations;
 pub mod credentials;
 pub mod errors;
 pub mod locks;

@@ -19,7 +19,12 @@ It serves the CSI Identity service always, the Controller service unless \
 --provide-node-service=false; the node mounts shares itself (ceph-fuse, \
 mount -t ceph, mount -t nfs): no partner CSI plugin is used, and \
 --fwdendpoint is accepted but ignored. ListVolumes, ControllerGetVolume and \
-GetCapacity carry no secrets: they are served only with --cloud-config."
+GetCapacity carry no secrets: they are served only with --cloud-config.\n\n\
+With --pvc-annotations, a new share's claim is read: one whose annotations ask for a \
+placement (manila.csi.openstack.org/affinity, manila.csi.openstack.org/anti-affinity, \
+manila.csi.openstack.org/group-id) is refused with FailedPrecondition, naming them: \
+this driver does not make that placement (Manila's scheduler hints and share groups), \
+and a share placed without it would break what the claim asks."
 )]
 pub struct Options {
     /// CSI endpoint, e.g. unix:///csi/csi.sock.
@@ -101,6 +106,8 @@ pub struct Options {
     pub node_name: Option<String>,
     #[command(flatten)]
     pub services: csi_common::plugin::ServiceFlags,
+    #[command(flatten)]
+    pub claim_annotations: csi_common::claim_annotations::ClaimAnnotationsFlag,
     /// Controller: the orphan report (shares of this protocol tagged with
     /// --cluster-id, and their snapshots, that no PV or
     /// VolumeSnapshotContent names; with the [Global] credentials of

@@ -111,6 +111,10 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
                     &opts.cluster_id,
                     &opts.orphans.kube,
                 ),
+                claims: csi_common::claim_annotations::ClaimAnnotations::from_flags(
+                    &opts.claim_annotations,
+                    &opts.orphans.kube,
+                )?,
             },
         );
         routes = routes.add_service(ControllerServer::new(controller));

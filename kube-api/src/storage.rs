@@ -230,3 +230,75 @@ impl Client {
         ))
     }
 }
+
+#[derive(Debug, Default, Deserialize)]
+struct AnnotationsOnly {
+    #[serde(default)]
+    metadata: AnnotatedMeta,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct AnnotatedMeta {
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+}
+
+/// Whether `s` is a name the apiserver gives an object: a DNS-1123
+/// subdomain (`max` 253) or label (`max` 63, no dot). A name that is not
+/// one never reaches a request path.
+pub fn is_object_name(s: &str, max: usize, dots: bool) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= max
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+        && b.iter().all(|c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || (dots && *c == b'.')
+        })
+}
+
+impl Client {
+    /// The annotations of a PersistentVolumeClaim, or None when there is
+    /// no claim by that name. The namespace and the name must be names
+    /// the apiserver could have given (else a Config error, nothing sent).
+    pub async fn pvc_annotations(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<BTreeMap<String, String>>> {
+        if !is_object_name(namespace, 63, false) || !is_object_name(name, 253, true) {
+            return Err(KubeError::Config(format!(
+                "{namespace:?}/{name:?} is not the namespace and name of a claim"
+            )));
+        }
+        let path = format!("api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}");
+        match self.call("GET", &path, &[], None).await {
+            Ok(v) => {
+                let pvc: AnnotationsOnly = decode("GET", &path, v)?;
+                Ok(Some(pvc.metadata.annotations))
+            }
+            Err(e) if e.status() == Some(404) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod names {
+    use super::is_object_name;
+
+    #[test]
+    fn only_names_the_apiserver_gives_pass() {
+        for ok in ["data", "a", "web-0", "x.y-z", "0abc"] {
+            assert!(is_object_name(ok, 253, true), "{ok}");
+        }
+        for bad in [
+            "", "-a", "a-", "A", "a/b", "..", "a b", "a?x=1", "%2e%2e", ".a", "a.",
+        ] {
+            assert!(!is_object_name(bad, 253, true), "{bad}");
+        }
+        assert!(!is_object_name("x.y", 63, false));
+        assert!(!is_object_name(&"a".repeat(64), 63, false));
+        assert!(is_object_name(&"a".repeat(253), 253, true));
+    }
+}

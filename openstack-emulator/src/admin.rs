@@ -364,6 +364,15 @@ impl Control {
     pub fn clear_calls(&self) {
         self.state.world().calls.clear();
     }
+    /// The backend a volume is on, as an admin sees it
+    /// (`os-vol-host-attr:host`): one per availability zone here.
+    pub fn volume_host(&self, id: &str) -> Option<String> {
+        self.state
+            .world()
+            .volumes
+            .get(id)
+            .map(|v| format!("emulator@lvm-{}#lvm", v.availability_zone))
+    }
     /// Status of a volume as the emulator holds it.
     pub fn volume_status(&self, id: &str) -> Option<String> {
         self.state.world().volumes.get(id).map(|v| v.status.clone())

@@ -211,11 +211,27 @@ def values_that_cannot_work_are_refused_when_rendered():
 
 
 def upstream_keys_with_no_use_here_are_named():
-    r = Rendering(CHART, {"pvcAnnotations": True, "nameOverride": "cinder"})
-    expect("Not used: pvcAnnotations" in r.notes, r.notes)
+    r = Rendering(CHART, {"nameOverride": "cinder"})
     expect("Not used: nameOverride" in r.notes, r.notes)
     r.get(*CONTROLLER)
     return [r]
+
+
+def pvc_annotations_reach_the_controller_plugin_alone():
+    """pvcAnnotations: the controller plugin reads its claims' placement
+    (its provisioner passes the claim, its ServiceAccount may get it)."""
+    on = Rendering(CHART, {"pvcAnnotations": True})
+    off = Rendering(CHART, None)
+    args = lambda r, kind, name: r.container(kind, name, "cinder-csi-plugin").get("args", [])
+    expect("--pvc-annotations" in args(on, *CONTROLLER), args(on, *CONTROLLER))
+    expect("--pvc-annotations" not in args(off, *CONTROLLER), args(off, *CONTROLLER))
+    expect("--pvc-annotations" not in args(on, *NODE), args(on, *NODE))
+    expect("--extra-create-metadata" in on.container(*CONTROLLER, "csi-provisioner").get("args", []),
+           "the provisioner must name the claim")
+    expect(("", "persistentvolumeclaims", "get") in on.granted("csi-cinder-controller-sa"),
+           "the controller must read the claim")
+    expect("pvcAnnotations" not in on.notes, on.notes)
+    return [on, off]
 
 
 def no_policy_no_verb_it_guards():
@@ -324,6 +340,7 @@ TESTS = [(f"{CHART}/{f.__name__}", f) for f in (
     a_custom_kubelet_directory_is_used_everywhere,
     values_that_cannot_work_are_refused_when_rendered,
     upstream_keys_with_no_use_here_are_named,
+    pvc_annotations_reach_the_controller_plugin_alone,
     no_policy_no_verb_it_guards,
     the_node_plugins_get_none_of_the_credentials_the_chart_holds,
     values_in_the_types_upstreams_chart_takes_render_what_they_mean,

@@ -119,8 +119,12 @@ def an_operators_values_take_effect():
         expect(sc == "manila-cloud-config-node", sc)
     expect("--mount-pods" in args_of(r, CEPHFS_NODE), "CephFS mounts through mount pods")
     expect("--mount-pods" not in args_of(r, NFS_NODE), "NFS does not")
-    for note in ("Not used: csimanila.pvcAnnotations", "fwdNodePluginEndpoint"):
+    for note in ("csimanila.pvcAnnotations: a claim whose annotations ask for a placement", "fwdNodePluginEndpoint"):
         expect(note in r.notes, f"NOTES names {note}")
+    for workload in (NFS_CONTROLLER, CEPHFS_CONTROLLER):
+        expect("--pvc-annotations" in args_of(r, workload), f"{workload}: reads its claims")
+    for workload in (NFS_NODE, CEPHFS_NODE):
+        expect("--pvc-annotations" not in args_of(r, workload), f"{workload}: reads no claim")
     return [r]
 
 

@@ -9,6 +9,7 @@
 //! GroupController: volume group snapshots), [`zones`] (where a new
 //! volume goes).
 
+mod affinity;
 mod attachments;
 mod backups;
 mod groups;
@@ -69,6 +70,8 @@ pub struct ControllerOptions {
     pub stuck_after: std::time::Duration,
     /// The cluster's identity, written beside `cluster` once known.
     pub identity: csi_common::orphans::ClusterIdentity,
+    /// `--pvc-annotations`: where each new volume's claim is read.
+    pub claims: Option<csi_common::claim_annotations::ClaimAnnotations>,
 }
 
 #[derive(Debug, Clone)]

@@ -110,6 +110,7 @@ impl ControllerService {
             }
         }
 
+        let placement = self.placement(&block, &r).await?;
         let mut spec = CreateVolume {
             name: name.to_string(),
             size_gib: size as u64,
@@ -117,6 +118,7 @@ impl ControllerService {
             volume_type: volume_type.clone(),
             availability_zone: zone.clone(),
             metadata,
+            scheduler_hints: placement.scheduler_hints(),
             ..Default::default()
         };
         match source {
@@ -140,7 +142,7 @@ impl ControllerService {
             self.wait_volume_available(&block, &created.id, deadline),
             self.older_twin(&block, name, &created)
         );
-        let v = available?;
+        let v = available.map_err(|e| placement.explain(e))?;
         let v = match older? {
             Some(keep) => self.yield_to(&block, name, &v, &keep, deadline).await?,
             None => v,
@@ -151,7 +153,8 @@ impl ControllerService {
             self.check_compatible(&block, &v, &r, volume_type.as_deref(), &requested, &caps)
                 .await?;
         }
-        let context = volume_context(&v, source_size, &params);
+        let mut context = volume_context(&v, source_size, &params);
+        placement.add_to_context(&mut context);
         Ok(csi::CreateVolumeResponse {
             volume: Some(self.csi_volume(&v, context, zone.as_deref())),
         })

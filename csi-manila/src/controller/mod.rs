@@ -36,6 +36,8 @@ pub struct ControllerOptions {
     pub default_nfs_share_clients: Vec<String>,
     /// The cluster's identity, written beside `cluster_id` once known.
     pub identity: csi_common::orphans::ClusterIdentity,
+    /// `--pvc-annotations`: where each new share's claim is read.
+    pub claims: Option<csi_common::claim_annotations::ClaimAnnotations>,
 }
 
 #[derive(Debug, Clone)]

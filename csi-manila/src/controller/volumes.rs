@@ -129,6 +129,7 @@ impl ControllerService {
         let wanted = self.wanted_rules(&name, &params, read_only)?;
         let source = source_of(&r)?;
         let zone = self.requested_zone(&r, &params);
+        self.refuse_unmade_placement(&r).await?;
         let manila = self.manila(&r.secrets)?.with_deadline(deadline);
 
         let _guard = self.locks.lock(&format!("create/{name}"), deadline).await?;
@@ -723,4 +724,43 @@ impl ControllerService {
 /// The size a share made from a snapshot is to be grown to (GROW_TO_KEY).
 fn grow_to(s: &Share) -> Option<i64> {
     s.metadata.get(GROW_TO_KEY)?.parse().ok()
+}
+
+/// The annotations a claim of upstream's driver may carry to place its
+/// share (Manila's scheduler hints, a share group).
+pub const PLACEMENT_ANNOTATIONS: [&str; 3] = [
+    "manila.csi.openstack.org/affinity",
+    "manila.csi.openstack.org/anti-affinity",
+    "manila.csi.openstack.org/group-id",
+];
+
+impl ControllerService {
+    /// `--pvc-annotations`: a claim that asks for a placement this driver
+    /// does not make is refused, naming what it asks, before anything is
+    /// made: a share put anywhere would break what the claim asks (an
+    /// anti-affinity, say) without a word.
+    pub(super) async fn refuse_unmade_placement(
+        &self,
+        r: &csi::CreateVolumeRequest,
+    ) -> DriverResult<()> {
+        let Some(claims) = &self.opts.claims else {
+            return Ok(());
+        };
+        let Some(annotations) = claims.of_request(&r.parameters).await? else {
+            return Ok(());
+        };
+        let asked: Vec<&str> = PLACEMENT_ANNOTATIONS
+            .into_iter()
+            .filter(|k| annotations.get(*k).is_some_and(|v| !v.trim().is_empty()))
+            .collect();
+        if asked.is_empty() {
+            return Ok(());
+        }
+        Err(DriverError::FailedPrecondition(format!(
+            "the claim asks for a placement this driver does not make ({}: Manila's scheduler hints \
+             and share groups are not implemented); remove the annotations to have the share made \
+             without it",
+            asked.join(", ")
+        )))
+    }
 }

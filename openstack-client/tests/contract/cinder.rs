@@ -621,3 +621,69 @@ async fn cinder_lists_volumes_and_snapshots_by_metadata() {
         c.delete_volume(&id).await.unwrap();
     }
 }
+
+/// Scheduler hints (`--pvc-annotations`' placement): one backend per zone
+/// in both clouds. `same_host` lands with a volume it names (any of them)
+/// or nowhere (error); `different_host` lands only where none of them is;
+/// what is not a volume id is refused at once.
+#[tokio::test]
+async fn cinder_scheduler_hints_place_or_fail() {
+    let b = Backend::new().await;
+    if !b.has("cinder", "cinder_scheduler_hints_place_or_fail") {
+        return;
+    }
+    let c = BlockStorage::new(b.session(User::Member));
+    let anchor = new_volume(&c, &unique("contract-anchor"), 1).await;
+    assert_eq!(anchor.availability_zone, ZONE, "{}", b.name());
+    let hinted = |key: &str, ids: Vec<String>, zone: Option<&str>| CreateVolume {
+        name: unique("contract-hinted"),
+        size_gib: 1,
+        availability_zone: zone.map(str::to_string),
+        scheduler_hints: [(key.to_string(), ids)].into(),
+        ..Default::default()
+    };
+    let missing = "00000000-0000-4000-8000-000000000001".to_string();
+    let mut made = vec![anchor.id.clone()];
+    let mut create = async |spec: CreateVolume, want: VolumeStatus| {
+        let v = c
+            .create_volume(&spec)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+        made.push(v.id.clone());
+        wait_volume(&c, &v.id, want).await
+    };
+    let with = create(
+        hinted("same_host", vec![missing.clone(), anchor.id.clone()], None),
+        VolumeStatus::Available,
+    )
+    .await;
+    assert_eq!(with.availability_zone, ZONE, "{}", b.name());
+    create(
+        hinted("same_host", vec![missing], None),
+        VolumeStatus::Error,
+    )
+    .await;
+    create(
+        hinted("different_host", vec![anchor.id.clone()], None),
+        VolumeStatus::Error,
+    )
+    .await;
+    let apart = create(
+        hinted("different_host", vec![anchor.id.clone()], Some(OTHER_ZONE)),
+        VolumeStatus::Available,
+    )
+    .await;
+    assert_eq!(apart.availability_zone, OTHER_ZONE, "{}", b.name());
+    let refused = c
+        .create_volume(&hinted("same_host", vec!["not-a-volume-id".into()], None))
+        .await;
+    assert!(
+        matches!(refused, Err(Error::BadRequest(_))),
+        "{}: {refused:?}",
+        b.name()
+    );
+    for id in made {
+        c.delete_volume(&id).await.unwrap();
+        wait_gone("volume delete", || c.get_volume(&id)).await;
+    }
+}

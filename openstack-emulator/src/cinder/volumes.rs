@@ -168,10 +168,16 @@ pub(super) async fn create_volume(
                 .collect()
         })
         .unwrap_or_default();
+    let hints = scheduler_hints(&body)?;
+    let placed = hints_place(&w, &ctx.project_id, &az, &hints);
     let fail = w.failing_volume_creates > 0;
     if fail {
         w.failing_volume_creates -= 1;
     }
+    if !placed {
+        tracing::info!(?hints, az = %az, "no backend passes the affinity filters: the volume goes to error");
+    }
+    let fail = fail || !placed;
     let seq = w.next_seq();
     let vol = VolumeRec {
         seq,
@@ -535,4 +541,74 @@ pub(super) async fn update_metadata(
         );
     }
     Ok(Json(json!({ "metadata": v.metadata })))
+}
+
+/// `OS-SCH-HNT:scheduler_hints`' `same_host` and `different_host`: a
+/// volume id or a list of them, as Cinder's schema takes them (anything
+/// else is refused with 400).
+fn scheduler_hints(body: &Value) -> ApiResult<BTreeMap<String, Vec<String>>> {
+    let mut out = BTreeMap::new();
+    let Some(hints) = body.get("OS-SCH-HNT:scheduler_hints") else {
+        return Ok(out);
+    };
+    if hints.is_null() {
+        return Ok(out);
+    }
+    let hints = hints.as_object().ok_or_else(|| {
+        ApiErr::bad(
+            S,
+            "Invalid input for field/attribute OS-SCH-HNT:scheduler_hints.",
+        )
+    })?;
+    for key in ["same_host", "different_host"] {
+        let Some(v) = hints.get(key) else { continue };
+        let ids: Vec<String> = match v {
+            Value::String(id) => vec![id.clone()],
+            Value::Array(a) => a
+                .iter()
+                .map(|i| i.as_str().map(str::to_string))
+                .collect::<Option<_>>()
+                .ok_or_else(|| {
+                    ApiErr::bad(S, format!("Invalid input for field/attribute {key}."))
+                })?,
+            _ => {
+                return Err(ApiErr::bad(
+                    S,
+                    format!("Invalid input for field/attribute {key}."),
+                ));
+            }
+        };
+        if ids.iter().any(|i| uuid::Uuid::parse_str(i).is_err()) {
+            return Err(ApiErr::bad(
+                S,
+                format!("Invalid input for field/attribute {key}. Value: {ids:?} is not a 'uuid'"),
+            ));
+        }
+        out.insert(key.to_string(), ids);
+    }
+    Ok(out)
+}
+
+/// Whether Cinder's SameBackendFilter and DifferentBackendFilter let the
+/// volume onto the backend of zone `az` (one backend per zone here, as in
+/// the real test cloud: [`crate::admin::Control::volume_host`]): some
+/// `same_host` volume is there (the filter's query of those ids on the
+/// backend finds one), no `different_host` volume is. A volume the hints
+/// name that the project does not have is on no backend.
+fn hints_place(w: &World, project: &str, az: &str, hints: &BTreeMap<String, Vec<String>>) -> bool {
+    let zone_of = |id: &String| {
+        w.volumes
+            .get(id)
+            .filter(|v| v.project_id == project && v.status != "deleting")
+            .map(|v| v.availability_zone.as_str())
+    };
+    let same = hints
+        .get("same_host")
+        .is_none_or(|ids| ids.is_empty() || ids.iter().any(|id| zone_of(id) == Some(az)));
+    let apart = hints
+        .get("different_host")
+        .into_iter()
+        .flatten()
+        .all(|id| zone_of(id) != Some(az));
+    same && apart
 }

@@ -4,7 +4,8 @@
 //! time as an apiserver pages with `limit` and `continue`, and its Nodes'
 //! addresses, to the bearer of one token only. A test sets what it lists, can make a PV appear
 //! from a given listing on (one made between a report and its
-//! deletions), and can take the snapshot API away.
+//! deletions), and can take the snapshot API away; and the annotations
+//! of PersistentVolumeClaims, read one at a time (counted).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -48,6 +49,10 @@ pub struct Objects {
     pub nodes: Vec<(String, Vec<String>)>,
     /// Listings of Nodes so far (their first pages).
     pub node_lists: usize,
+    /// (namespace, name) → annotations of each PersistentVolumeClaim.
+    pub pvcs: BTreeMap<(String, String), BTreeMap<String, String>>,
+    /// Reads of a claim so far, found or not.
+    pub pvc_reads: usize,
 }
 
 impl Default for Objects {
@@ -63,6 +68,8 @@ impl Default for Objects {
             pv_lists: 0,
             nodes: Vec::new(),
             node_lists: 0,
+            pvcs: BTreeMap::new(),
+            pvc_reads: 0,
         }
     }
 }
@@ -202,12 +209,40 @@ async fn namespace(State(s): State<Shared>, h: HeaderMap, Path(name): Path<Strin
     axum::Json(json!({"kind": "Namespace", "metadata": {"name": name, "uid": uid}})).into_response()
 }
 
+async fn pvc(
+    State(s): State<Shared>,
+    h: HeaderMap,
+    Path((namespace, name)): Path<(String, String)>,
+) -> Response {
+    if !authorized(&h) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let mut o = s.lock().unwrap_or_else(|p| p.into_inner());
+    o.pvc_reads += 1;
+    match o.pvcs.get(&(namespace.clone(), name.clone())) {
+        Some(annotations) => axum::Json(json!({
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        }))
+        .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"kind": "Status", "reason": "NotFound", "code": 404})),
+        )
+            .into_response(),
+    }
+}
+
 impl StandInApiserver {
     pub async fn start() -> Result<Self, HarnessError> {
         let objects: Shared = Arc::default();
         let app = Router::new()
             .route("/api/v1/namespaces/{name}", get(namespace))
             .route("/api/v1/persistentvolumes", get(pvs))
+            .route(
+                "/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}",
+                get(pvc),
+            )
             .route("/api/v1/nodes", get(nodes))
             .route(
                 "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents",
