@@ -20,7 +20,8 @@ use plugin_runtime::{Endpoint, LogArgs};
         cinder.csi.openstack.org/affinity and cinder.csi.openstack.org/anti-affinity name \
         volumes (by name or id, comma-separated, at most 16 each) whose Cinder backend the \
         volume must share, or must not (Cinder's scheduler hints same_host and \
-        different_host).\n\n\
+        different_host; the cloud's Cinder must enable SameBackendFilter and \
+        DifferentBackendFilter, which its default scheduler filters leave out).\n\n\
         The attach limit, [BlockStorage] node-volume-attach-limit (default 25), counts every disk \
         of a server, its own included: the controller attaches no volume past it (even where Nova \
         sets no limit), and the node reports it to Kubernetes less the disks Kubernetes does not \

@@ -623,7 +623,8 @@ async fn cinder_lists_volumes_and_snapshots_by_metadata() {
 }
 
 /// Scheduler hints (`--pvc-annotations`' placement): one backend per zone
-/// in both clouds. `same_host` lands with a volume it names (any of them)
+/// in both clouds, and Cinder's affinity filters enabled in the real one
+/// (its default filters ignore the hints: a cloud's operator enables them). `same_host` lands with a volume it names (any of them)
 /// or nowhere (error); `different_host` lands only where none of them is;
 /// what is not a volume id is refused at once.
 #[tokio::test]

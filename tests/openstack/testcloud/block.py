@@ -98,6 +98,9 @@ state_path = {d}
 log_file = {STATE}/logs/cinder-app.log
 storage_availability_zone = {ZONES[0]}
 default_availability_zone = {ZONES[0]}
+# the affinity filters a cloud enables for scheduler hints (the Cinder
+# driver's --pvc-annotations): Cinder's default list ignores the hints
+scheduler_default_filters = AvailabilityZoneFilter,CapacityFilter,CapabilitiesFilter,SameBackendFilter,DifferentBackendFilter
 periodic_interval = 5
 report_interval = 5
 periodic_fuzzy_delay = 0
