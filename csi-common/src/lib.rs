@@ -33,6 +33,7 @@ pub mod parameters;
 pub mod plugin;
 pub mod pre_stop;
 pub mod readiness;
+pub mod registration;
 pub mod request;
 pub mod startup_taint;
 pub mod twins;

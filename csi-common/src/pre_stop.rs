@@ -215,10 +215,19 @@ pub const HTTP_PATH: &str = "/pre-stop";
 /// most one read of the node per interval (all nodes share one service
 /// account, whose calls the apiserver throttles together); answers 200
 /// with the outcome, or 503 when the API refused.
+///
+/// The answer lets the registrar stop, and it then removes the driver's
+/// registration socket by path: with `handover`, the socket the path
+/// holds is kept first and put back if a successor serves on it
+/// ([`crate::registration`]), the plugin not exiting before that is done.
 pub fn http_handler(
     client: kube_api::Client,
     args: PreStopArgs,
     driver: String,
+    handover: Option<(
+        crate::registration::RegistrationSocket,
+        plugin_runtime::ExitHolds,
+    )>,
 ) -> plugin_runtime::http_endpoint::HttpHandler {
     type Shared = tokio::sync::watch::Receiver<Option<(u16, String)>>;
     let running: std::sync::Arc<std::sync::Mutex<(Option<Shared>, Option<Instant>)>> =
@@ -241,9 +250,19 @@ pub fn http_handler(
                     *last_start = Some(start_at);
                     let (tx, rx) = tokio::sync::watch::channel(None);
                     let (client, args, driver) = (client.clone(), args.clone(), driver.clone());
+                    let handover = handover.clone();
                     tokio::spawn(async move {
                         tokio::time::sleep_until(start_at.into()).await;
-                        let answer = match run(&client, &args, &driver).await {
+                        let outcome = run(&client, &args, &driver).await;
+                        // whatever the answer, the registrar stops after it
+                        if let Some((socket, holds)) = &handover
+                            && let Ok(put_back) = socket.keep_for_successor()
+                        {
+                            holds.spawn(async move {
+                                put_back.await;
+                            });
+                        }
+                        let answer = match outcome {
                             Ok(outcome) => {
                                 tracing::info!(outcome = ?outcome, "pre-stop wait over (asked over HTTP)");
                                 (200, format!("{outcome:?}\n"))
@@ -306,10 +325,18 @@ pub fn serve_on(
         cordoned_idle_secs: 30,
         log: plugin_runtime::LogArgs::default(),
     };
+    let registration = crate::registration::RegistrationSocket::new(path_root, driver);
+    registration.remove_stale_keep();
+    let holds = server.exit_holds();
     server.local_route(
         addr,
         HTTP_PATH,
-        http_handler(client, args, driver.to_string()),
+        http_handler(
+            client,
+            args,
+            driver.to_string(),
+            Some((registration, holds)),
+        ),
     )
 }
 

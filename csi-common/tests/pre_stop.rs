@@ -19,7 +19,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use csi_common::pre_stop::{Outcome, PreStopArgs, http_handler, run};
+use csi_common::registration::RegistrationSocket;
 use kube_api::Client;
+use plugin_runtime::ExitHolds;
 
 const DRIVER: &str = "cinder.csi.openstack.org";
 
@@ -188,7 +190,7 @@ async fn the_registrars_http_waits_share_one_run_of_the_hook() {
     state.lock().unwrap().attachments = vec![("va-1".into(), DRIVER.into(), "node-1".into())];
     let client = apiserver(state.clone()).await;
     let dir = tempfile::tempdir().unwrap();
-    let handler = http_handler(client, args(dir.path()), DRIVER.into());
+    let handler = http_handler(client, args(dir.path()), DRIVER.into(), None);
     let waits: Vec<_> = (0..20).map(|_| tokio::spawn(handler())).collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
@@ -217,7 +219,7 @@ async fn an_early_answer_over_http_is_not_the_answer_at_the_drain() {
     state.lock().unwrap().attachments = vec![("va-1".into(), DRIVER.into(), "node-1".into())];
     let client = apiserver(state.clone()).await;
     let dir = tempfile::tempdir().unwrap();
-    let handler = http_handler(client, args(dir.path()), DRIVER.into());
+    let handler = http_handler(client, args(dir.path()), DRIVER.into(), None);
     // asked before any drain (by anyone who reaches the port)
     let (code, body) = handler().await;
     assert_eq!((code, body.trim()), (200, "NotDraining"));
@@ -285,7 +287,7 @@ async fn a_flood_of_http_asks_costs_one_node_read_per_interval() {
     let state = Shared::default();
     let client = apiserver(state.clone()).await;
     let dir = tempfile::tempdir().unwrap();
-    let handler = http_handler(client, args(dir.path()), DRIVER.into());
+    let handler = http_handler(client, args(dir.path()), DRIVER.into(), None);
     let t = Instant::now();
     let mut answers = 0;
     while t.elapsed() < Duration::from_secs(1) {
@@ -392,4 +394,115 @@ async fn a_cordoned_node_whose_volumes_keep_leaving_keeps_the_plugin_until_the_l
         matches!(out, Outcome::Released { waited } if waited >= Duration::from_secs(5)),
         "{out:?}"
     );
+}
+
+/// A registrar's socket at the driver's registration path.
+fn registrar_socket(path: &Path) -> (std::os::unix::net::UnixListener, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let _ = std::fs::remove_file(path);
+    let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+    let ino = std::fs::metadata(path).unwrap().ino();
+    (listener, ino)
+}
+
+fn registration(root: &Path) -> (RegistrationSocket, ExitHolds) {
+    std::fs::create_dir_all(root.join("plugins_registry")).unwrap();
+    (RegistrationSocket::new(root, DRIVER), ExitHolds::default())
+}
+
+fn kept_links(root: &Path) -> Vec<String> {
+    std::fs::read_dir(root.join("plugins_registry"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}
+
+/// The rollback to upstream's release: its registrar replaced ours' socket
+/// at the registration path; ours, told to stop after the plugin's answer,
+/// removes the path and exits. The successor's socket is back at the path
+/// (kubelet registers the driver again through it), and nothing is left.
+#[tokio::test]
+async fn a_successors_registration_socket_removed_by_our_stopping_registrar_is_put_back() {
+    use std::os::unix::fs::MetadataExt;
+    let client = apiserver(Shared::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, holds) = registration(dir.path());
+    let path = socket.path().to_path_buf();
+    let (ours, _) = registrar_socket(&path);
+    let (successor, successor_ino) = registrar_socket(&path);
+    let handler = http_handler(
+        client,
+        args(dir.path()),
+        DRIVER.into(),
+        Some((socket, holds.clone())),
+    );
+    assert_eq!(handler().await, (200, "NotDraining\n".into()));
+    // node-driver-registrar's SIGTERM: os.Remove(path), os.Exit(0)
+    std::fs::remove_file(&path).unwrap();
+    drop(ours);
+    holds.wait(Duration::from_secs(5)).await;
+    let back = std::fs::symlink_metadata(&path).expect("the successor's socket was not put back");
+    assert_eq!(
+        back.ino(),
+        successor_ino,
+        "another socket than the successor's"
+    );
+    std::os::unix::net::UnixStream::connect(&path).unwrap();
+    successor.accept().unwrap();
+    assert_eq!(kept_links(dir.path()), Vec::<String>::new());
+}
+
+/// An ordinary stop (an uninstall, a rolling update): the registrar
+/// removes its own socket and exits; nothing is put back.
+#[tokio::test]
+async fn our_registrars_own_socket_stays_removed_when_it_stops() {
+    let client = apiserver(Shared::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, holds) = registration(dir.path());
+    let path = socket.path().to_path_buf();
+    let (ours, _) = registrar_socket(&path);
+    let handler = http_handler(
+        client,
+        args(dir.path()),
+        DRIVER.into(),
+        Some((socket, holds.clone())),
+    );
+    assert_eq!(handler().await.0, 200);
+    std::fs::remove_file(&path).unwrap();
+    drop(ours);
+    holds.wait(Duration::from_secs(5)).await;
+    assert!(
+        std::fs::symlink_metadata(&path).is_err(),
+        "a dead registrar's socket was put back for kubelet"
+    );
+    assert_eq!(kept_links(dir.path()), Vec::<String>::new());
+}
+
+/// Anyone on the node's loopback can ask /pre-stop: with no registrar
+/// stopping, the path keeps its socket and the kept link goes.
+#[tokio::test]
+async fn an_ask_without_a_stop_leaves_the_registration_socket_as_it_was() {
+    use std::os::unix::fs::MetadataExt;
+    let client = apiserver(Shared::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, holds) = registration(dir.path());
+    let socket = socket.with_removal_bound(Duration::from_millis(300));
+    let path = socket.path().to_path_buf();
+    let (_ours, ino) = registrar_socket(&path);
+    let handler = http_handler(
+        client,
+        args(dir.path()),
+        DRIVER.into(),
+        Some((socket, holds.clone())),
+    );
+    assert_eq!(handler().await.0, 200);
+    assert_eq!(
+        kept_links(dir.path()).len(),
+        1,
+        "nothing kept while the registrar may stop"
+    );
+    holds.wait(Duration::from_secs(5)).await;
+    assert_eq!(std::fs::symlink_metadata(&path).unwrap().ino(), ino);
+    assert_eq!(kept_links(dir.path()), Vec::<String>::new());
 }

@@ -2,7 +2,7 @@
 //! reads it as `/relative`) or a plain path.
 
 use std::fmt;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -76,7 +76,7 @@ impl FromStr for Endpoint {
 /// parent directory is created if missing, a stale socket is replaced (any
 /// other file is left alone and is an error), and the socket is bound under
 /// a temporary name, given its mode, then renamed into place.
-pub fn bind(endpoint: &Endpoint, mode: u32) -> Result<UnixListener, EndpointError> {
+pub fn bind(endpoint: &Endpoint, mode: u32) -> Result<(UnixListener, SocketFile), EndpointError> {
     let path = endpoint.path();
     let io = |what: &'static str, p: &Path| {
         let p = p.to_path_buf();
@@ -120,23 +120,52 @@ pub fn bind(endpoint: &Endpoint, mode: u32) -> Result<UnixListener, EndpointErro
     let listener = UnixListener::bind(&temp).map_err(io("cannot bind", &temp))?;
     let result = std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(mode))
         .map_err(io("cannot set the mode of", &temp))
-        .and_then(|()| {
-            std::fs::rename(&temp, path).map_err(io("cannot move the socket into place at", path))
+        .and_then(|()| std::fs::symlink_metadata(&temp).map_err(io("cannot inspect", &temp)))
+        .and_then(|meta| {
+            std::fs::rename(&temp, path)
+                .map_err(io("cannot move the socket into place at", path))
+                .map(|()| SocketFile {
+                    path: path.to_path_buf(),
+                    dev: meta.dev(),
+                    ino: meta.ino(),
+                })
         });
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&temp);
-        return Err(e);
+    match result {
+        Ok(file) => Ok((listener, file)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&temp);
+            Err(e)
+        }
     }
-    Ok(listener)
 }
 
-/// Removes the socket if it is still ours (a socket).
-pub fn remove_socket(endpoint: &Endpoint) {
-    let path = endpoint.path();
-    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
-        && let Err(e) = std::fs::remove_file(path)
-    {
-        tracing::warn!(socket = %path.display(), error = %e, "cannot remove the socket");
+/// The socket file a plugin bound: its path and the inode it made there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketFile {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl SocketFile {
+    /// Removes the socket if the path still holds the one this plugin
+    /// made. A successor (the next release, or upstream's plugin on a
+    /// rollback, under another DaemonSet) replaces a socket it finds at
+    /// the path as it starts, while this one still drains: removing the
+    /// path then would cut kubelet off from the driver on this node until
+    /// the successor restarts.
+    pub fn remove_if_ours(&self) {
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(m) if m.file_type().is_socket() && (m.dev(), m.ino()) == (self.dev, self.ino) => {
+                if let Err(e) = std::fs::remove_file(&self.path) {
+                    tracing::warn!(socket = %self.path.display(), error = %e, "cannot remove the socket");
+                }
+            }
+            Ok(_) => {
+                tracing::info!(socket = %self.path.display(), "the socket at the endpoint is another server's now: left in place");
+            }
+            Err(_) => {}
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 pub mod config_watch;
 pub mod csi_identity;
 pub mod endpoint;
+pub mod exit_holds;
 pub mod grpc;
 pub mod http_endpoint;
 pub mod logging;
@@ -22,6 +23,7 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 
 pub use endpoint::{Endpoint, EndpointError};
+pub use exit_holds::ExitHolds;
 pub use grpc::{GrpcMetrics, ObserveLayer};
 pub use http_endpoint::{HealthCheck, parse_listen_address, parse_loopback_address};
 pub use logging::{LogArgs, LogFormat};
@@ -56,6 +58,7 @@ pub struct PluginServer {
     local: Option<(SocketAddr, Vec<(&'static str, http_endpoint::HttpHandler)>)>,
     grace: Duration,
     bound_http: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+    exit_holds: ExitHolds,
 }
 
 impl std::fmt::Debug for PluginServer {
@@ -83,7 +86,14 @@ impl PluginServer {
             local: None,
             grace: Duration::from_secs(30),
             bound_http: None,
+            exit_holds: ExitHolds::default(),
         }
+    }
+
+    /// Work started by a handler that the shutdown waits for (up to the
+    /// grace period) before `serve` returns.
+    pub fn exit_holds(&self) -> ExitHolds {
+        self.exit_holds.clone()
     }
 
     pub fn socket_mode(mut self, mode: u32) -> Self {
@@ -188,9 +198,9 @@ impl PluginServer {
         tokio::pin!(shutdown);
         let mut waiting_since: Option<std::time::Instant> = None;
         let mut next_warning = 0;
-        let listener = loop {
+        let (listener, socket_file) = loop {
             match endpoint::bind(&self.endpoint, self.socket_mode) {
-                Ok(l) => break l,
+                Ok(bound) => break bound,
                 // Another plugin still serves on the endpoint: the release
                 // this one replaces (upstream's node plugin under another
                 // DaemonSet's name, which Helm deletes as it creates ours).
@@ -212,6 +222,7 @@ impl PluginServer {
                             for t in [http_task, local_task].into_iter().flatten() {
                                 let _ = t.await;
                             }
+                            self.exit_holds.wait(self.grace).await;
                             tracing::info!("stopped before serving: the endpoint was never free");
                             return Ok(());
                         }
@@ -244,7 +255,7 @@ impl PluginServer {
                 tracing::info!(grace_s = self.grace.as_secs(), "shutting down: no new connections, finishing in-flight calls");
                 // the socket goes first, so that nobody connects to a
                 // server that is going away
-                endpoint::remove_socket(&self.endpoint);
+                socket_file.remove_if_ours();
                 let _ = stop_tx.send(true);
                 // Wait for calls, not connections: kubelet and the
                 // sidecars keep idle connections open, and a drain that
@@ -267,10 +278,11 @@ impl PluginServer {
             }
         };
         let _ = stop_tx.send(true);
-        endpoint::remove_socket(&self.endpoint);
+        socket_file.remove_if_ours();
         for t in [http_task, local_task].into_iter().flatten() {
             let _ = t.await;
         }
+        self.exit_holds.wait(self.grace).await;
         tracing::info!("stopped");
         result
     }

@@ -241,3 +241,41 @@ async fn a_plugin_that_cannot_listen_for_http_leaves_no_socket() {
         "the plugin exits and leaves its socket: {err}"
     );
 }
+
+#[tokio::test]
+async fn a_successor_that_took_the_socket_over_keeps_it_when_the_plugin_stops() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = PluginServer::new(sock.to_str().unwrap().parse().unwrap());
+    let holds = server.exit_holds();
+    let task = tokio::spawn(server.serve(routes(), async move {
+        let _ = stop_rx.await;
+    }));
+    wait_for_socket(&sock).await;
+    // the next release (upstream's plugin on a rollback) starts while this
+    // one still runs, and replaces the socket at the path, as Go's
+    // plugins do
+    std::fs::remove_file(&sock).unwrap();
+    let successor = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let successor_ino = std::fs::metadata(&sock).unwrap().ino();
+    // work a handler started that must outlive the server
+    let finished = Arc::new(AtomicBool::new(false));
+    let f = finished.clone();
+    holds.spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        f.store(true, Ordering::SeqCst);
+    });
+    assert_eq!(holds.running(), 1);
+    stop_tx.send(()).unwrap();
+    task.await.unwrap().unwrap();
+    assert!(
+        finished.load(Ordering::SeqCst),
+        "the plugin stopped before the work it was told to wait for"
+    );
+    let left = std::fs::symlink_metadata(&sock).expect("the successor's socket was removed");
+    assert_eq!(left.ino(), successor_ino, "not the successor's socket");
+    std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    successor.accept().unwrap();
+}

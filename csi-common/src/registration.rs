@@ -1,0 +1,155 @@
+//! Kubelet's registration socket of a driver
+//! (`<kubelet>/plugins_registry/<driver>-reg.sock`), as node-driver-registrar
+//! makes it and, told to stop, removes it: by path, whoever's socket the
+//! path holds by then.
+//!
+//! That is a problem when another release of the driver took over on the
+//! node while this one was still running. Going back from our release to
+//! upstream's (a Helm rollback makes upstream's DaemonSet before it
+//! deletes ours), upstream's registrar replaces the socket at the path
+//! with its own; our registrar, stopped a moment later, removes it, and
+//! kubelet drops the driver on the node: no volume mounts there until
+//! someone restarts upstream's pod (its registrar has no liveness probe).
+//!
+//! So when our registrar is about to stop (its preStop asks the plugin's
+//! `/pre-stop`), the plugin keeps a hard link to the socket at the path
+//! under a name kubelet ignores (a dotfile), waits for the registrar to
+//! remove the path, and puts the socket back there if something still
+//! serves on it: a registrar that stopped closes its own socket as it
+//! exits, so a live one is a successor's. Kubelet sees a new socket and
+//! registers the driver again through it.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// What the handover did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// No socket at the path: nothing to keep.
+    NoSocket,
+    /// Another handover is under way.
+    AlreadyKeeping,
+    /// The path kept its socket all along (the registrar did not stop).
+    Untouched,
+    /// The path was removed, and the socket it held served nobody any
+    /// more: the registrar's own, gone with it.
+    RegistrarGone,
+    /// The path was removed while another process still served on it:
+    /// its socket was put back.
+    PutBack,
+    /// The path holds another socket already: a new registrar's.
+    Replaced,
+}
+
+#[derive(Debug, Clone)]
+pub struct RegistrationSocket {
+    path: PathBuf,
+    kept: PathBuf,
+    /// How long the registrar may take to remove the path once it was told to stop.
+    removal_bound: Duration,
+    keeping: Arc<AtomicBool>,
+}
+
+impl RegistrationSocket {
+    pub fn new(kubelet_dir: &Path, driver: &str) -> Self {
+        let registry = kubelet_dir.join("plugins_registry");
+        Self {
+            path: registry.join(format!("{driver}-reg.sock")),
+            // kubelet's plugin watcher skips names that begin with a dot
+            kept: registry.join(format!(".{driver}-reg.sock.kept")),
+            removal_bound: Duration::from_secs(10),
+            keeping: Arc::default(),
+        }
+    }
+
+    pub fn with_removal_bound(mut self, bound: Duration) -> Self {
+        self.removal_bound = bound;
+        self
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Called as the registrar is about to be stopped: keeps the socket
+    /// the path holds now, and returns the wait that puts it back once
+    /// the registrar removed the path, if another process still serves
+    /// on it; or why nothing is kept.
+    pub fn keep_for_successor(
+        &self,
+    ) -> Result<impl std::future::Future<Output = Handover> + Send + 'static, Handover> {
+        let Some(held) = socket_at(&self.path) else {
+            return Err(Handover::NoSocket);
+        };
+        if self.keeping.swap(true, Ordering::SeqCst) {
+            return Err(Handover::AlreadyKeeping);
+        }
+        let _ = std::fs::remove_file(&self.kept);
+        if let Err(e) = std::fs::hard_link(&self.path, &self.kept) {
+            tracing::warn!(socket = %self.path.display(), error = %e, "cannot keep the registration socket through the registrar's stop");
+            self.keeping.store(false, Ordering::SeqCst);
+            return Err(Handover::NoSocket);
+        }
+        let this = self.clone();
+        Ok(async move {
+            let outcome = this.put_back_after_removal(held).await;
+            let _ = std::fs::remove_file(&this.kept);
+            this.keeping.store(false, Ordering::SeqCst);
+            tracing::info!(socket = %this.path.display(), outcome = ?outcome, "registration socket handover");
+            outcome
+        })
+    }
+
+    async fn put_back_after_removal(&self, held: (u64, u64)) -> Handover {
+        let started = Instant::now();
+        loop {
+            match socket_at(&self.path) {
+                Some(now) if now == held => {
+                    if started.elapsed() >= self.removal_bound {
+                        return Handover::Untouched;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Some(_) => return Handover::Replaced,
+                None => break,
+            }
+        }
+        // node-driver-registrar removes the path, then exits: its own
+        // socket refuses connections a moment later. One that keeps
+        // accepting for a while is served by another process.
+        for _ in 0..10 {
+            if std::os::unix::net::UnixStream::connect(&self.kept).is_err() {
+                return Handover::RegistrarGone;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // a new link, never a rename over the path: a socket made there
+        // meanwhile is the newer one
+        match std::fs::hard_link(&self.kept, &self.path) {
+            Ok(()) => Handover::PutBack,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Handover::Replaced,
+            Err(e) => {
+                tracing::warn!(socket = %self.path.display(), error = %e, "cannot put the registration socket back");
+                Handover::RegistrarGone
+            }
+        }
+    }
+
+    /// Removes a link left by a plugin that died during a handover.
+    pub fn remove_stale_keep(&self) {
+        if !self.keeping.load(Ordering::SeqCst) {
+            let _ = std::fs::remove_file(&self.kept);
+        }
+    }
+}
+
+/// The socket at `path` (device, inode), if a socket is there.
+fn socket_at(path: &Path) -> Option<(u64, u64)> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.file_type().is_socket())
+        .map(|m| (m.dev(), m.ino()))
+}
