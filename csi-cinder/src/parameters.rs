@@ -42,6 +42,70 @@ pub const SNAPSHOT_CLASS_KEYS: &[&str] = &[
 /// The VolumeAttributesClass keys ModifyVolume applies.
 pub const VOLUME_ATTRIBUTES_CLASS_KEYS: &[&str] = &["type"];
 
+/// A StorageClass or VolumeAttributesClass key `metadata.<key>` sets the
+/// Cinder volume metadata `<key>`: per-volume properties (QoS hints,
+/// billing, backup policy) without a volume type per combination, and
+/// changed by a VolumeAttributesClass without a retype.
+pub const CLASS_METADATA_PREFIX: &str = "metadata.";
+/// At most this many `metadata.` keys in one class.
+pub const MAX_CLASS_METADATA: usize = 32;
+/// Prefixes of the metadata keys this driver and the sidecars write
+/// (the cluster's identity, the claim's names, the driver's own records):
+/// a class cannot set them.
+const RESERVED_METADATA_PREFIXES: [&str; 2] = ["cinder.csi.openstack.org/", PROVISIONER_PREFIX];
+/// Cinder's limit on a metadata key and on a value.
+const CINDER_METADATA_MAX: usize = 255;
+
+/// The metadata key a class's `metadata.<key>` sets: 1 to 255 of
+/// `A-Za-z0-9-_:.` (Cinder's own rule, less `/` and space), a value of at
+/// most 255; never one of the keys this driver or the sidecars own.
+fn class_metadata_key<'k>(class: &str, key: &'k str, value: &str) -> DriverResult<&'k str> {
+    let name = &key[CLASS_METADATA_PREFIX.len()..];
+    let bad = |why: &str| {
+        DriverError::InvalidArgument(format!(
+            "{class} parameter {}: {why}",
+            plugin_runtime::logging::caller_field(key)
+        ))
+    };
+    if name.is_empty() || name.len() > CINDER_METADATA_MAX {
+        return Err(bad("a Cinder metadata key has 1 to 255 characters"));
+    }
+    let lower = name.to_ascii_lowercase();
+    if RESERVED_METADATA_PREFIXES
+        .iter()
+        .any(|p| lower.starts_with(p))
+    {
+        return Err(bad(
+            "keys under cinder.csi.openstack.org/ and csi.storage.k8s.io/ are the driver's and the sidecars' own (the cluster's identity, the claim's names)",
+        ));
+    }
+    // Cinder takes `/` and spaces too, but cannot remove a key holding
+    // a `/` by its URL, and a class change must be able to
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_:.".contains(c))
+    {
+        return Err(bad(
+            "a class's metadata key holds only letters, digits and - _ : . (no /: Cinder cannot remove such a key when the class changes)",
+        ));
+    }
+    if value.len() > CINDER_METADATA_MAX {
+        return Err(bad("a Cinder metadata value has at most 255 characters"));
+    }
+    Ok(name)
+}
+
+/// Refuses a class with more `metadata.` keys than [`MAX_CLASS_METADATA`].
+fn bounded_class_metadata(class: &str, m: &BTreeMap<String, String>) -> DriverResult<()> {
+    if m.len() > MAX_CLASS_METADATA {
+        return Err(DriverError::InvalidArgument(format!(
+            "the {class} sets {} metadata keys: at most {MAX_CLASS_METADATA}",
+            m.len()
+        )));
+    }
+    Ok(())
+}
+
 fn invalid(key: &str, value: &str, why: &str) -> DriverError {
     DriverError::InvalidArgument(format!("parameter {key}={value:?}: {why}"))
 }
@@ -84,6 +148,11 @@ pub struct VolumeParameters {
     pub fs_type: Option<Filesystem>,
     /// The provisioner's claim keys, written as volume metadata.
     pub metadata: BTreeMap<String, String>,
+    /// The StorageClass's `metadata.<key>` entries.
+    pub class_metadata: BTreeMap<String, String>,
+    /// The VolumeAttributesClass's `metadata.<key>` entries (they win over
+    /// the StorageClass's).
+    pub attributes_class_metadata: BTreeMap<String, String>,
     pub ignored: Vec<String>,
 }
 
@@ -117,14 +186,20 @@ impl VolumeParameters {
                     p.metadata.insert(k.to_string(), v.clone());
                 }
                 k if k.starts_with(PROVISIONER_PREFIX) => {}
+                k if k.starts_with(CLASS_METADATA_PREFIX) => {
+                    let name = class_metadata_key("StorageClass", k, v)?;
+                    p.class_metadata.insert(name.to_string(), v.clone());
+                }
                 other => p.ignored.push(other.to_string()),
             }
         }
+        bounded_class_metadata("StorageClass", &p.class_metadata)?;
         let changes = MutableParameters::parse(mutable)?;
         if changes.volume_type.is_some() {
             p.volume_type = changes.volume_type;
         }
         p.metadata.extend(changes.metadata);
+        p.attributes_class_metadata = changes.class_metadata;
         p.ignored.sort();
         log_ignored("StorageClass", &p.ignored);
         Ok(p)
@@ -138,6 +213,9 @@ impl VolumeParameters {
 pub struct MutableParameters {
     pub volume_type: Option<String>,
     pub metadata: BTreeMap<String, String>,
+    /// The class's `metadata.<key>` entries: the volume's metadata set
+    /// from the class it is in now.
+    pub class_metadata: BTreeMap<String, String>,
 }
 
 impl MutableParameters {
@@ -151,13 +229,20 @@ impl MutableParameters {
                 }
                 // other sidecar keys describe the request, not the volume
                 k if k.starts_with(PROVISIONER_PREFIX) => {}
+                k if k.starts_with(CLASS_METADATA_PREFIX) => {
+                    let name = class_metadata_key("VolumeAttributesClass", k, v)?;
+                    p.class_metadata.insert(name.to_string(), v.clone());
+                }
                 other => {
                     return Err(DriverError::InvalidArgument(format!(
-                        "mutable parameter {other}={v:?} is not supported: a VolumeAttributesClass can change \"type\" (a Cinder retype)"
+                        "mutable parameter {}={} is not supported: a VolumeAttributesClass can change \"type\" (a Cinder retype) and metadata.<key> (the volume's metadata)",
+                        plugin_runtime::logging::caller_field(other),
+                        plugin_runtime::logging::caller_field(v)
                     )));
                 }
             }
         }
+        bounded_class_metadata("VolumeAttributesClass", &p.class_metadata)?;
         Ok(p)
     }
 }

@@ -128,6 +128,56 @@ def cinder_registered():
     return True if nodes <= have else f"not registered on {sorted(nodes - have)}"
 
 
+class RegistrationGaps:
+    """Samples every node's CSINode each second while a switch runs: the
+    longest stretch each node went without Cinder's driver registered
+    (kubelet mounts nothing of a driver it does not know). A read that
+    fails counts as not registered."""
+
+    def __init__(self):
+        import threading
+
+        self.longest = {}
+        self.samples = 0
+        self._since = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self):
+        while not self._stop.is_set():
+            now = time.monotonic()
+            try:
+                nodes = {n["metadata"]["name"] for n in get_json("nodes")["items"]}
+                have = {c["metadata"]["name"] for c in get_json("csinodes")["items"]
+                        if any(d["name"] == "cinder.csi.openstack.org" for d in c["spec"].get("drivers") or [])}
+            except Exception:  # a failed read proves nothing registered
+                nodes, have = set(self._since) | set(self.longest), set()
+            self.samples += 1
+            for node in nodes:
+                if node in have:
+                    self._since.pop(node, None)
+                    self.longest.setdefault(node, 0.0)
+                else:
+                    start = self._since.setdefault(node, now)
+                    self.longest[node] = max(self.longest.get(node, 0.0), now - start)
+            self._stop.wait(1)
+
+    def check(self, what, bound):
+        print(f"   {what}: the longest time a node went without the driver registered: "
+              + ", ".join(f"{n} {g:.0f} s" for n, g in sorted(self.longest.items())) + f" ({self.samples} samples)")
+        assert self.samples >= 5, f"{what}: {self.samples} samples of the nodes' registrations"
+        over = {n: round(g) for n, g in self.longest.items() if g > bound}
+        assert not over, f"{what}: nodes without Cinder's driver for longer than {bound} s: {over}"
+
+
 def gone(workloads):
     for kind, name in workloads:
         wait(f"{kind} {name} gone", lambda: kubectl("-n", NAMESPACE, "get", kind, name,
@@ -209,20 +259,24 @@ def upstreams_cinder_release_replaced_in_place_and_rolled_back():
         # values; sampled meanwhile for node plugins of both releases
         most = {}
         t = time.monotonic()
-        cfg.upgrade(str(CHARTS / "openstack-cinder-csi"), RELEASE, values, namespace=NAMESPACE,
-                    wait="watcher", timeout=300)
-        switched = time.monotonic() - t
-        while True:
-            per = node_plugins_per_node()
-            for node, pods in per.items():
-                most[node] = max(most.get(node, 0), len(pods))
-            if all(len(p) == 1 and p[0].startswith("csi-cinder-") for p in per.values()):
-                break
-            assert time.monotonic() - t < 300, f"upstream's node plugins still there: {per}"
-            time.sleep(1)
-        rolled_out(CINDER_WORKLOADS)
-        gone(UPSTREAM_WORKLOADS)
-        wait("cinder.csi.openstack.org registered on every node by ours", cinder_registered)
+        with RegistrationGaps() as gaps:
+            cfg.upgrade(str(CHARTS / "openstack-cinder-csi"), RELEASE, values, namespace=NAMESPACE,
+                        wait="watcher", timeout=300)
+            switched = time.monotonic() - t
+            while True:
+                per = node_plugins_per_node()
+                for node, pods in per.items():
+                    most[node] = max(most.get(node, 0), len(pods))
+                if all(len(p) == 1 and p[0].startswith("csi-cinder-") for p in per.values()):
+                    break
+                assert time.monotonic() - t < 300, f"upstream's node plugins still there: {per}"
+                time.sleep(1)
+            rolled_out(CINDER_WORKLOADS)
+            gone(UPSTREAM_WORKLOADS)
+            wait("cinder.csi.openstack.org registered on every node by ours", cinder_registered)
+        # upstream's departing registrar removes ours' socket: our
+        # registrar's liveness probe restarts it, which makes it again
+        gaps.check("the upgrade to our chart", 90)
         assert get_json("csidriver", "cinder.csi.openstack.org")["spec"].get("volumeLifecycleModes") == \
             ["Persistent", "Ephemeral"], "the CSIDriver's lifecycle modes changed (immutable: the upgrade fails)"
         modes = {c: get_json("storageclass", c).get("volumeBindingMode") for c in
@@ -234,10 +288,15 @@ def upstreams_cinder_release_replaced_in_place_and_rolled_back():
 
         # and back: a rollback to upstream's release
         t = time.monotonic()
-        cfg.rollback(RELEASE, version=1, timeout=300)
-        upstream_controller_on_host_network()
-        gone(CINDER_WORKLOADS)
-        wait("cinder.csi.openstack.org registered on every node by upstream's release again", cinder_registered)
+        with RegistrationGaps() as gaps:
+            cfg.rollback(RELEASE, version=1, timeout=300)
+            upstream_controller_on_host_network()
+            gone(CINDER_WORKLOADS)
+            wait("cinder.csi.openstack.org registered on every node by upstream's release again", cinder_registered)
+        # our departing registrar removes upstream's new socket by path:
+        # our plugin puts it back (upstream's registrar has no liveness
+        # probe, nothing else would)
+        gaps.check("the rollback to upstream's chart", 30)
         writers = writers_went_on(writers, f"the rollback to upstream's chart ({time.monotonic() - t:.0f} s)")
         a_volume_works("upstream-again")
         writers_went_on(writers, "a volume through upstream's release again")

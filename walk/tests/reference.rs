@@ -158,7 +158,10 @@ fn set(keys: &[&str]) -> BTreeSet<String> {
 fn the_cinder_class_parameters_are_what_the_driver_reads() {
     use csi_cinder::parameters::*;
     const H: &str = "### Cinder: StorageClass";
-    let sc = rows_of(H, "StorageClass");
+    // `metadata.<key>` rows stand for every key of the prefix
+    let (sc_md, sc): (Vec<_>, Vec<_>) = rows_of(H, "StorageClass")
+        .into_iter()
+        .partition(|(k, _)| k.starts_with(CLASS_METADATA_PREFIX));
     assert_eq!(names(&sc), set(STORAGE_CLASS_KEYS));
     for (k, v) in &sc {
         let p = VolumeParameters::parse(&one(k, v), &HashMap::new())
@@ -166,6 +169,16 @@ fn the_cinder_class_parameters_are_what_the_driver_reads() {
         assert!(
             p.ignored.is_empty(),
             "StorageClass {k} is ignored by the driver"
+        );
+    }
+    assert!(!sc_md.is_empty(), "the StorageClass's metadata.<key> row");
+    for (k, v) in &sc_md {
+        let p = VolumeParameters::parse(&one(k, v), &HashMap::new())
+            .unwrap_or_else(|e| panic!("StorageClass {k}={v}: {e:?}"));
+        assert_eq!(
+            p.class_metadata.len(),
+            1,
+            "StorageClass {k} sets no metadata"
         );
     }
     let vsc = rows_of(H, "VolumeSnapshotClass");
@@ -178,11 +191,26 @@ fn the_cinder_class_parameters_are_what_the_driver_reads() {
             "VolumeSnapshotClass {k} is ignored by the driver"
         );
     }
-    let vac = rows_of(H, "VolumeAttributesClass");
+    let (vac_md, vac): (Vec<_>, Vec<_>) = rows_of(H, "VolumeAttributesClass")
+        .into_iter()
+        .partition(|(k, _)| k.starts_with(CLASS_METADATA_PREFIX));
     assert_eq!(names(&vac), set(VOLUME_ATTRIBUTES_CLASS_KEYS));
     for (k, v) in &vac {
         MutableParameters::parse(&one(k, v))
             .unwrap_or_else(|e| panic!("VolumeAttributesClass {k}={v}: {e:?}"));
+    }
+    assert!(
+        !vac_md.is_empty(),
+        "the VolumeAttributesClass's metadata.<key> row"
+    );
+    for (k, v) in &vac_md {
+        let p = MutableParameters::parse(&one(k, v))
+            .unwrap_or_else(|e| panic!("VolumeAttributesClass {k}={v}: {e:?}"));
+        assert_eq!(
+            p.class_metadata.len(),
+            1,
+            "VolumeAttributesClass {k} sets no metadata"
+        );
     }
     // and an unknown key is ignored, not refused (upstream's classes)
     let p = VolumeParameters::parse(&one("unheard-of", "1"), &HashMap::new()).unwrap();

@@ -12,6 +12,7 @@
 mod affinity;
 mod attachments;
 mod backups;
+mod class_metadata;
 mod groups;
 mod inventory;
 mod repairs;

@@ -42,7 +42,10 @@ impl ControllerService {
 
         let params = VolumeParameters::parse(&r.parameters, &r.mutable_parameters)?;
         let volume_type = params.volume_type.clone();
-        let mut metadata = params.metadata.clone();
+        // the classes' keys first: the claim's and the cluster's cannot be
+        // overwritten (a class is also refused for naming them)
+        let mut metadata = class_metadata::at_create(&params)?;
+        metadata.extend(params.metadata.clone());
         if !self.opts.cluster.is_empty() {
             metadata.insert(CLUSTER_KEY.to_string(), self.opts.cluster.clone());
             self.opts.identity.tag(IDENTITY_KEY, &mut metadata);
@@ -489,18 +492,27 @@ impl ControllerService {
                 "volume {id} is being deleted"
             )));
         }
-        // the resizer's claim keys: recorded as the provisioner's are
-        let stale: BTreeMap<String, String> = changes
+        // the class's metadata (a metadata update, never a retype), and
+        // the resizer's claim keys, recorded as the provisioner's are
+        let class = class_metadata::change(&v.metadata, &changes.class_metadata)?;
+        let mut stale: BTreeMap<String, String> = changes
             .metadata
             .iter()
             .filter(|(k, val)| v.metadata.get(*k) != Some(*val))
             .map(|(k, val)| (k.clone(), val.clone()))
             .collect();
+        stale.extend(class.set);
         if !stale.is_empty() {
             block
                 .update_volume_metadata(id, &stale)
                 .await
                 .context(format!("recording metadata on volume {id}"))?;
+        }
+        for key in &class.remove {
+            block
+                .delete_volume_metadata_key(id, key)
+                .await
+                .context(format!("removing metadata {key} of volume {id}"))?;
         }
         let Some(new_type) = changes.volume_type else {
             return Ok(csi::ControllerModifyVolumeResponse {});

@@ -437,6 +437,27 @@ impl BlockStorage {
         Ok(resp.json::<MetadataEnvelope>()?.metadata)
     }
 
+    /// Removes one key of the volume's metadata; a key that is not there
+    /// is no error (the removal is what was asked).
+    pub async fn delete_volume_metadata_key(&self, id: &str, key: &str) -> Result<()> {
+        match self
+            .session
+            .send(self.req(
+                Method::DELETE,
+                format!("volumes/{}/metadata/{}", seg(id), seg(key)),
+                "volume_metadata_delete",
+            ))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => {
+                // Cinder answers 404 for the volume too: tell them apart
+                self.get_volume(id).await.map(|_| ())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     pub async fn get_volume_metadata(&self, id: &str) -> Result<BTreeMap<String, String>> {
         let resp = self
             .session

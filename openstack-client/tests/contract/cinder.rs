@@ -688,3 +688,93 @@ async fn cinder_scheduler_hints_place_or_fail() {
         wait_gone("volume delete", || c.get_volume(&id)).await;
     }
 }
+
+/// Volume metadata as the classes' `metadata.<key>` use it: merged by an
+/// update, one key removed by its URL (404 for one the volume lacks, the
+/// volume's 404 when the volume is gone), and Cinder's schema refusing a
+/// key outside `A-Za-z0-9-_:. /` or a value over 255 characters, in a
+/// create and in an update.
+#[tokio::test]
+async fn cinder_volume_metadata_updates_and_removals() {
+    let b = Backend::new().await;
+    if !b.has("cinder", "cinder_volume_metadata_updates_and_removals") {
+        return;
+    }
+    let c = BlockStorage::new(b.session(User::Member));
+    let m = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let v = c
+        .create_volume(&CreateVolume {
+            name: unique("contract-metadata"),
+            size_gib: 1,
+            metadata: m(&[("owner", "ops"), ("billing", "team-a")]),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_volume(&c, &v.id, VolumeStatus::Available).await;
+    let after = c
+        .update_volume_metadata(&v.id, &m(&[("billing", "team-b"), ("tier", "gold")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        after,
+        m(&[("billing", "team-b"), ("owner", "ops"), ("tier", "gold")]),
+        "{}: an update merges",
+        b.name()
+    );
+    c.delete_volume_metadata_key(&v.id, "billing")
+        .await
+        .unwrap();
+    // a key the volume lacks: removed already, no error
+    c.delete_volume_metadata_key(&v.id, "billing")
+        .await
+        .unwrap();
+    assert_eq!(
+        c.get_volume_metadata(&v.id).await.unwrap(),
+        m(&[("owner", "ops"), ("tier", "gold")]),
+        "{}",
+        b.name()
+    );
+    let long = "v".repeat(256);
+    for (what, bad) in [
+        ("a key with @", m(&[("bill@ing", "x")])),
+        ("a value of 256", m(&[("billing", long.as_str())])),
+    ] {
+        let err = c.update_volume_metadata(&v.id, &bad).await.unwrap_err();
+        assert!(
+            matches!(err, Error::BadRequest(_)),
+            "{}: {what}: {err}",
+            b.name()
+        );
+        let err = c
+            .create_volume(&CreateVolume {
+                name: unique("contract-metadata-refused"),
+                size_gib: 1,
+                metadata: bad.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::BadRequest(_)),
+            "{}: {what} in a create: {err}",
+            b.name()
+        );
+    }
+    c.delete_volume(&v.id).await.unwrap();
+    wait_gone("volume", || c.get_volume(&v.id)).await;
+    let err = c
+        .delete_volume_metadata_key(&v.id, "owner")
+        .await
+        .unwrap_err();
+    assert!(
+        err.is_not_found(),
+        "{}: a gone volume's key: {err}",
+        b.name()
+    );
+}

@@ -60,6 +60,10 @@ pub fn routes(_state: Arc<AppState>) -> axum::Router<Arc<AppState>> {
             get(volumes::get_metadata).post(volumes::update_metadata),
         )
         .route(
+            "/volumes/{id}/metadata/{key}",
+            axum::routing::delete(volumes::delete_metadata_key),
+        )
+        .route(
             "/snapshots",
             post(snapshots::create_snapshot).get(snapshots::list_snapshots),
         )

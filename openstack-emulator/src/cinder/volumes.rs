@@ -144,6 +144,9 @@ pub(super) async fn create_volume(
             .cloned()
             .ok_or_else(|| ApiErr::new(500, S, "no default volume type"))?,
     };
+    if let Some(m) = spec.get("metadata").filter(|m| !m.is_null()) {
+        check_metadata(m)?;
+    }
     let (count, gib) = w.project_volume_usage(&ctx.project_id);
     let q = w.quotas.clone();
     if q.volumes >= 0 && count + 1 > q.volumes {
@@ -524,9 +527,12 @@ pub(super) async fn update_metadata(
     check_project(&ctx, &project)?;
     let mut w = state.world();
     visible_volume(&w, &ctx, &id)?;
-    let add = body
+    let m = body
         .get("metadata")
-        .and_then(Value::as_object)
+        .ok_or_else(|| ApiErr::bad(S, "Malformed request body: metadata"))?;
+    check_metadata(m)?;
+    let add = m
+        .as_object()
         .ok_or_else(|| ApiErr::bad(S, "Malformed request body: metadata"))?;
     let v = w
         .volumes
@@ -541,6 +547,46 @@ pub(super) async fn update_metadata(
         );
     }
     Ok(Json(json!({ "metadata": v.metadata })))
+}
+
+/// Cinder's schema for metadata (`parameter_types.metadata_allows_null`):
+/// keys of 1 to 255 of `A-Za-z0-9-_:. /`, string values of at most 255.
+fn check_metadata(m: &Value) -> ApiResult<()> {
+    let obj = m
+        .as_object()
+        .ok_or_else(|| ApiErr::bad(S, "Invalid input for field/attribute metadata."))?;
+    for (k, v) in obj {
+        let key_ok = (1..=255).contains(&k.chars().count())
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_:. /".contains(c));
+        let value_ok = v.as_str().is_some_and(|v| v.chars().count() <= 255);
+        if !key_ok || !value_ok {
+            return Err(ApiErr::bad(
+                S,
+                format!("Invalid input for field/attribute metadata. Value: {m}."),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `DELETE /volumes/{id}/metadata/{key}`: 404 for a key the volume lacks.
+pub(super) async fn delete_metadata_key(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path((project, id, key)): Path<(String, String, String)>,
+) -> ApiResult<StatusCode> {
+    check_project(&ctx, &project)?;
+    let mut w = state.world();
+    visible_volume(&w, &ctx, &id)?;
+    let v = w
+        .volumes
+        .get_mut(&id)
+        .ok_or_else(|| ApiErr::not_found(S, "gone"))?;
+    if v.metadata.remove(&key).is_none() {
+        return Err(ApiErr::not_found(S, "Metadata item was not found"));
+    }
+    Ok(StatusCode::OK)
 }
 
 /// `OS-SCH-HNT:scheduler_hints`' `same_host` and `different_host`: a
