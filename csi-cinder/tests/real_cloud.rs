@@ -666,3 +666,58 @@ async fn the_orphan_report_tells_real_cinders_volumes_apart() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
+
+/// Metadata from classes on real Cinder, as a member: a StorageClass's
+/// and a VolumeAttributesClass's `metadata.<key>` at creation, then a
+/// class change by ControllerModifyVolume: the key the former class alone
+/// set is removed by its URL, the type never changes.
+#[tokio::test]
+#[ignore = "needs the real test cloud (tests/openstack/cloud.py up block)"]
+async fn classes_change_a_volumes_metadata_on_real_cinder_without_a_retype() {
+    let _serial = SERIAL.lock().await;
+    let mut e = real_env("class-metadata").await;
+    let mut r = create_req(
+        &unique("class-metadata"),
+        mount_cap("ext4", Mode::SingleNodeWriter),
+        1,
+    );
+    r.parameters = HashMap::from([("metadata.owner".to_string(), "ops".to_string())]);
+    r.mutable_parameters = HashMap::from([
+        ("metadata.billing".to_string(), "team-a".to_string()),
+        ("metadata.backup".to_string(), "daily".to_string()),
+    ]);
+    let id =
+        e.c.create_volume(r)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id;
+    let before = e.cinder.get_volume(&id).await.unwrap();
+    let md = &before.metadata;
+    assert_eq!(md.get("owner").map(String::as_str), Some("ops"));
+    assert_eq!(md.get("billing").map(String::as_str), Some("team-a"));
+    assert_eq!(md.get("backup").map(String::as_str), Some("daily"));
+    e.c.controller_modify_volume(csi::ControllerModifyVolumeRequest {
+        volume_id: id.clone(),
+        mutable_parameters: HashMap::from([("metadata.billing".to_string(), "team-b".to_string())]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let after = e.cinder.get_volume(&id).await.unwrap();
+    assert_eq!(
+        after.metadata.get("billing").map(String::as_str),
+        Some("team-b")
+    );
+    assert_eq!(
+        after.metadata.get("backup"),
+        None,
+        "the former class's key stayed"
+    );
+    assert_eq!(after.metadata.get("owner").map(String::as_str), Some("ops"));
+    assert_eq!(after.volume_type, before.volume_type, "retyped");
+    assert_eq!(after.status.to_string(), "available");
+    e.delete(&id).await;
+}
