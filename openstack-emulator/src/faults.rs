@@ -319,3 +319,47 @@ impl FaultRule {
         Some(FaultAction::Throttled { wait, hint })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The proxy serves a request the first rule that takes it: a
+    /// throttle takes only the calls over its rate, and lets the others
+    /// on to the rules after it (the campaign puts a Keystone outage's
+    /// expired tokens there).
+    #[test]
+    fn a_throttle_takes_only_the_calls_over_its_rate() {
+        let mut rules = [
+            FaultRule::new(
+                None,
+                "/volume/",
+                FaultAction::Throttle {
+                    per_second: 0.2,
+                    burst: 1,
+                    hint: RetryHint::RetryAfter,
+                },
+            ),
+            FaultRule::new(None, "/volume/", FaultAction::TokensExpired),
+        ];
+        let mut ask = || {
+            rules.iter_mut().find_map(|r| {
+                r.check(
+                    &http::Method::GET,
+                    "/volume/v3/p/volumes",
+                    RequestToken::Unknown,
+                )
+            })
+        };
+        assert_eq!(
+            ask(),
+            Some(FaultAction::TokensExpired),
+            "the first call goes on to the outage"
+        );
+        assert!(
+            matches!(ask(), Some(FaultAction::Throttled { .. })),
+            "the second, within 5 s, is throttled"
+        );
+        assert_eq!((rules[0].served, rules[1].served), (1, 1));
+    }
+}
