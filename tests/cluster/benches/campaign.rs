@@ -65,4 +65,12 @@ async fn main() {
     println!("{}", report.table(seed));
     println!("the campaign took {:?}", started.elapsed());
     campaign.close().await.unwrap();
+    // its figures are printed, not judged; a violation is a failure
+    if !report.violations.is_empty() {
+        eprintln!(
+            "{} invariant violations (listed above): the campaign failed",
+            report.violations.len()
+        );
+        std::process::exit(1);
+    }
 }
