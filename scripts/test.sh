@@ -511,20 +511,8 @@ if [[ -e $work/cluster-up ]]; then
   # it back)
   # the migration from upstream's release needs upstream's charts
   [[ -n ${UPSTREAM_CPO_DIR:-} ]] || echo "helm/in-cluster/upstream-" >>"$work/declared-skips"
-  # withheld here until its defect is mended (run it by hand:
-  # UPSTREAM_CPO_DIR=... python3 tests/helm/charts.py --cluster upstream):
-  # on the rollback to upstream's release, our departing node-driver-
-  # registrar removes, as it stops, the registration socket upstream's new
-  # registrar has just made at the same path (Helm makes the new
-  # DaemonSet before it deletes ours), kubelet deregisters the driver and
-  # upstream's registrar never makes it again (seen once in four runs)
-  migration_withheld="the in-place rollback to upstream's release can leave a node without the Cinder driver (our departing registrar removes upstream's new registration socket): withheld until mended"
-  if [[ -n ${UPSTREAM_CPO_DIR:-} ]]; then
-    echo "helm/in-cluster/upstream-: SKIPPED: $migration_withheld"
-    echo "helm/in-cluster/upstream-" >>"$work/declared-skips"
-  fi
   tests "cluster tier: the Helm charts (through the apiserver, install, upgrade under writers, rollback, uninstall; the KMS chart serving an apiserver)" \
-    env -u UPSTREAM_CPO_DIR python3 tests/helm/charts.py --cluster
+    python3 tests/helm/charts.py --cluster
 fi
 # without the cluster, they have nothing to run beside
 [[ -e $work/cluster-up ]] || cpu_phases

@@ -128,6 +128,10 @@ def cinder_registered():
     return True if nodes <= have else f"not registered on {sorted(nodes - have)}"
 
 
+# how long the registrations are watched after a switch ended
+SETTLE = 10
+
+
 class RegistrationGaps:
     """Samples every node's CSINode each second while a switch runs: the
     longest stretch each node went without Cinder's driver registered
@@ -273,6 +277,9 @@ def upstreams_cinder_release_replaced_in_place_and_rolled_back():
                 time.sleep(1)
             rolled_out(CINDER_WORKLOADS)
             gone(UPSTREAM_WORKLOADS)
+            # a departing registrar's removal reaches CSINode late: watched
+            # for a while after the switch, then waited out
+            time.sleep(SETTLE)
             wait("cinder.csi.openstack.org registered on every node by ours", cinder_registered)
         # upstream's departing registrar removes ours' socket: our
         # registrar's liveness probe restarts it, which makes it again
@@ -292,6 +299,7 @@ def upstreams_cinder_release_replaced_in_place_and_rolled_back():
             cfg.rollback(RELEASE, version=1, timeout=300)
             upstream_controller_on_host_network()
             gone(CINDER_WORKLOADS)
+            time.sleep(SETTLE)
             wait("cinder.csi.openstack.org registered on every node by upstream's release again", cinder_registered)
         # our departing registrar removes upstream's new socket by path:
         # our plugin puts it back (upstream's registrar has no liveness
