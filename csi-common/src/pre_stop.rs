@@ -325,19 +325,53 @@ pub fn serve_on(
         cordoned_idle_secs: 30,
         log: plugin_runtime::LogArgs::default(),
     };
-    let registration = crate::registration::RegistrationSocket::new(path_root, driver);
+    with_route(server, client, args, driver, addr)
+}
+
+/// How long the plugin, told to stop, watches the registration socket
+/// for its registrar's removal (the registrar is told to stop beside it).
+const HANDOVER_ON_STOP: Duration = Duration::from_secs(3);
+
+/// The `/pre-stop` route on `addr` with the registration socket's
+/// handover ([`crate::registration`]), started when the registrar asks
+/// and when the plugin is told to stop, whichever comes first: kubelet
+/// runs the preStop hooks of a pod's containers side by side, and the
+/// plugin's own may end, and the plugin be told to stop, before the
+/// registrar's request arrives. The route then still answers, the
+/// process held until the handover ends.
+pub fn with_route(
+    server: plugin_runtime::PluginServer,
+    client: kube_api::Client,
+    args: PreStopArgs,
+    driver: &str,
+    addr: std::net::SocketAddr,
+) -> plugin_runtime::PluginServer {
+    let registration = crate::registration::RegistrationSocket::new(&args.path_root, driver);
     registration.remove_stale_keep();
     let holds = server.exit_holds();
-    server.local_route(
-        addr,
-        HTTP_PATH,
-        http_handler(
-            client,
-            args,
-            driver.to_string(),
-            Some((registration, holds)),
-        ),
-    )
+    let on_stop = (
+        registration.clone().with_removal_bound(HANDOVER_ON_STOP),
+        holds.clone(),
+    );
+    server
+        .on_shutdown(move || {
+            let (registration, holds) = on_stop;
+            if let Ok(put_back) = registration.keep_for_successor() {
+                holds.spawn(async move {
+                    put_back.await;
+                });
+            }
+        })
+        .local_route(
+            addr,
+            HTTP_PATH,
+            http_handler(
+                client,
+                args,
+                driver.to_string(),
+                Some((registration, holds)),
+            ),
+        )
 }
 
 fn being_removed(node: &kube_api::Node) -> bool {

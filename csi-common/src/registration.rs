@@ -17,13 +17,25 @@
 //! remove the path, and puts the socket back there if something still
 //! serves on it: a registrar that stopped closes its own socket as it
 //! exits, so a live one is a successor's. Kubelet sees a new socket and
-//! registers the driver again through it.
+//! registers the driver again through it. A successor that replaces the
+//! socket after it was kept (its registrar starting in the same second as
+//! ours stops) is kept in its turn: what goes back is what the path held
+//! last.
+//!
+//! The plugin keeps the socket both when the registrar asks and when the
+//! plugin itself is told to stop: kubelet stops a pod's containers side
+//! by side, so either may come first.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+/// How often a removed path's last socket is asked whether it still serves.
+const PROBE_INTERVAL: Duration = Duration::from_millis(100);
+/// How long it must go on serving, the path removed, to be put back.
+const STILL_SERVED: Duration = Duration::from_secs(1);
 
 /// What the handover did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +52,8 @@ pub enum Handover {
     /// The path was removed while another process still served on it:
     /// its socket was put back.
     PutBack,
-    /// The path holds another socket already: a new registrar's.
+    /// The path holds another socket (a new registrar's) that was never
+    /// removed until the bound.
     Replaced,
 }
 
@@ -87,8 +100,7 @@ impl RegistrationSocket {
         if self.keeping.swap(true, Ordering::SeqCst) {
             return Err(Handover::AlreadyKeeping);
         }
-        let _ = std::fs::remove_file(&self.kept);
-        if let Err(e) = std::fs::hard_link(&self.path, &self.kept) {
+        if let Err(e) = self.keep(&self.path) {
             tracing::warn!(socket = %self.path.display(), error = %e, "cannot keep the registration socket through the registrar's stop");
             self.keeping.store(false, Ordering::SeqCst);
             return Err(Handover::NoSocket);
@@ -97,44 +109,81 @@ impl RegistrationSocket {
         Ok(async move {
             let outcome = this.put_back_after_removal(held).await;
             let _ = std::fs::remove_file(&this.kept);
+            let _ = std::fs::remove_file(this.kept.with_extension("kept.new"));
             this.keeping.store(false, Ordering::SeqCst);
             tracing::info!(socket = %this.path.display(), outcome = ?outcome, "registration socket handover");
             outcome
         })
     }
 
+    /// Links the socket at `from` under the kept name, replacing what was
+    /// kept before (a new link renamed over it: never a moment without one).
+    fn keep(&self, from: &Path) -> std::io::Result<()> {
+        let fresh = self.kept.with_extension("kept.new");
+        let _ = std::fs::remove_file(&fresh);
+        std::fs::hard_link(from, &fresh)?;
+        std::fs::rename(&fresh, &self.kept)
+    }
+
+    /// Watches the path until the bound: a successor's registrar may
+    /// replace the socket there before ours removes the path (the two
+    /// releases' pods start and stop in the same seconds), so the socket
+    /// kept is always the one the path held last. When the path is
+    /// emptied and that socket still accepts connections for a while, it
+    /// was not the remover's own: it goes back.
     async fn put_back_after_removal(&self, held: (u64, u64)) -> Handover {
         let started = Instant::now();
+        let mut latest = held;
+        let mut replaced = false;
+        let mut removed_since: Option<Instant> = None;
+        let mut last_probe: Option<Instant> = None;
         loop {
             match socket_at(&self.path) {
-                Some(now) if now == held => {
-                    if started.elapsed() >= self.removal_bound {
-                        return Handover::Untouched;
+                Some(now) if now == latest => removed_since = None,
+                Some(now) => {
+                    // a new registrar's socket: kept from now on instead;
+                    // gone again before it could be linked, the next look
+                    // sees what replaced it
+                    if self.keep(&self.path).is_ok() && socket_at(&self.kept) == Some(now) {
+                        latest = now;
+                        replaced = true;
                     }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    removed_since = None;
                 }
-                Some(_) => return Handover::Replaced,
-                None => break,
+                None => {
+                    let since = *removed_since.get_or_insert_with(Instant::now);
+                    // node-driver-registrar removes the path, then exits:
+                    // its own socket refuses connections a moment later.
+                    // One that keeps accepting for a while is served by
+                    // another process.
+                    if last_probe.is_none_or(|t| t.elapsed() >= PROBE_INTERVAL) {
+                        last_probe = Some(Instant::now());
+                        if std::os::unix::net::UnixStream::connect(&self.kept).is_err() {
+                            return Handover::RegistrarGone;
+                        }
+                    }
+                    if since.elapsed() >= STILL_SERVED {
+                        // a new link, never a rename over the path: a
+                        // socket made there meanwhile is the newer one
+                        match std::fs::hard_link(&self.kept, &self.path) {
+                            Ok(()) => return Handover::PutBack,
+                            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                            Err(e) => {
+                                tracing::warn!(socket = %self.path.display(), error = %e, "cannot put the registration socket back");
+                                return Handover::RegistrarGone;
+                            }
+                        }
+                    }
+                }
             }
-        }
-        // node-driver-registrar removes the path, then exits: its own
-        // socket refuses connections a moment later. One that keeps
-        // accepting for a while is served by another process.
-        for _ in 0..10 {
-            if std::os::unix::net::UnixStream::connect(&self.kept).is_err() {
-                return Handover::RegistrarGone;
+            if started.elapsed() >= self.removal_bound {
+                return if replaced {
+                    Handover::Replaced
+                } else {
+                    Handover::Untouched
+                };
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        // a new link, never a rename over the path: a socket made there
-        // meanwhile is the newer one
-        match std::fs::hard_link(&self.kept, &self.path) {
-            Ok(()) => Handover::PutBack,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Handover::Replaced,
-            Err(e) => {
-                tracing::warn!(socket = %self.path.display(), error = %e, "cannot put the registration socket back");
-                Handover::RegistrarGone
-            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -142,6 +191,7 @@ impl RegistrationSocket {
     pub fn remove_stale_keep(&self) {
         if !self.keeping.load(Ordering::SeqCst) {
             let _ = std::fs::remove_file(&self.kept);
+            let _ = std::fs::remove_file(self.kept.with_extension("kept.new"));
         }
     }
 }

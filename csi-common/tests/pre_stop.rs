@@ -506,3 +506,126 @@ async fn an_ask_without_a_stop_leaves_the_registration_socket_as_it_was() {
     assert_eq!(std::fs::symlink_metadata(&path).unwrap().ino(), ino);
     assert_eq!(kept_links(dir.path()), Vec::<String>::new());
 }
+
+/// Upstream's pod starting in the same second as ours stops: its registrar
+/// replaces the socket at the path after the plugin kept ours', and ours,
+/// stopping, then removes the path, which holds the successor's socket by
+/// now. The socket put back is the one the path held last: the
+/// successor's.
+#[tokio::test]
+async fn a_successor_that_replaces_the_socket_after_it_was_kept_is_the_one_put_back() {
+    use std::os::unix::fs::MetadataExt;
+    let client = apiserver(Shared::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, holds) = registration(dir.path());
+    let path = socket.path().to_path_buf();
+    let (ours, _) = registrar_socket(&path);
+    let handler = http_handler(
+        client,
+        args(dir.path()),
+        DRIVER.into(),
+        Some((socket, holds.clone())),
+    );
+    assert_eq!(handler().await, (200, "NotDraining\n".into()));
+    // the successor's registrar starts: os.Remove(path), then listens there
+    let (successor, successor_ino) = registrar_socket(&path);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // ours is told to stop: it removes the path and exits
+    std::fs::remove_file(&path).unwrap();
+    drop(ours);
+    holds.wait(Duration::from_secs(5)).await;
+    let back = std::fs::symlink_metadata(&path)
+        .expect("the successor's socket, removed by our registrar, was not put back");
+    assert_eq!(
+        back.ino(),
+        successor_ino,
+        "another socket than the successor's"
+    );
+    std::os::unix::net::UnixStream::connect(&path).unwrap();
+    successor.accept().unwrap();
+    assert_eq!(kept_links(dir.path()), Vec::<String>::new());
+}
+
+fn free_loopback_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// A tiny HTTP/1.1 GET (no HTTP client among the dev-dependencies).
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await?;
+    Ok(buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0))
+}
+
+/// Kubelet runs a pod's preStop hooks side by side: the plugin's own may
+/// end, and the plugin be told to stop, before the registrar's request
+/// reaches it. The plugin, stopping, still answers the registrar, and the
+/// successor's socket its registrar then removes is put back before the
+/// plugin exits.
+#[tokio::test]
+async fn a_plugin_told_to_stop_before_its_registrar_asks_still_hands_the_socket_over() {
+    use std::os::unix::fs::MetadataExt;
+    let client = apiserver(Shared::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, _) = registration(dir.path());
+    let path = socket.path().to_path_buf();
+    let (ours, _) = registrar_socket(&path);
+    let (successor, successor_ino) = registrar_socket(&path);
+    let addr = free_loopback_port();
+    let csi_socket = dir.path().join("csi.sock");
+    let server = csi_common::pre_stop::with_route(
+        plugin_runtime::PluginServer::new(
+            format!("unix://{}", csi_socket.display()).parse().unwrap(),
+        ),
+        client,
+        args(dir.path()),
+        DRIVER,
+        addr,
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.serve(tonic::service::Routes::default(), async move {
+        let _ = stopped.await;
+    }));
+    for _ in 0..500 {
+        if csi_socket.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(csi_socket.exists(), "the plugin never served");
+    // the plugin is told to stop first
+    stop.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // then the registrar's preStop asks, and the registrar stops
+    assert_eq!(
+        http_get(addr, "/pre-stop").await.ok(),
+        Some(200),
+        "the stopping plugin did not answer its registrar's preStop"
+    );
+    std::fs::remove_file(&path).unwrap();
+    drop(ours);
+    tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("the plugin did not exit")
+        .unwrap()
+        .unwrap();
+    let back = std::fs::symlink_metadata(&path)
+        .expect("the successor's socket was not put back before the plugin exited");
+    assert_eq!(back.ino(), successor_ino);
+    std::os::unix::net::UnixStream::connect(&path).unwrap();
+    successor.accept().unwrap();
+    assert_eq!(kept_links(dir.path()), Vec::<String>::new());
+}

@@ -31,26 +31,77 @@ impl ExitHolds {
         pending.iter().filter(|h| !h.is_finished()).count()
     }
 
-    /// Waits for every hold, at most `bound`; what is left is cut off.
+    /// Waits for every hold, those started while it waits included (a
+    /// request answered during the shutdown may start one), at most
+    /// `bound`; what is left is cut off.
     pub async fn wait(&self, bound: Duration) {
-        let handles = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
-        if handles.iter().all(JoinHandle::is_finished) {
-            return;
-        }
-        tracing::info!(
-            holds = handles.len(),
-            "waiting for work that must end before the plugin does"
-        );
-        let all = async {
-            for h in handles {
-                let _ = h.await;
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut told = false;
+        loop {
+            let handles =
+                std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+            if handles.iter().all(JoinHandle::is_finished) {
+                return;
             }
-        };
-        if tokio::time::timeout(bound, all).await.is_err() {
-            tracing::warn!(
-                bound_s = bound.as_secs(),
-                "work still running at the end of the grace period: cut off"
-            );
+            if !told {
+                told = true;
+                tracing::info!(
+                    holds = handles.len(),
+                    "waiting for work that must end before the plugin does"
+                );
+            }
+            let all = async {
+                for h in handles {
+                    let _ = h.await;
+                }
+            };
+            if tokio::time::timeout_at(deadline, all).await.is_err() {
+                tracing::warn!(
+                    bound_s = bound.as_secs(),
+                    "work still running at the end of the grace period: cut off"
+                );
+                return;
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A request answered during the shutdown starts its hold after the
+    /// wait began: the wait covers it too.
+    #[tokio::test]
+    async fn a_hold_started_while_the_shutdown_waits_is_waited_for() {
+        let holds = ExitHolds::default();
+        let done = Arc::new(AtomicBool::new(false));
+        holds.spawn(tokio::time::sleep(Duration::from_millis(100)));
+        let (late_holds, late_done) = (holds.clone(), done.clone());
+        holds.spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            late_holds.spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                late_done.store(true, Ordering::SeqCst);
+            });
+        });
+        holds.wait(Duration::from_secs(5)).await;
+        assert!(
+            done.load(Ordering::SeqCst),
+            "the wait ended before the hold started during it"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_wait_is_bounded() {
+        let holds = ExitHolds::default();
+        holds.spawn(std::future::pending());
+        tokio::time::timeout(
+            Duration::from_secs(3),
+            holds.wait(Duration::from_millis(200)),
+        )
+        .await
+        .expect("the wait outlived its bound");
     }
 }

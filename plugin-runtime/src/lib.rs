@@ -59,6 +59,7 @@ pub struct PluginServer {
     grace: Duration,
     bound_http: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
     exit_holds: ExitHolds,
+    on_shutdown: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 impl std::fmt::Debug for PluginServer {
@@ -87,7 +88,16 @@ impl PluginServer {
             grace: Duration::from_secs(30),
             bound_http: None,
             exit_holds: ExitHolds::default(),
+            on_shutdown: Vec::new(),
         }
+    }
+
+    /// Runs `hook` as the shutdown begins (before in-flight calls are
+    /// waited for): work it starts through [`Self::exit_holds`] keeps the
+    /// process, and the routes of [`Self::local_route`], until it ends.
+    pub fn on_shutdown(mut self, hook: impl FnOnce() + Send + 'static) -> Self {
+        self.on_shutdown.push(Box::new(hook));
+        self
     }
 
     /// Work started by a handler that the shutdown waits for (up to the
@@ -180,9 +190,12 @@ impl PluginServer {
             }
             None => None,
         };
+        // the loopback routes last until the holds end: a neighbouring
+        // container's preStop may ask them after this one was told to stop
+        let (local_stop_tx, local_stop_rx) = watch::channel(false);
         let local_task = match self.local.take() {
             Some((addr, routes)) => {
-                let mut rx = stop_rx.clone();
+                let mut rx = local_stop_rx;
                 let (_, task) = http_endpoint::serve_local(addr, routes, async move {
                     let _ = rx.wait_for(|stop| *stop).await;
                 })
@@ -218,11 +231,18 @@ impl PluginServer {
                     tokio::select! {
                         () = tokio::time::sleep(Duration::from_secs(1)) => {}
                         () = &mut shutdown => {
+                            for hook in std::mem::take(&mut self.on_shutdown) {
+                                hook();
+                            }
                             let _ = stop_tx.send(true);
-                            for t in [http_task, local_task].into_iter().flatten() {
+                            if let Some(t) = http_task {
                                 let _ = t.await;
                             }
                             self.exit_holds.wait(self.grace).await;
+                            let _ = local_stop_tx.send(true);
+                            if let Some(t) = local_task {
+                                let _ = t.await;
+                            }
                             tracing::info!("stopped before serving: the endpoint was never free");
                             return Ok(());
                         }
@@ -230,6 +250,7 @@ impl PluginServer {
                 }
                 Err(e) => {
                     let _ = stop_tx.send(true);
+                    let _ = local_stop_tx.send(true);
                     return Err(e.into());
                 }
             }
@@ -253,6 +274,9 @@ impl PluginServer {
             r = &mut server => r.map_err(RuntimeError::from),
             () = &mut shutdown => {
                 tracing::info!(grace_s = self.grace.as_secs(), "shutting down: no new connections, finishing in-flight calls");
+                for hook in std::mem::take(&mut self.on_shutdown) {
+                    hook();
+                }
                 // the socket goes first, so that nobody connects to a
                 // server that is going away
                 socket_file.remove_if_ours();
@@ -279,10 +303,14 @@ impl PluginServer {
         };
         let _ = stop_tx.send(true);
         socket_file.remove_if_ours();
-        for t in [http_task, local_task].into_iter().flatten() {
+        if let Some(t) = http_task {
             let _ = t.await;
         }
         self.exit_holds.wait(self.grace).await;
+        let _ = local_stop_tx.send(true);
+        if let Some(t) = local_task {
+            let _ = t.await;
+        }
         tracing::info!("stopped");
         result
     }
