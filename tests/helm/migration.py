@@ -125,7 +125,13 @@ def cinder_registered():
     nodes = {n["metadata"]["name"] for n in get_json("nodes")["items"]}
     have = {c["metadata"]["name"] for c in get_json("csinodes")["items"]
             if any(d["name"] == "cinder.csi.openstack.org" for d in c["spec"].get("drivers") or [])}
-    return True if nodes <= have else f"not registered on {sorted(nodes - have)}"
+    if nodes <= have:
+        return True
+    # what a failure shows (CI prints only its last lines): whose node
+    # plugins were on the nodes without the driver
+    per = node_plugins_per_node()
+    return f"not registered on {sorted(nodes - have)}; node plugin pods there: " + \
+        ", ".join(f"{n}: {per.get(n, [])}" for n in sorted(nodes - have))
 
 
 # how long the registrations are watched after a switch ended

@@ -17,6 +17,14 @@ use crate::error::{Error, Result};
 use crate::service::ServiceType;
 use crate::session::{ApiRequest, Session, unversioned_root};
 
+mod access;
+mod catalog;
+mod snapshots;
+
+pub use access::{AccessRule, AccessRuleState, GrantAccess};
+pub use catalog::{Pool, PoolCapabilities, ShareLimits, ShareType, UserMessage};
+pub use snapshots::{ShareSnapshot, ShareSnapshotStatus};
+
 /// A Manila API microversion `2.N`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Microversion {
@@ -50,7 +58,7 @@ pub const MIN_MICROVERSION: Microversion = Microversion::new(2, 37);
 /// Newest behaviour this client knows how to read.
 pub const MAX_MICROVERSION: Microversion = Microversion::new(2, 65);
 /// `GET /share-access-rules` exists from here on.
-const MV_ACCESS_RULES_API: Microversion = Microversion::new(2, 45);
+pub(crate) const MV_ACCESS_RULES_API: Microversion = Microversion::new(2, 45);
 
 status_enum!(
     /// Manila's share statuses.
@@ -75,29 +83,6 @@ impl ShareStatus {
         self.as_str().contains("error")
     }
 }
-
-status_enum!(
-    /// Access rule states.
-    AccessRuleState {
-        QueuedToApply => "queued_to_apply",
-        Applying => "applying",
-        Active => "active",
-        Error => "error",
-        QueuedToDeny => "queued_to_deny",
-        Denying => "denying",
-    }
-);
-
-status_enum!(
-    /// Share snapshot statuses.
-    ShareSnapshotStatus {
-        Creating => "creating",
-        Available => "available",
-        Error => "error",
-        Deleting => "deleting",
-        ErrorDeleting => "error_deleting",
-    }
-);
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Share {
@@ -140,69 +125,6 @@ pub struct ExportLocation {
     pub is_admin_only: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct AccessRule {
-    pub id: String,
-    pub access_type: String,
-    pub access_to: String,
-    pub access_level: String,
-    #[serde(default = "unknown_state")]
-    pub state: AccessRuleState,
-    /// The cephx secret; present once a `cephx` rule is active.
-    #[serde(default)]
-    pub access_key: Option<String>,
-    /// The share the rule belongs to (the share-access-rules API says;
-    /// a share's own list does not).
-    #[serde(default)]
-    pub share_id: Option<String>,
-}
-
-fn unknown_state() -> AccessRuleState {
-    AccessRuleState::Other("unknown".into())
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct ShareSnapshot {
-    pub id: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub name: String,
-    pub share_id: String,
-    pub status: ShareSnapshotStatus,
-    pub size: u64,
-    #[serde(default)]
-    pub created_at: Option<String>,
-    #[serde(default)]
-    pub description: Option<String>,
-    /// Manila's clock when it answered with this snapshot (its `Date`),
-    /// as for [`Share::read_at`]. None from a list.
-    #[serde(skip)]
-    pub read_at: Option<std::time::SystemTime>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct ShareType {
-    pub id: String,
-    pub name: String,
-    #[serde(default, deserialize_with = "string_map")]
-    pub extra_specs: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct UserMessage {
-    pub id: String,
-    #[serde(default)]
-    pub resource_id: Option<String>,
-    #[serde(default)]
-    pub action_id: Option<String>,
-    #[serde(default)]
-    pub detail_id: Option<String>,
-    pub user_message: String,
-    #[serde(default)]
-    pub message_level: Option<String>,
-    #[serde(default)]
-    pub created_at: Option<String>,
-}
-
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CreateShare {
     /// `NFS`, `CEPHFS`, ...
@@ -227,53 +149,6 @@ pub struct ListPage {
     pub name: Option<String>,
     /// Snapshots of this share only.
     pub share_id: Option<String>,
-}
-
-/// A backend pool as the scheduler sees it (admin only by default).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct Pool {
-    pub name: String,
-    #[serde(default)]
-    pub capabilities: PoolCapabilities,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-pub struct PoolCapabilities {
-    /// GiB; Manila reports `"unknown"` or `"infinite"` for some backends.
-    #[serde(default)]
-    pub free_capacity_gb: Option<Value>,
-    #[serde(default)]
-    pub share_backend_name: Option<String>,
-    #[serde(default)]
-    pub storage_protocol: Option<String>,
-}
-
-impl PoolCapabilities {
-    /// Free GiB when the pool says a number.
-    pub fn free_gib(&self) -> Option<f64> {
-        match self.free_capacity_gb.as_ref()? {
-            Value::Number(n) => n.as_f64(),
-            Value::String(s) => s.parse().ok(),
-            _ => None,
-        }
-    }
-}
-
-/// The project's share quota as `GET /limits` reports it: `None` where
-/// unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ShareLimits {
-    pub max_gib: Option<u64>,
-    pub used_gib: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GrantAccess {
-    /// `ip`, `cephx`, `user`, `cert`
-    pub access_type: String,
-    pub access_to: String,
-    /// `rw` or `ro`
-    pub access_level: String,
 }
 
 /// The Manila v2 API. Cheap to clone; clones share the negotiated
@@ -493,26 +368,6 @@ impl SharedFileSystems {
         }
     }
 
-    /// Every snapshot of the project, following pagination.
-    pub async fn all_snapshots(&self) -> Result<Vec<ShareSnapshot>> {
-        const PAGE: u32 = 500;
-        let mut out = Vec::new();
-        loop {
-            let page = self
-                .list_snapshots(&ListPage {
-                    limit: Some(PAGE),
-                    offset: out.len() as u64,
-                    ..Default::default()
-                })
-                .await?;
-            let last = page.len() < PAGE as usize;
-            out.extend(page);
-            if last {
-                return Ok(out);
-            }
-        }
-    }
-
     pub async fn delete_share(&self, id: &str) -> Result<()> {
         let req = self
             .req(
@@ -574,254 +429,11 @@ impl SharedFileSystems {
             .await?;
         Ok(self.session.send(req).await?.json::<L>()?.export_locations)
     }
-
-    pub async fn grant_access(&self, share_id: &str, grant: &GrantAccess) -> Result<AccessRule> {
-        #[derive(Deserialize)]
-        struct E {
-            access: AccessRule,
-        }
-        let body = json!({ "allow_access": {
-            "access_type": grant.access_type, "access_to": grant.access_to, "access_level": grant.access_level
-        }});
-        Ok(self
-            .action(share_id, "access_grant", body)
-            .await?
-            .json::<E>()?
-            .access)
-    }
-
-    pub async fn revoke_access(&self, share_id: &str, access_id: &str) -> Result<()> {
-        self.action(
-            share_id,
-            "access_revoke",
-            json!({ "deny_access": { "access_id": access_id } }),
-        )
-        .await
-        .map(|_| ())
-    }
-
-    pub async fn list_access_rules(&self, share_id: &str) -> Result<Vec<AccessRule>> {
-        #[derive(Deserialize)]
-        struct L {
-            access_list: Vec<AccessRule>,
-        }
-        if self.microversion().await? >= MV_ACCESS_RULES_API {
-            let req = self
-                .req(Method::GET, "share-access-rules", "access_list")
-                .await?
-                .query("share_id", share_id);
-            Ok(self.session.send(req).await?.json::<L>()?.access_list)
-        } else {
-            Ok(self
-                .action(share_id, "access_list", json!({ "access_list": null }))
-                .await?
-                .json::<L>()?
-                .access_list)
-        }
-    }
-
-    /// One access rule by id (microversion 2.45+), else from the share's
-    /// list.
-    pub async fn get_access_rule(&self, share_id: &str, access_id: &str) -> Result<AccessRule> {
-        if self.microversion().await? >= MV_ACCESS_RULES_API {
-            #[derive(Deserialize)]
-            struct E {
-                access: AccessRule,
-            }
-            let req = self
-                .req(
-                    Method::GET,
-                    format!("share-access-rules/{}", seg(access_id)),
-                    "access_get",
-                )
-                .await?;
-            let rule = self.session.send(req).await?.json::<E>()?.access;
-            // the API answers for any rule the project can see: one of
-            // another share (and its cephx key) is not this share's
-            if rule.share_id.as_deref() != Some(share_id) {
-                return Err(Error::NotFound(crate::error::ApiError {
-                    operation: "access_get",
-                    status: None,
-                    request_id: None,
-                    message: format!("access rule {access_id} is not a rule of share {share_id}"),
-                }));
-            }
-            return Ok(rule);
-        }
-        self.list_access_rules(share_id)
-            .await?
-            .into_iter()
-            .find(|r| r.id == access_id)
-            .ok_or_else(|| {
-                Error::NotFound(crate::error::ApiError {
-                    operation: "access_get",
-                    status: Some(404),
-                    request_id: None,
-                    message: format!("access rule {access_id} not found on share {share_id}"),
-                })
-            })
-    }
-
-    pub async fn create_snapshot(
-        &self,
-        share_id: &str,
-        name: &str,
-        description: Option<&str>,
-    ) -> Result<ShareSnapshot> {
-        let mut s = json!({ "share_id": share_id, "name": name, "force": false });
-        if let Some(d) = description {
-            s["description"] = json!(d);
-        }
-        let req = self
-            .req(Method::POST, "snapshots", "share_snapshot_create")
-            .await?
-            .json(json!({ "snapshot": s }));
-        Ok(self
-            .session
-            .send(req)
-            .await?
-            .json::<SnapshotEnvelope>()?
-            .snapshot)
-    }
-
-    pub async fn get_snapshot(&self, id: &str) -> Result<ShareSnapshot> {
-        let req = self
-            .req(
-                Method::GET,
-                format!("snapshots/{}", seg(id)),
-                "share_snapshot_get",
-            )
-            .await?;
-        let resp = self.session.send(req).await?;
-        let mut snapshot = resp.json::<SnapshotEnvelope>()?.snapshot;
-        snapshot.read_at = resp.date;
-        Ok(snapshot)
-    }
-
-    pub async fn list_snapshots_named(&self, name: &str) -> Result<Vec<ShareSnapshot>> {
-        #[derive(Deserialize)]
-        struct L {
-            snapshots: Vec<ShareSnapshot>,
-        }
-        let req = self
-            .req(Method::GET, "snapshots/detail", "share_snapshot_list")
-            .await?
-            .query("name", name);
-        let l: L = self.session.send(req).await?.json()?;
-        Ok(l.snapshots.into_iter().filter(|s| s.name == name).collect())
-    }
-
-    /// One page of the project's snapshots (of one share when asked),
-    /// oldest first.
-    pub async fn list_snapshots(&self, q: &ListPage) -> Result<Vec<ShareSnapshot>> {
-        #[derive(Deserialize)]
-        struct L {
-            snapshots: Vec<ShareSnapshot>,
-        }
-        let mut req = self
-            .req(Method::GET, "snapshots/detail", "share_snapshot_list")
-            .await?
-            .query("sort_key", "created_at")
-            .query("sort_dir", "asc")
-            .query("offset", q.offset);
-        if let Some(l) = q.limit {
-            req = req.query("limit", l);
-        }
-        if let Some(n) = &q.name {
-            req = req.query("name", n);
-        }
-        if let Some(id) = &q.share_id {
-            req = req.query("share_id", id);
-        }
-        Ok(self.session.send(req).await?.json::<L>()?.snapshots)
-    }
-
-    pub async fn delete_snapshot(&self, id: &str) -> Result<()> {
-        let req = self
-            .req(
-                Method::DELETE,
-                format!("snapshots/{}", seg(id)),
-                "share_snapshot_delete",
-            )
-            .await?;
-        self.session.send(req).await?;
-        Ok(())
-    }
-
-    pub async fn list_share_types(&self) -> Result<Vec<ShareType>> {
-        #[derive(Deserialize)]
-        struct L {
-            share_types: Vec<ShareType>,
-        }
-        let req = self.req(Method::GET, "types", "share_type_list").await?;
-        Ok(self.session.send(req).await?.json::<L>()?.share_types)
-    }
-
-    /// Backend pools with their capabilities (`scheduler-stats/pools/detail`;
-    /// Manila's default policy lets only admins read them).
-    pub async fn list_pools(&self) -> Result<Vec<Pool>> {
-        #[derive(Deserialize)]
-        struct L {
-            pools: Vec<Pool>,
-        }
-        // Manila takes unknown query parameters for pool filters, so the
-        // detail view is a path, not `?detail=true`
-        let req = self
-            .req(Method::GET, "scheduler-stats/pools/detail", "pool_list")
-            .await?;
-        Ok(self.session.send(req).await?.json::<L>()?.pools)
-    }
-
-    /// The project's share gigabytes quota and use.
-    pub async fn share_limits(&self) -> Result<ShareLimits> {
-        #[derive(Deserialize)]
-        struct Abs {
-            #[serde(rename = "maxTotalShareGigabytes", default)]
-            max: Option<i64>,
-            #[serde(rename = "totalShareGigabytesUsed", default)]
-            used: Option<i64>,
-        }
-        #[derive(Deserialize)]
-        struct Limits {
-            absolute: Abs,
-        }
-        #[derive(Deserialize)]
-        struct L {
-            limits: Limits,
-        }
-        let req = self.req(Method::GET, "limits", "limits_get").await?;
-        let a = self.session.send(req).await?.json::<L>()?.limits.absolute;
-        Ok(ShareLimits {
-            max_gib: a.max.filter(|m| *m >= 0).map(|m| m as u64),
-            used_gib: a.used.unwrap_or(0).max(0) as u64,
-        })
-    }
-
-    /// User messages about a resource, newest first: they say why a share
-    /// went to `error`.
-    pub async fn list_user_messages(&self, resource_id: &str) -> Result<Vec<UserMessage>> {
-        #[derive(Deserialize)]
-        struct L {
-            messages: Vec<UserMessage>,
-        }
-        let req = self
-            .req(Method::GET, "messages", "message_list")
-            .await?
-            .query("resource_id", resource_id)
-            .query("sort_key", "created_at")
-            .query("sort_dir", "desc");
-        Ok(self.session.send(req).await?.json::<L>()?.messages)
-    }
 }
 
 #[derive(Deserialize)]
 struct ShareEnvelope {
     share: Share,
-}
-
-#[derive(Deserialize)]
-struct SnapshotEnvelope {
-    snapshot: ShareSnapshot,
 }
 
 #[cfg(test)]
