@@ -32,7 +32,8 @@ log=$work/tests.log
 cloud_started=
 cluster_started=
 cleanup() {
-  [[ -n ${background_pid:-} ]] && kill -- "$background_pid" 2>/dev/null
+  local lane
+  for lane in "${!lane_pid[@]}"; do kill -- "${lane_pid[$lane]}" 2>/dev/null; done
   if [[ -n ${disk_sampler_pid:-} ]]; then
     kill -STOP "$disk_sampler_pid" 2>/dev/null
     pkill -P "$disk_sampler_pid" sleep 2>/dev/null
@@ -80,31 +81,31 @@ export TEST_LOG_DIR=$work/logs
 # background_job FUNCTION: test phases run beside the next ones (CPU-bound
 # phases beside ones that mostly wait on kubelet, the controllers or the
 # cloud); FUNCTION calls `tests` for each; their output and verdicts come
-# at await_background
-background_pid=
+# at await_background. A second job (second_lane, await_second_lane) runs
+# beside the first where three things wait on different services.
+declare -A lane_pid=()
 failed_background=0
-background_job() {
+lane_job() {
+  local lane=$1; shift
   # phase numbers of their own: their output files are known, and no
   # other phase's
-  ( phases=1000; "$@" ) >"$work/background.out" 2>&1 &
-  background_pid=$!
+  ( phases=$((lane * 1000)); "$@" ) >"$work/background-$lane.out" 2>&1 &
+  lane_pid[$lane]=$!
 }
-# background_tests NAME COMMAND...: one test phase so
-background_tests() { background_job tests "$@"; }
-await_background() {
-  local failed rc=0
+lane_await() {
+  local lane=$1 failed rc=0
   # its phases record their own failures and the job goes on: a job that
   # ends non-zero died outside them (an error of the script, a signal),
   # and may have lost phases it never ran
-  wait "$background_pid" || rc=$?
-  background_pid=
+  wait "${lane_pid[$lane]}" || rc=$?
+  unset "lane_pid[$lane]"
   if ((rc)); then
     failed_phases+=("a background job ended with status $rc outside its phases (phases after it never ran)")
-    cp "$work/background.out" "$work/failed-background-$((++failed_background)).out"
+    cp "$work/background-$lane.out" "$work/failed-background-$((++failed_background)).out"
     failed_outs+=("$work/failed-background-$failed_background.out")
   fi
-  cat "$work/background.out"
-  for failed in "$work"/phase-1???.out.failed; do
+  cat "$work/background-$lane.out"
+  for failed in "$work"/phase-"$lane"???.out.failed; do
     [[ -e $failed ]] || continue
     # kept aside: a later background job's phases reuse these numbers
     cp "${failed%.failed}" "$work/failed-background-$((++failed_background)).out"
@@ -113,6 +114,12 @@ await_background() {
     rm -f "$failed"
   done
 }
+background_job() { lane_job 1 "$@"; }
+# background_tests NAME COMMAND...: one test phase so
+background_tests() { background_job tests "$@"; }
+await_background() { lane_await 1; }
+second_lane() { lane_job 2 "$@"; }
+await_second_lane() { lane_await 2; }
 
 phase() {
   local name=$1; shift
@@ -400,6 +407,10 @@ export OPENSTACK_TEST_BACKEND=real
 tests "contract tests (real OpenStack)" run_tests openstack-client contract --show-output
 # (the tests that inject faults always use the emulator: not run again)
 tests "KMS plugin against real Keystone + Barbican" run_tests kms-barbican plugin --skip _on_the_emulator
+# the container images (for the cluster tier) need only the build: made
+# now, so that the cluster comes up beside the real tier
+tests "the container images (deploy/images), checked against deploy/suite" \
+  env IMAGE_PROFILE=debug bash deploy/images/build.sh target/images
 # Cinder's real-cloud phases (Cinder, Nova, the test server's loop
 # devices) run beside Manila's (Manila, Ceph, Ganesha): they share no
 # resource but Keystone, and each mostly waits on its services
@@ -411,17 +422,43 @@ cinder_on_the_real_cloud() {
   run_tests csi-cinder real_cloud_faults --ignored --test-threads=1 || rc=1
   return $rc
 }
-# the container images (for the cluster tier) are built after Cinder's
-# phases, beside Manila's: they need neither cloud
-cinder_on_the_real_cloud_then_images() {
+background_tests "Cinder CSI on real Cinder + Nova (conformance, credentials rotated, zones, stuck attachments, throttled, lost answers, a late detach, an outage)" \
+  cinder_on_the_real_cloud
+# the cluster tier: deploy/suite from the images above in a real
+# Kubernetes of three nodes on this cloud (A in the host's namespaces, B
+# and C each in their own; C in the second zone); without Kubernetes
+# binaries (KUBE_BIN_DIR) it says so and its scenarios count as skipped
+cluster_up() {
   local rc=0
-  cinder_on_the_real_cloud || rc=1
-  echo "     Building the container images (deploy/images), checked against deploy/suite"
-  env IMAGE_PROFILE=debug bash deploy/images/build.sh target/images || rc=1
+  python3 tests/cluster/cluster.py up || rc=$?
+  if ((rc == 3)); then
+    echo "cluster tier SKIPPED: its inputs are missing (see above); its scenarios count as skipped"
+    echo "cluster-tests/" >>"$work/declared-skips"
+    return 0
+  fi
+  ((rc == 0)) && touch "$work/cluster-up"
   return $rc
 }
-background_tests "Cinder CSI on real Cinder + Nova (conformance, credentials rotated, zones, stuck attachments, throttled, lost answers, a late detach, an outage); then the container images (deploy/images), checked against deploy/suite" \
-  cinder_on_the_real_cloud_then_images
+# its first phases, beside the real tier's (a third lane): the cluster
+# comes up and runs the KMS phase, which needs only Keystone and Barbican
+# of the cloud (the real tier's faults and outages are Cinder's and
+# Manila's) and the cluster's own apiservers, which it restarts, so it
+# cannot run beside the cluster's other phases; it mostly waits on those
+# restarts and on kubelet
+cluster_lane() {
+  unset OPENSTACK_TEST_BACKEND
+  # the node set-up over what an earlier cluster left (CI's clones meet
+  # a cut-off run's namespaces): before `up`, which needs node B's names
+  # free
+  tests "cluster tier: a node's namespaces left by an earlier checkout are made again" \
+    python3 tests/cluster/namespaces_test.py
+  tests "cluster tier: Kubernetes v1.36 up, deploy/suite applied" cluster_up
+  [[ -e $work/cluster-up ]] || return 0
+  tests "cluster tier: KMS rotation, restarts and two control-plane nodes" \
+    run_tests cluster-tests kms --ignored --test-threads=1 --show-output
+}
+cluster_started=1
+second_lane cluster_lane
 tests "Manila CSI on real Manila + Ceph (ceph-fuse)" run_tests csi-manila real_cloud --ignored
 tests "Manila CSI conformance (real Manila + Ceph)" \
   run_tests csi-sanity drivers --ignored manila_cephfs_conforms_on_the_real_cloud --nocapture
@@ -437,23 +474,8 @@ tests "preflight of the real cloud (suite-walk)" \
   target/debug/suite-walk --cloud-config .openstack-cloud/cloud-member.conf \
   --server "$(cat .openstack-cloud/test-server-id)" --share-type default
 unset OPENSTACK_TEST_BACKEND
+await_second_lane
 
-# the cluster tier: deploy/suite from the images above in a real
-# Kubernetes of three nodes on this cloud (A in the host's namespaces, B
-# and C each in their own; C in the second zone); without Kubernetes binaries (KUBE_BIN_DIR) it says so and its
-# scenarios count as skipped
-cluster_up() {
-  local rc=0
-  python3 tests/cluster/cluster.py up || rc=$?
-  if ((rc == 3)); then
-    echo "cluster tier SKIPPED: its inputs are missing (see above); its scenarios count as skipped"
-    echo "cluster-tests/" >>"$work/declared-skips"
-    return 0
-  fi
-  ((rc == 0)) && touch "$work/cluster-up"
-  return $rc
-}
-cluster_started=1
 dead_node=a_dead_nodes_pods_run_elsewhere_once_it_is_out_of_service_and_a_new_node_waits_for_its_drivers
 fuzz_phase="fuzzing (each target ${FUZZ_SECONDS:-20} s over its seeds)"
 lints_phase="cargo clippy (every target, warnings denied)"
@@ -474,19 +496,12 @@ cpu_phases_niced() {
   renice -n 10 -p "$BASHPID" >/dev/null
   cpu_phases
 }
-# the node set-up over what an earlier cluster left (CI's clones meet a
-# cut-off run's namespaces): before `up`, which needs node B's names free
-tests "cluster tier: a node's namespaces left by an earlier checkout are made again" \
-  python3 tests/cluster/namespaces_test.py
-tests "cluster tier: Kubernetes v1.36 up, deploy/suite applied" cluster_up
 if [[ -e $work/cluster-up ]]; then
   background_job cpu_phases_niced
   tests "cluster tier: scenarios through kubectl and app pods" \
     run_tests cluster-tests scenarios --ignored --test-threads=1 --show-output
   tests "cluster tier: what a plugin's own token may do (security)" \
     run_tests cluster-tests security --ignored --test-threads=1 --show-output
-  tests "cluster tier: KMS rotation, restarts and two control-plane nodes" \
-    run_tests cluster-tests kms --ignored --test-threads=1 --show-output
   tests "cluster tier: many nodes (volumes follow their pods, shares on every node, limits steer)" \
     run_tests cluster-tests nodes --ignored --test-threads=1 --show-output --skip "$dead_node"
   tests "cluster tier: production faults (a seeded campaign, every fault class once; its checks)" \
