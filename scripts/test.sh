@@ -340,7 +340,13 @@ phase "prerequisites" bash scripts/install-test-deps.sh
 # services mostly wait on their own start, and on cargo's lock for its
 # two binaries); its output and verdict come where the real tier starts
 cloud_started=1
-python3 tests/openstack/cloud.py up "$cloud_profile" >"$work/cloud-up.out" 2>&1 &
+# (its status also in a file: the cluster's lane waits for it there)
+(
+  rc=0
+  python3 tests/openstack/cloud.py up "$cloud_profile" >"$work/cloud-up.out" 2>&1 || rc=$?
+  echo "$rc" >"$work/cloud-up.rc"
+  exit "$rc"
+) &
 cloud_up_pid=$!
 cloud_up() {
   local rc=0
@@ -358,6 +364,49 @@ tests "Helm charts (charts/: lint, renderings, no drift from deploy/)" python3 t
 phase "build the tests once" build_tests
 # the tests start the binaries of that build (no cargo run inside a test)
 export CSI_SANITY_PLUGIN_DIR=$PWD/target/debug
+# the cluster tier: deploy/suite from the images of this build in a real
+# Kubernetes of three nodes on this cloud (A in the host's namespaces, B
+# and C each in their own; C in the second zone); without Kubernetes
+# binaries (KUBE_BIN_DIR) it says so and its scenarios count as skipped
+cluster_up() {
+  local rc=0
+  python3 tests/cluster/cluster.py up || rc=$?
+  if ((rc == 3)); then
+    echo "cluster tier SKIPPED: its inputs are missing (see above); its scenarios count as skipped"
+    echo "cluster-tests/" >>"$work/declared-skips"
+    return 0
+  fi
+  ((rc == 0)) && touch "$work/cluster-up"
+  return $rc
+}
+# its first phases run in a lane of their own from the end of the build,
+# beside the emulator and real tiers: the container images, then (the
+# cloud up) the cluster, its KMS phase and the KMS chart's cold start.
+# Those need only Keystone and Barbican of the cloud (the real tier's
+# faults and outages are Cinder's and Manila's; its fault rules match
+# POSTs and DELETEs of volumes, shares and attachments, which the cluster
+# makes none of then) and restart the cluster's apiservers, or its whole
+# control plane, so they cannot run beside the cluster's other phases;
+# they mostly wait on those restarts and on kubelet
+cluster_lane() {
+  unset OPENSTACK_TEST_BACKEND
+  tests "the container images (deploy/images), checked against deploy/suite" \
+    env IMAGE_PROFILE=debug bash deploy/images/build.sh target/images
+  while [[ ! -e $work/cloud-up.rc ]]; do sleep 2; done
+  # the node set-up over what an earlier cluster left (CI's clones meet
+  # a cut-off run's namespaces): before `up`, which needs node B's names
+  # free
+  tests "cluster tier: a node's namespaces left by an earlier checkout are made again" \
+    python3 tests/cluster/namespaces_test.py
+  tests "cluster tier: Kubernetes v1.36 up, deploy/suite applied" cluster_up
+  [[ -e $work/cluster-up ]] || return 0
+  tests "cluster tier: KMS rotation, restarts and two control-plane nodes" \
+    run_tests cluster-tests kms --ignored --test-threads=1 --show-output
+  tests "cluster tier: the KMS chart serving an apiserver, through a cold start of the control plane" \
+    python3 tests/helm/charts.py --cluster the_kms_charts_plugin_serves_the_apiserver
+}
+cluster_started=1
+second_lane cluster_lane
 # the emulator tier in two lanes: its longest programs (csi-sanity's 44 s,
 # then 21, 19, 16 and 7 s; they mostly wait on the emulator's realistic
 # delays, not on the CPU) beside all the others (two lanes of 91 and
@@ -407,10 +456,6 @@ export OPENSTACK_TEST_BACKEND=real
 tests "contract tests (real OpenStack)" run_tests openstack-client contract --show-output
 # (the tests that inject faults always use the emulator: not run again)
 tests "KMS plugin against real Keystone + Barbican" run_tests kms-barbican plugin --skip _on_the_emulator
-# the container images (for the cluster tier) need only the build: made
-# now, so that the cluster comes up beside the real tier
-tests "the container images (deploy/images), checked against deploy/suite" \
-  env IMAGE_PROFILE=debug bash deploy/images/build.sh target/images
 # Cinder's real-cloud phases (Cinder, Nova, the test server's loop
 # devices) run beside Manila's (Manila, Ceph, Ganesha): they share no
 # resource but Keystone, and each mostly waits on its services
@@ -424,41 +469,6 @@ cinder_on_the_real_cloud() {
 }
 background_tests "Cinder CSI on real Cinder + Nova (conformance, credentials rotated, zones, stuck attachments, throttled, lost answers, a late detach, an outage)" \
   cinder_on_the_real_cloud
-# the cluster tier: deploy/suite from the images above in a real
-# Kubernetes of three nodes on this cloud (A in the host's namespaces, B
-# and C each in their own; C in the second zone); without Kubernetes
-# binaries (KUBE_BIN_DIR) it says so and its scenarios count as skipped
-cluster_up() {
-  local rc=0
-  python3 tests/cluster/cluster.py up || rc=$?
-  if ((rc == 3)); then
-    echo "cluster tier SKIPPED: its inputs are missing (see above); its scenarios count as skipped"
-    echo "cluster-tests/" >>"$work/declared-skips"
-    return 0
-  fi
-  ((rc == 0)) && touch "$work/cluster-up"
-  return $rc
-}
-# its first phases, beside the real tier's (a third lane): the cluster
-# comes up and runs the KMS phase, which needs only Keystone and Barbican
-# of the cloud (the real tier's faults and outages are Cinder's and
-# Manila's) and the cluster's own apiservers, which it restarts, so it
-# cannot run beside the cluster's other phases; it mostly waits on those
-# restarts and on kubelet
-cluster_lane() {
-  unset OPENSTACK_TEST_BACKEND
-  # the node set-up over what an earlier cluster left (CI's clones meet
-  # a cut-off run's namespaces): before `up`, which needs node B's names
-  # free
-  tests "cluster tier: a node's namespaces left by an earlier checkout are made again" \
-    python3 tests/cluster/namespaces_test.py
-  tests "cluster tier: Kubernetes v1.36 up, deploy/suite applied" cluster_up
-  [[ -e $work/cluster-up ]] || return 0
-  tests "cluster tier: KMS rotation, restarts and two control-plane nodes" \
-    run_tests cluster-tests kms --ignored --test-threads=1 --show-output
-}
-cluster_started=1
-second_lane cluster_lane
 tests "Manila CSI on real Manila + Ceph (ceph-fuse)" run_tests csi-manila real_cloud --ignored
 tests "Manila CSI conformance (real Manila + Ceph)" \
   run_tests csi-sanity drivers --ignored manila_cephfs_conforms_on_the_real_cloud --nocapture
@@ -526,8 +536,9 @@ if [[ -e $work/cluster-up ]]; then
   # it back)
   # the migration from upstream's release needs upstream's charts
   [[ -n ${UPSTREAM_CPO_DIR:-} ]] || echo "helm/in-cluster/upstream-" >>"$work/declared-skips"
-  tests "cluster tier: the Helm charts (through the apiserver, install, upgrade under writers, rollback, uninstall; the KMS chart serving an apiserver)" \
-    python3 tests/helm/charts.py --cluster
+  # (the KMS chart's test ran in the cluster's first lane)
+  tests "cluster tier: the Helm charts (through the apiserver, install, upgrade under writers, rollback, uninstall; upstream's release replaced in place and back)" \
+    python3 tests/helm/charts.py --cluster --skip=the_kms_charts
 fi
 # without the cluster, they have nothing to run beside
 [[ -e $work/cluster-up ]] || cpu_phases
