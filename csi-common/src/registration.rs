@@ -109,17 +109,23 @@ impl RegistrationSocket {
         Ok(async move {
             let outcome = this.put_back_after_removal(held).await;
             let _ = std::fs::remove_file(&this.kept);
-            let _ = std::fs::remove_file(this.kept.with_extension("kept.new"));
+            let _ = std::fs::remove_file(this.kept_fresh());
             this.keeping.store(false, Ordering::SeqCst);
             tracing::info!(socket = %this.path.display(), outcome = ?outcome, "registration socket handover");
             outcome
         })
     }
 
+    /// Where a new link is made before it is renamed over the kept one (a
+    /// dotfile too: kubelet's watcher skips it).
+    fn kept_fresh(&self) -> PathBuf {
+        self.kept.with_extension("kept.new")
+    }
+
     /// Links the socket at `from` under the kept name, replacing what was
     /// kept before (a new link renamed over it: never a moment without one).
     fn keep(&self, from: &Path) -> std::io::Result<()> {
-        let fresh = self.kept.with_extension("kept.new");
+        let fresh = self.kept_fresh();
         let _ = std::fs::remove_file(&fresh);
         std::fs::hard_link(from, &fresh)?;
         std::fs::rename(&fresh, &self.kept)
@@ -191,7 +197,7 @@ impl RegistrationSocket {
     pub fn remove_stale_keep(&self) {
         if !self.keeping.load(Ordering::SeqCst) {
             let _ = std::fs::remove_file(&self.kept);
-            let _ = std::fs::remove_file(self.kept.with_extension("kept.new"));
+            let _ = std::fs::remove_file(self.kept_fresh());
         }
     }
 }
