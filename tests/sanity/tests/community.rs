@@ -54,17 +54,80 @@ enum State {
     Skipped(String),
 }
 
-/// Runs one csi-sanity binary (without blocking the runtime, which
-/// serves the emulator); the outcome of each spec by name.
+/// What v5.4.0's connection helper reports when it loses its race:
+/// `utils.Connect` dials, then waits for the connection to change from
+/// the state it reads afterwards. A connection already Ready by then
+/// never changes, and the wait ends after a minute with this error
+/// (csi-test fixed it after v5.4.0: 128ada30 reads the state before
+/// each wait and returns on Ready). Seen once in a full run here, with
+/// both cores busy, on the first spec of a run.
+const CONNECT_RACE: &str = "Connection timed out";
+
+/// Whether a run failed only by v5.4.0's connection race: at least one
+/// failure, and every failure is that error.
+fn lost_only_the_connect_race(specs: &BTreeMap<String, State>) -> bool {
+    let mut failures = specs.values().filter_map(|s| match s {
+        State::Failed(why) => Some(why),
+        _ => None,
+    });
+    let mut any = false;
+    failures.all(|why| {
+        any = true;
+        why.contains(CONNECT_RACE)
+    }) && any
+}
+
+/// Runs one csi-sanity binary; the outcome of each spec by name.
+///
+/// A v5.4.0 run that failed only by its own connection race (above) is
+/// run once more, in full, if the driver answers a connection of ours
+/// at once: the second run's outcome is the one judged, and a second
+/// failure of any kind fails the test. A driver that does not answer
+/// is not retried.
 async fn run(
     version: &str,
     endpoint: &Path,
     dir: &Path,
     args: &[String],
 ) -> BTreeMap<String, State> {
-    let report = dir.join(format!("csi-sanity-{version}.json"));
-    let mount = dir.join(format!("{version}-target"));
-    let staging = dir.join(format!("{version}-staging"));
+    let first = run_once(version, endpoint, dir, args, "").await;
+    if version != "v5.4.0" || !lost_only_the_connect_race(&first) {
+        return first;
+    }
+    let answers = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        csi_sanity::harness::wait_until_ready(endpoint),
+    )
+    .await;
+    if !matches!(answers, Ok(Ok(_))) {
+        println!(
+            "csi-sanity {version}: \"{CONNECT_RACE}\", and the driver does not answer us either: not retried"
+        );
+        return first;
+    }
+    let lost: Vec<&String> = first
+        .iter()
+        .filter(|(_, s)| matches!(s, State::Failed(_)))
+        .map(|(name, _)| name)
+        .collect();
+    println!(
+        "csi-sanity {version}: lost its connection race (\"{CONNECT_RACE}\" in {lost:?}) while the driver answers us: run once more, and that run is judged"
+    );
+    run_once(version, endpoint, dir, args, "-again").await
+}
+
+/// One csi-sanity run (without blocking the runtime, which serves the
+/// emulator); its files take `suffix`.
+async fn run_once(
+    version: &str,
+    endpoint: &Path,
+    dir: &Path,
+    args: &[String],
+    suffix: &str,
+) -> BTreeMap<String, State> {
+    let report = dir.join(format!("csi-sanity-{version}{suffix}.json"));
+    let mount = dir.join(format!("{version}{suffix}-target"));
+    let staging = dir.join(format!("{version}{suffix}-staging"));
     let mut cmd = tokio::process::Command::new(csi_sanity(version));
     cmd.arg(format!("--csi.endpoint=unix://{}", endpoint.display()))
         .arg(format!("--csi.mountdir={}", mount.display()))
@@ -480,4 +543,37 @@ fn every_community_spec_is_answered_by_a_check_of_ours_or_a_reason() {
         specs.len(),
         specs.len() - unanswered
     );
+}
+
+/// Only a run whose every failure is v5.4.0's connection race is run
+/// again: a passing run, or one with any other failure beside the race,
+/// is judged as it is.
+#[test]
+fn only_a_run_lost_to_the_connect_race_alone_is_run_again() {
+    let race = State::Failed(format!(
+        "failed: Unexpected error: <*errors.errorString>: {CONNECT_RACE} occurred"
+    ));
+    let other = State::Failed("failed: Expected <int>: 0 to equal <int>: 1".into());
+    let specs = |states: &[State]| -> BTreeMap<String, State> {
+        states
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("Node Service spec {i}"), s.clone()))
+            .collect()
+    };
+    assert!(lost_only_the_connect_race(&specs(&[
+        race.clone(),
+        State::Passed,
+        State::Skipped("no snapshots".into()),
+    ])));
+    assert!(lost_only_the_connect_race(&specs(&[
+        race.clone(),
+        race.clone()
+    ])));
+    assert!(!lost_only_the_connect_race(&specs(&[
+        State::Passed,
+        State::Skipped("no snapshots".into()),
+    ])));
+    assert!(!lost_only_the_connect_race(&specs(&[race, other.clone()])));
+    assert!(!lost_only_the_connect_race(&specs(&[other])));
 }
