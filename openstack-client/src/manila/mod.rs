@@ -147,8 +147,29 @@ pub struct ListPage {
     /// Entries to skip (Manila's `offset`).
     pub offset: u64,
     pub name: Option<String>,
-    /// Snapshots of this share only.
+    /// Snapshots of this share only (snapshot listings).
     pub share_id: Option<String>,
+}
+
+impl ListPage {
+    /// `req` asking for this page, oldest first (a stable order for offset
+    /// paging while entries are being created).
+    pub(crate) fn query(&self, mut req: ApiRequest) -> ApiRequest {
+        req = req
+            .query("sort_key", "created_at")
+            .query("sort_dir", "asc")
+            .query("offset", self.offset);
+        if let Some(l) = self.limit {
+            req = req.query("limit", l);
+        }
+        if let Some(n) = &self.name {
+            req = req.query("name", n);
+        }
+        if let Some(id) = &self.share_id {
+            req = req.query("share_id", id);
+        }
+        req
+    }
 }
 
 /// The Manila v2 API. Cheap to clone; clones share the negotiated
@@ -318,18 +339,7 @@ impl SharedFileSystems {
         struct L {
             shares: Vec<Share>,
         }
-        let mut req = self
-            .req(Method::GET, "shares/detail", "share_list")
-            .await?
-            .query("sort_key", "created_at")
-            .query("sort_dir", "asc")
-            .query("offset", q.offset);
-        if let Some(l) = q.limit {
-            req = req.query("limit", l);
-        }
-        if let Some(n) = &q.name {
-            req = req.query("name", n);
-        }
+        let req = q.query(self.req(Method::GET, "shares/detail", "share_list").await?);
         Ok(self.session.send(req).await?.json::<L>()?.shares)
     }
 

@@ -114,21 +114,10 @@ impl SharedFileSystems {
         struct L {
             snapshots: Vec<ShareSnapshot>,
         }
-        let mut req = self
-            .req(Method::GET, "snapshots/detail", "share_snapshot_list")
-            .await?
-            .query("sort_key", "created_at")
-            .query("sort_dir", "asc")
-            .query("offset", q.offset);
-        if let Some(l) = q.limit {
-            req = req.query("limit", l);
-        }
-        if let Some(n) = &q.name {
-            req = req.query("name", n);
-        }
-        if let Some(id) = &q.share_id {
-            req = req.query("share_id", id);
-        }
+        let req = q.query(
+            self.req(Method::GET, "snapshots/detail", "share_snapshot_list")
+                .await?,
+        );
         Ok(self.session.send(req).await?.json::<L>()?.snapshots)
     }
 
