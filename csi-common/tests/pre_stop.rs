@@ -418,65 +418,100 @@ fn kept_links(root: &Path) -> Vec<String> {
         .collect()
 }
 
+/// A node's registration folder with our registrar's socket at the
+/// driver's registration path, and the plugin's `/pre-stop` handler that
+/// hands that path over.
+struct Handover {
+    dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    holds: ExitHolds,
+    /// our registrar's socket, until it stops
+    ours: Option<std::os::unix::net::UnixListener>,
+    handler: plugin_runtime::http_endpoint::HttpHandler,
+}
+
+impl Handover {
+    /// `removal_bound`: how long the plugin waits for the registrar to
+    /// remove the path (the default when `None`).
+    async fn new(removal_bound: Option<Duration>) -> Self {
+        let client = apiserver(Shared::default()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let (mut socket, holds) = registration(dir.path());
+        if let Some(bound) = removal_bound {
+            socket = socket.with_removal_bound(bound);
+        }
+        let path = socket.path().to_path_buf();
+        let (ours, _) = registrar_socket(&path);
+        let handler = http_handler(
+            client,
+            args(dir.path()),
+            DRIVER.into(),
+            Some((socket, holds.clone())),
+        );
+        Self {
+            dir,
+            path,
+            holds,
+            ours: Some(ours),
+            handler,
+        }
+    }
+
+    /// node-driver-registrar's SIGTERM: os.Remove(path), os.Exit(0); then
+    /// the plugin's holds run out.
+    async fn our_registrar_stops(&mut self) {
+        std::fs::remove_file(&self.path).unwrap();
+        drop(self.ours.take());
+        self.holds.wait(Duration::from_secs(5)).await;
+    }
+}
+
+/// The successor's socket is at the registration path (kubelet registers
+/// the driver again through it) and no kept link is left below `root`.
+fn assert_put_back(
+    root: &Path,
+    path: &Path,
+    successor: &std::os::unix::net::UnixListener,
+    successor_ino: u64,
+) {
+    use std::os::unix::fs::MetadataExt;
+    let back = std::fs::symlink_metadata(path)
+        .expect("the successor's socket, removed by our registrar, was not put back");
+    assert_eq!(
+        back.ino(),
+        successor_ino,
+        "another socket than the successor's"
+    );
+    std::os::unix::net::UnixStream::connect(path).unwrap();
+    successor.accept().unwrap();
+    assert_eq!(kept_links(root), Vec::<String>::new());
+}
+
 /// The rollback to upstream's release: its registrar replaced ours' socket
 /// at the registration path; ours, told to stop after the plugin's answer,
 /// removes the path and exits. The successor's socket is back at the path
 /// (kubelet registers the driver again through it), and nothing is left.
 #[tokio::test]
 async fn a_successors_registration_socket_removed_by_our_stopping_registrar_is_put_back() {
-    use std::os::unix::fs::MetadataExt;
-    let client = apiserver(Shared::default()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (socket, holds) = registration(dir.path());
-    let path = socket.path().to_path_buf();
-    let (ours, _) = registrar_socket(&path);
-    let (successor, successor_ino) = registrar_socket(&path);
-    let handler = http_handler(
-        client,
-        args(dir.path()),
-        DRIVER.into(),
-        Some((socket, holds.clone())),
-    );
-    assert_eq!(handler().await, (200, "NotDraining\n".into()));
-    // node-driver-registrar's SIGTERM: os.Remove(path), os.Exit(0)
-    std::fs::remove_file(&path).unwrap();
-    drop(ours);
-    holds.wait(Duration::from_secs(5)).await;
-    let back = std::fs::symlink_metadata(&path).expect("the successor's socket was not put back");
-    assert_eq!(
-        back.ino(),
-        successor_ino,
-        "another socket than the successor's"
-    );
-    std::os::unix::net::UnixStream::connect(&path).unwrap();
-    successor.accept().unwrap();
-    assert_eq!(kept_links(dir.path()), Vec::<String>::new());
+    let mut h = Handover::new(None).await;
+    let (successor, successor_ino) = registrar_socket(&h.path);
+    assert_eq!((h.handler)().await, (200, "NotDraining\n".into()));
+    h.our_registrar_stops().await;
+    assert_put_back(h.dir.path(), &h.path, &successor, successor_ino);
 }
 
 /// An ordinary stop (an uninstall, a rolling update): the registrar
 /// removes its own socket and exits; nothing is put back.
 #[tokio::test]
 async fn our_registrars_own_socket_stays_removed_when_it_stops() {
-    let client = apiserver(Shared::default()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (socket, holds) = registration(dir.path());
-    let path = socket.path().to_path_buf();
-    let (ours, _) = registrar_socket(&path);
-    let handler = http_handler(
-        client,
-        args(dir.path()),
-        DRIVER.into(),
-        Some((socket, holds.clone())),
-    );
-    assert_eq!(handler().await.0, 200);
-    std::fs::remove_file(&path).unwrap();
-    drop(ours);
-    holds.wait(Duration::from_secs(5)).await;
+    let mut h = Handover::new(None).await;
+    assert_eq!((h.handler)().await.0, 200);
+    h.our_registrar_stops().await;
     assert!(
-        std::fs::symlink_metadata(&path).is_err(),
+        std::fs::symlink_metadata(&h.path).is_err(),
         "a dead registrar's socket was put back for kubelet"
     );
-    assert_eq!(kept_links(dir.path()), Vec::<String>::new());
+    assert_eq!(kept_links(h.dir.path()), Vec::<String>::new());
 }
 
 /// Anyone on the node's loopback can ask /pre-stop: with no registrar
@@ -484,27 +519,17 @@ async fn our_registrars_own_socket_stays_removed_when_it_stops() {
 #[tokio::test]
 async fn an_ask_without_a_stop_leaves_the_registration_socket_as_it_was() {
     use std::os::unix::fs::MetadataExt;
-    let client = apiserver(Shared::default()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (socket, holds) = registration(dir.path());
-    let socket = socket.with_removal_bound(Duration::from_millis(300));
-    let path = socket.path().to_path_buf();
-    let (_ours, ino) = registrar_socket(&path);
-    let handler = http_handler(
-        client,
-        args(dir.path()),
-        DRIVER.into(),
-        Some((socket, holds.clone())),
-    );
-    assert_eq!(handler().await.0, 200);
+    let h = Handover::new(Some(Duration::from_millis(300))).await;
+    let ino = std::fs::metadata(&h.path).unwrap().ino();
+    assert_eq!((h.handler)().await.0, 200);
     assert_eq!(
-        kept_links(dir.path()).len(),
+        kept_links(h.dir.path()).len(),
         1,
         "nothing kept while the registrar may stop"
     );
-    holds.wait(Duration::from_secs(5)).await;
-    assert_eq!(std::fs::symlink_metadata(&path).unwrap().ino(), ino);
-    assert_eq!(kept_links(dir.path()), Vec::<String>::new());
+    h.holds.wait(Duration::from_secs(5)).await;
+    assert_eq!(std::fs::symlink_metadata(&h.path).unwrap().ino(), ino);
+    assert_eq!(kept_links(h.dir.path()), Vec::<String>::new());
 }
 
 /// Upstream's pod starting in the same second as ours stops: its registrar
@@ -514,36 +539,14 @@ async fn an_ask_without_a_stop_leaves_the_registration_socket_as_it_was() {
 /// successor's.
 #[tokio::test]
 async fn a_successor_that_replaces_the_socket_after_it_was_kept_is_the_one_put_back() {
-    use std::os::unix::fs::MetadataExt;
-    let client = apiserver(Shared::default()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (socket, holds) = registration(dir.path());
-    let path = socket.path().to_path_buf();
-    let (ours, _) = registrar_socket(&path);
-    let handler = http_handler(
-        client,
-        args(dir.path()),
-        DRIVER.into(),
-        Some((socket, holds.clone())),
-    );
-    assert_eq!(handler().await, (200, "NotDraining\n".into()));
+    let mut h = Handover::new(None).await;
+    assert_eq!((h.handler)().await, (200, "NotDraining\n".into()));
     // the successor's registrar starts: os.Remove(path), then listens there
-    let (successor, successor_ino) = registrar_socket(&path);
+    let (successor, successor_ino) = registrar_socket(&h.path);
     tokio::time::sleep(Duration::from_millis(200)).await;
     // ours is told to stop: it removes the path and exits
-    std::fs::remove_file(&path).unwrap();
-    drop(ours);
-    holds.wait(Duration::from_secs(5)).await;
-    let back = std::fs::symlink_metadata(&path)
-        .expect("the successor's socket, removed by our registrar, was not put back");
-    assert_eq!(
-        back.ino(),
-        successor_ino,
-        "another socket than the successor's"
-    );
-    std::os::unix::net::UnixStream::connect(&path).unwrap();
-    successor.accept().unwrap();
-    assert_eq!(kept_links(dir.path()), Vec::<String>::new());
+    h.our_registrar_stops().await;
+    assert_put_back(h.dir.path(), &h.path, &successor, successor_ino);
 }
 
 fn free_loopback_port() -> std::net::SocketAddr {
@@ -577,7 +580,6 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<u16
 /// plugin exits.
 #[tokio::test]
 async fn a_plugin_told_to_stop_before_its_registrar_asks_still_hands_the_socket_over() {
-    use std::os::unix::fs::MetadataExt;
     let client = apiserver(Shared::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let (socket, _) = registration(dir.path());
@@ -622,10 +624,5 @@ async fn a_plugin_told_to_stop_before_its_registrar_asks_still_hands_the_socket_
         .expect("the plugin did not exit")
         .unwrap()
         .unwrap();
-    let back = std::fs::symlink_metadata(&path)
-        .expect("the successor's socket was not put back before the plugin exited");
-    assert_eq!(back.ino(), successor_ino);
-    std::os::unix::net::UnixStream::connect(&path).unwrap();
-    successor.accept().unwrap();
-    assert_eq!(kept_links(dir.path()), Vec::<String>::new());
+    assert_put_back(dir.path(), &path, &successor, successor_ino);
 }
