@@ -213,13 +213,13 @@ def rolled_to(debug, writers, what):
     return now
 
 
-def pod_on(node, name, claim):
-    """A pod on `node` appending a sequence number to /data/seq every
+def pod_on(node, name, claim, file="seq"):
+    """A pod on `node` appending a sequence number to /data/<file> every
     100 ms, each synced; any failed write ends it (restartPolicy Never)."""
     # each line: the number and the node's uptime (busybox's date has no
     # sub-second format), for the longest gap between two writes
     script = ("i=0; while true; do i=$((i+1)); read up idle < /proc/uptime; "
-              "echo \"$i $up\" >> /data/seq || exit 1; sync || exit 1; sleep 0.1; done")
+              f"echo \"$i $up\" >> /data/{file} || exit 1; sync || exit 1; sleep 0.1; done")
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": TEST_NAMESPACE},
@@ -253,21 +253,23 @@ def apply(*objects):
 LONGEST_GAPS = {}
 
 
-def writes(pod):
-    """The last number the pod wrote: every number from 1 is there once, in
-    order (no write lost), and the pod still runs, never restarted (a
-    failed write ends it). Records the longest gap between two writes."""
+def writes(pod, read=("cat", "/data/seq"), key=None):
+    """The last number the pod wrote (as `read`, run in the pod, prints its
+    records): every number from 1 is there once, in order (no write lost),
+    and the pod still runs, never restarted (a failed write ends it).
+    Records the longest gap between two writes, under `key` (the pod's
+    name by default)."""
     p = get_json("-n", TEST_NAMESPACE, "pod", pod)
     if p["status"].get("phase") != "Running":
         raise AssertionError(f"{pod} is {p['status'].get('phase')}: a write failed "
                              f"({kubectl('-n', TEST_NAMESPACE, 'logs', pod, check=False).stdout[-400:]})")
-    lines = kubectl("-n", TEST_NAMESPACE, "exec", pod, "--", "cat", "/data/seq").stdout.splitlines()
+    lines = [l for l in kubectl("-n", TEST_NAMESPACE, "exec", pod, "--", *read).stdout.splitlines() if l.strip()]
     numbers = [int(l.split()[0]) for l in lines]
     if numbers != list(range(1, len(numbers) + 1)):
-        raise AssertionError(f"{pod}: the numbers written are not 1..{len(numbers)} in order")
+        raise AssertionError(f"{pod}: the numbers {' '.join(read)} shows are not 1..{len(numbers)} in order")
     uptimes = [float(l.split()[1]) for l in lines]
     gaps = [b - a for a, b in zip(uptimes, uptimes[1:])]
-    LONGEST_GAPS[pod] = max(gaps, default=0.0)
+    LONGEST_GAPS[key or pod] = max(gaps, default=0.0)
     return numbers[-1] if numbers else 0
 
 

@@ -1,7 +1,8 @@
 """An operator's running upstream release replaced by ours in place, and
 back: upstream's Cinder chart (kubernetes/cloud-provider-openstack's
 charts/cinder-csi-plugin, 2.36) installed first with an operator's values,
-its images replaced by ours so that it runs here; writers on its volumes;
+its images replaced by ours so that it runs here; writers on its volumes
+(ext4, xfs, raw block, and a claim restored from a snapshot);
 then `helm upgrade` of that release to our chart with the same values (the
 operator's documented step), and a rollback to upstream's. No write fails,
 every driver stays registered, upstream's workloads go and come back, and
@@ -231,12 +232,103 @@ def unpinned(pod):
     return pod
 
 
+# a raw block writer's records: 64 bytes each from the device's start,
+# in an area zeroed first (room for 65536 records, 109 min at 10 a second)
+BLOCK_DEVICE = "/dev/block"
+BLOCK_AREA = 4 << 20
+
+
+def block_claim(name, storage_class):
+    c = claim(name, storage_class)
+    c["spec"]["volumeMode"] = "Block"
+    return c
+
+
+def block_pod(name, claim_name):
+    """A pod writing numbered records straight to a raw block volume, each
+    synced (`conv=fsync`); any failed write ends it."""
+    script = (f"dd if=/dev/zero of={BLOCK_DEVICE} bs=1048576 count={BLOCK_AREA >> 20} conv=fsync 2>/dev/null "
+              "|| exit 1; i=0; while true; do i=$((i+1)); read up idle < /proc/uptime; "
+              f"printf '%-63s\\n' \"$i $up\" | dd of={BLOCK_DEVICE} bs=64 seek=$((i-1)) conv=notrunc,fsync "
+              "2>/dev/null || exit 1; sleep 0.1; done")
+    pod = unpinned(pod_on("localhost", name, claim_name))
+    container = pod["spec"]["containers"][0]
+    container["command"] = ["sh", "-c", script]
+    del container["volumeMounts"]
+    container["volumeDevices"] = [{"name": "data", "devicePath": BLOCK_DEVICE}]
+    return pod
+
+
+SNAPSHOT_CLASS = "csi-cinder-snapclass"  # deploy/'s, which the kustomize install leaves
+
+
+def snapshot(name, of):
+    return {"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+            "metadata": {"name": name, "namespace": TEST_NAMESPACE},
+            "spec": {"volumeSnapshotClassName": SNAPSHOT_CLASS, "source": {"persistentVolumeClaimName": of}}}
+
+
+def snapshot_ready(name):
+    status = get_json("-n", TEST_NAMESPACE, "volumesnapshot", name).get("status") or {}
+    return True if status.get("readyToUse") else (status or "no status yet")
+
+
+def restored_claim(name, snap, storage_class):
+    c = claim(name, storage_class)
+    c["spec"]["dataSource"] = {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": snap}
+    return c
+
+
+def records_restored(pod):
+    """The records a claim restored from a snapshot of writer-a's volume
+    holds: 1..k in order, k > 0. The snapshot was cut while writer-a
+    wrote, so its last line may be cut short (no newline): it is not
+    counted."""
+    out = kubectl("-n", TEST_NAMESPACE, "exec", pod, "--", "cat", "/data/seq").stdout
+    lines = out.split("\n")[:-1]  # what follows the last newline is cut short, or nothing
+    numbers = [int(line.split()[0]) for line in lines]
+    assert numbers and numbers == list(range(1, len(numbers) + 1)), \
+        f"{pod}: the restored records are not 1..k in order ({len(numbers)} lines)"
+    return numbers[-1]
+
+
+# how each writer's records are read: a file's lines, or the block
+# device's area with its zeros dropped
+READERS = {
+    "writer-a": lambda: writes("writer-a"),
+    "writer-b": lambda: writes("writer-b"),
+    "writer-xfs": lambda: writes("writer-xfs"),
+    "writer-block": lambda: writes("writer-block", read=(
+        "sh", "-c", f"head -c {BLOCK_AREA} {BLOCK_DEVICE} | tr -d '\\000'")),
+    "writer-restored": lambda: writes("writer-restored", read=("cat", "/data/seq-restored"),
+                                      key="writer-restored seq-restored"),
+}
+
+
 def writers_went_on(writers, what):
-    now = {p: writes(p) for p in writers}
+    now = {p: READERS[p]() for p in writers}
     for p in writers:
         assert now[p] > writers[p], f"{p} wrote nothing through {what} ({writers[p]} -> {now[p]})"
     print(f"   {what}: the writers went on ({writers} -> {now})")
     return now
+
+
+def restored_through(release, snap, at_snapshot):
+    """The snapshot cut under upstream's release restored through
+    `release`: the claim holds the same records, and takes new writes."""
+    pvc, pod = f"restored-{release}", f"restored-{release}-writer"
+    apply(restored_claim(pvc, snap, "csi-cinder-sc-delete"),
+          unpinned(pod_on("localhost", pod, pvc, file="seq-new")))
+    wait(f"{pod} running", lambda: running(pod))
+    held = records_restored(pod)
+    assert held == at_snapshot, f"{snap} restored through {release} holds {held} records, {at_snapshot} when first restored"
+    time.sleep(1)
+    assert writes(pod, read=("cat", "/data/seq-new"), key=f"{pod} seq-new") > 0, f"{pod} wrote nothing"
+    pv = get_json("-n", TEST_NAMESPACE, "pvc", pvc)["spec"]["volumeName"]
+    kubectl("-n", TEST_NAMESPACE, "delete", "pod", pod, "--wait=true")
+    kubectl("-n", TEST_NAMESPACE, "delete", "pvc", pvc, "--wait=true")
+    wait(f"{pv} deleted", lambda: kubectl("get", "pv", pv, check=False).returncode != 0 or "still there")
+    print(f"   {snap} restored through {release}: {held} records, as when first restored")
 
 
 def upstreams_cinder_release_replaced_in_place_and_rolled_back():
@@ -256,14 +348,28 @@ def upstreams_cinder_release_replaced_in_place_and_rolled_back():
             ["Persistent", "Ephemeral"], "upstream's CSIDriver"
         print(f"   upstream's chart {chart.name} installed in {time.monotonic() - started:.0f} s")
 
-        # an operator's volumes in use: two writers (a Delete and a Retain
-        # class), placed where their volumes are
-        apply(claim("upstream-a", "csi-cinder-sc-delete"), claim("upstream-b", "csi-cinder-sc-retain"))
+        # an operator's volumes in use, each with a writer placed where
+        # its volume is: ext4 through upstream's Delete and Retain
+        # classes, xfs (deploy/'s class, which the kustomize install
+        # leaves), a raw block volume, and a claim restored from a
+        # snapshot cut while writer-a wrote
+        apply(claim("upstream-a", "csi-cinder-sc-delete"), claim("upstream-b", "csi-cinder-sc-retain"),
+              claim("upstream-xfs", "csi-cinder-sc-xfs"), block_claim("upstream-block", "csi-cinder-sc-delete"))
         apply(unpinned(pod_on("localhost", "writer-a", "upstream-a")),
-              unpinned(pod_on("localhost", "writer-b", "upstream-b")))
-        for pod in ("writer-a", "writer-b"):
+              unpinned(pod_on("localhost", "writer-b", "upstream-b")),
+              unpinned(pod_on("localhost", "writer-xfs", "upstream-xfs")),
+              block_pod("writer-block", "upstream-block"))
+        for pod in ("writer-a", "writer-b", "writer-xfs", "writer-block"):
             wait(f"{pod} running", lambda: running(pod))
-        writers = {p: writes(p) for p in ("writer-a", "writer-b")}
+        time.sleep(1)
+        apply(snapshot("snap-a", "upstream-a"))
+        wait("snap-a ready", lambda: snapshot_ready("snap-a"))
+        apply(restored_claim("upstream-restored", "snap-a", "csi-cinder-sc-delete"),
+              unpinned(pod_on("localhost", "writer-restored", "upstream-restored", file="seq-restored")))
+        wait("writer-restored running", lambda: running("writer-restored"))
+        at_snapshot = records_restored("writer-restored")
+        writers = {p: READERS[p]() for p in READERS}
+        print(f"   under upstream's release: {sorted(writers)} writing; snap-a holds {at_snapshot} of writer-a's records")
 
         # the switch: helm upgrade of the same release to our chart, same
         # values; sampled meanwhile for node plugins of both releases
@@ -297,7 +403,8 @@ def upstreams_cinder_release_replaced_in_place_and_rolled_back():
         assert set(modes.values()) == {"Immediate"}, f"the classes' binding mode: {modes}"
         writers = writers_went_on(writers, f"the upgrade to our chart ({switched:.0f} s)")
         a_volume_works("ours")
-        writers = writers_went_on(writers, "a volume through ours")
+        restored_through("ours", "snap-a", at_snapshot)
+        writers = writers_went_on(writers, "a volume and a restore through ours")
 
         # and back: a rollback to upstream's release
         t = time.monotonic()
@@ -313,7 +420,10 @@ def upstreams_cinder_release_replaced_in_place_and_rolled_back():
         gaps.check("the rollback to upstream's chart", 30)
         writers = writers_went_on(writers, f"the rollback to upstream's chart ({time.monotonic() - t:.0f} s)")
         a_volume_works("upstream-again")
-        writers_went_on(writers, "a volume through upstream's release again")
+        restored_through("upstream-again", "snap-a", at_snapshot)
+        writers_went_on(writers, "a volume and a restore through upstream's release again")
+        # the snapshot cut before the switches, deleted after them
+        kubectl("-n", TEST_NAMESPACE, "delete", "volumesnapshot", "snap-a", "--wait=true")
 
         kubectl("-n", TEST_NAMESPACE, "delete", "pod", "--all", "--wait=true")
         print(f"   node plugin pods on a node at once during the switch: {most}; the longest gap between two "
