@@ -129,7 +129,19 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     if opts.services.provide_node_service {
         let (r, identity) =
             Readiness::node_identity(conf.metadata.clone(), opts.metadata_url.clone());
-        parts.push(r);
+        // A process that serves the controller too waits only for the
+        // first reading of the instance metadata, not for its success:
+        // upstream's manifests run their controller pod with both
+        // services (no `--provide-node-service=false`), on a host whose
+        // metadata that pod may not reach, and csi-provisioner waits for
+        // Probe before it provisions anything. Its node service answers
+        // NodeGetInfo once the identity is known, Unavailable until then
+        // (kubelet calls no node service of a controller pod).
+        parts.push(if opts.services.provide_controller_service {
+            r.once_tried()
+        } else {
+            r
+        });
         if let Some(root) = opts.services.path_roots().first() {
             server = csi_common::pre_stop::serve_on(
                 server,

@@ -230,6 +230,61 @@ fn help_says_what_is_not_served() {
     }
 }
 
+/// Upstream's manifests run the controller pod with both services (no
+/// `--provide-node-service=false`), where the instance metadata may be out
+/// of reach: it is ready once its cloud answers (csi-provisioner waits for
+/// that), and NodeGetInfo says Unavailable, naming the metadata.
+#[tokio::test]
+async fn upstreams_controller_form_is_ready_without_instance_metadata() {
+    let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = write_conf(dir.path(), &emu);
+    let sock = dir.path().join("csi.sock");
+    // a metadata service that refuses every connection
+    let closed = free_port().unwrap();
+    let _plugin = Plugin(
+        Command::new(BIN)
+            .arg(format!("--endpoint=unix://{}", sock.display()))
+            .arg(format!("--cloud-config={}", conf.display()))
+            .arg("--cluster=kubernetes")
+            .arg("--v=1")
+            .arg(format!("--metadata-url=http://127.0.0.1:{closed}/"))
+            .arg(format!(
+                "--http-endpoint=127.0.0.1:{}",
+                free_port().unwrap()
+            ))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_socket(&sock).await.unwrap();
+    let channel = plugin_runtime::connect_unix(&sock).await.unwrap();
+    let mut client = IdentityClient::new(channel.clone());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let ready = client
+            .probe(ProbeRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .ready;
+        if ready == Some(true) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a controller with the node service too never became ready without instance metadata"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let info = proto::csi::v1::node_client::NodeClient::new(channel)
+        .node_get_info(proto::csi::v1::NodeGetInfoRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(info.code(), tonic::Code::Unavailable, "{info:?}");
+    assert!(info.message().contains("metadata"), "{info:?}");
+}
+
 #[tokio::test]
 async fn wrong_password_keeps_it_unready_with_a_reason() {
     let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();

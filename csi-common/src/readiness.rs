@@ -20,12 +20,16 @@ pub enum State {
 #[derive(Debug, Clone)]
 pub struct Readiness {
     state: Arc<Mutex<State>>,
+    /// A view that counts a failed attempt as ready (see
+    /// [`Readiness::once_tried`]).
+    failing_is_ready: bool,
 }
 
 impl Default for Readiness {
     fn default() -> Self {
         Self {
             state: Arc::new(Mutex::new(State::Starting)),
+            failing_is_ready: false,
         }
     }
 }
@@ -35,11 +39,27 @@ impl Readiness {
     pub fn ready() -> Self {
         Self {
             state: Arc::new(Mutex::new(State::Ready)),
+            failing_is_ready: false,
+        }
+    }
+
+    /// The same part, ready once its first attempt has ended, whether it
+    /// succeeded or failed (retries go on behind it). For what a process
+    /// may serve without: a plugin that serves what it waits for once
+    /// it is there, and answers Unavailable until then.
+    pub fn once_tried(&self) -> Self {
+        Self {
+            state: self.state.clone(),
+            failing_is_ready: true,
         }
     }
 
     pub fn state(&self) -> State {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match s {
+            State::Failing(_) if self.failing_is_ready => State::Ready,
+            s => s,
+        }
     }
 
     fn set(&self, s: State) {
@@ -172,5 +192,29 @@ impl Readiness {
         let r = Readiness::default();
         r.watch_metadata(reader, slot.clone());
         (r, slot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_part_once_tried_is_ready_after_its_first_attempt_failed_and_the_part_itself_is_not() {
+        let part = Readiness::default();
+        let once_tried = part.once_tried();
+        assert_eq!(once_tried.state(), State::Starting, "not tried yet");
+        part.set(State::Failing("no instance metadata".into()));
+        assert_eq!(part.state(), State::Failing("no instance metadata".into()));
+        assert_eq!(once_tried.state(), State::Ready);
+        assert_eq!(
+            Readiness::all(&[Readiness::ready(), once_tried.clone()]),
+            State::Ready
+        );
+        assert_eq!(
+            Readiness::all(&[Readiness::default(), once_tried]),
+            State::Starting,
+            "the other parts still count"
+        );
     }
 }

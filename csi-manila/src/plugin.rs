@@ -138,7 +138,13 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     if opts.services.provide_node_service {
         let (r, identity) =
             Readiness::node_identity(conf.metadata.clone(), opts.metadata_url.clone());
-        parts.push(r);
+        // as Cinder's: upstream's manifests run the controller pod with
+        // both services, where the instance metadata may be out of reach
+        parts.push(if opts.services.provide_controller_service {
+            r.once_tried()
+        } else {
+            r
+        });
         if let Some(root) = opts.services.path_roots().first() {
             server = csi_common::pre_stop::serve_on(
                 server,

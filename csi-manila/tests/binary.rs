@@ -80,6 +80,60 @@ async fn serves_identity_under_the_configured_name() {
     );
 }
 
+/// Upstream's manifests run the controller pod with both services and
+/// its partner's endpoint, where the instance metadata may be out of
+/// reach: it is ready (csi-provisioner waits for that), and NodeGetInfo
+/// says Unavailable, naming the metadata.
+#[tokio::test]
+async fn upstreams_controller_form_is_ready_without_instance_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("csi.sock");
+    // a metadata service that refuses every connection
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let _plugin = Plugin(
+        Command::new(BIN)
+            .arg(format!("--endpoint=unix://{}", sock.display()))
+            .args([
+                "--drivername=nfs.manila.csi.openstack.org",
+                "--share-protocol-selector=NFS",
+                // (and --pvc-annotations, which needs a cluster's API)
+                "--fwdendpoint=unix:///var/lib/kubelet/plugins/csi-nfsplugin/csi.sock",
+            ])
+            .arg(format!("--metadata-url=http://{closed}/"))
+            .arg(format!(
+                "--state-dir={}",
+                dir.path().join("state").display()
+            ))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !sock.exists() {
+        assert!(Instant::now() < deadline, "never served");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let channel = plugin_runtime::connect_unix(&sock).await.unwrap();
+    let mut c = IdentityClient::new(channel.clone());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while c.probe(ProbeRequest {}).await.unwrap().into_inner().ready != Some(true) {
+        assert!(
+            Instant::now() < deadline,
+            "a controller with the node service too never became ready without instance metadata"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let info = proto::csi::v1::node_client::NodeClient::new(channel)
+        .node_get_info(proto::csi::v1::NodeGetInfoRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(info.code(), tonic::Code::Unavailable, "{info:?}");
+    assert!(info.message().contains("metadata"), "{info:?}");
+}
+
 #[test]
 fn help_says_what_is_served_and_what_is_not() {
     let out = Command::new(BIN).arg("--help").output().unwrap();
