@@ -28,6 +28,9 @@ from in_cluster import (
     CINDER_WORKLOADS,
     LONGEST_GAPS,
     NAMESPACE,
+    OVERLAY,
+    REPO,
+    STATE,
     TEST_NAMESPACE,
     apply,
     cinder_values,
@@ -452,6 +455,244 @@ def upstreams_cinder_release_replaced_in_place_and_rolled_back():
             if (pv["spec"].get("claimRef") or {}).get("namespace") == TEST_NAMESPACE] or "still there")
 
 
+# --- from upstream's manifests: `kubectl apply` of their files, then ours
+
+MANIFESTS_NAMESPACE = "kube-system"  # upstream's manifests' and deploy/cinder/base's
+OVERLAY_GENERATED = OVERLAY / "generated"  # the cluster's cloud.conf and addresses (cluster.py up)
+# the files of upstream's manifests/cinder-csi-plugin an operator applies;
+# its csi-secret-cinderplugin.yaml is a placeholder cloud.conf the
+# operator replaces with their own (here: the cluster's)
+UPSTREAM_MANIFESTS = ["cinder-csi-controllerplugin-rbac.yaml", "cinder-csi-controllerplugin.yaml",
+                      "cinder-csi-nodeplugin-rbac.yaml", "cinder-csi-nodeplugin.yaml", "csi-cinder-driver.yaml"]
+MANIFEST_WORKLOADS = [("deployment", "csi-cinder-controllerplugin"), ("daemonset", "csi-cinder-nodeplugin")]
+
+
+def upstream_manifests():
+    folder = os.environ.get("UPSTREAM_CPO_DIR")
+    if not folder:
+        raise Skipped("UPSTREAM_CPO_DIR is unset (a folder holding kubernetes/cloud-provider-openstack's manifests/)")
+    here = Path(folder) / "manifests" / "cinder-csi-plugin"
+    missing = [f for f in UPSTREAM_MANIFESTS if not (here / f).is_file()]
+    if missing:
+        raise AssertionError(f"UPSTREAM_CPO_DIR={folder} lacks manifests/cinder-csi-plugin/{missing}")
+    return here
+
+
+def suite_images():
+    """deploy/suite's images (the ones this cluster has), by name."""
+    import yaml
+
+    k = yaml.safe_load((REPO / "deploy" / "suite" / "kustomization.yaml").read_text())
+    return {i["name"]: i for i in k["images"]}
+
+
+def cluster_kustomization(folder, resources, images, extra_patches=()):
+    """A kustomization in `folder` of `resources` in kube-system as this
+    cluster runs them, as tests/cluster/overlay does for deploy/suite: the
+    cluster's cloud.conf Secrets, the controller on the host's network
+    finding the apiserver on its loopback, the node plugin given the
+    metadata service's address."""
+    import shutil
+
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in ("controllers-on-host-network.yaml", "apiserver-on-loopback.yaml", "node-addresses-cinder.yaml"):
+        shutil.copy(OVERLAY / f, folder / f)
+    for f in ("cinder-cloud.conf", "node-cloud.conf", "addresses.env"):
+        shutil.copy(OVERLAY_GENERATED / f, folder / f)
+    k = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "namespace": MANIFESTS_NAMESPACE,
+        "resources": resources,
+        "images": images,
+        "generatorOptions": {"disableNameSuffixHash": True},
+        "secretGenerator": [{"name": "cloud-config", "files": ["cloud.conf=cinder-cloud.conf"]},
+                            {"name": "cloud-config-node", "files": ["cloud.conf=node-cloud.conf"]}],
+        "configMapGenerator": [{"name": "test-node-addresses", "envs": ["addresses.env"]}],
+        # the caller's first: theirs are JSON patches by index, which the
+        # strategic merges below may reorder
+        "patches": [
+            *extra_patches,
+            {"path": "controllers-on-host-network.yaml", "target": {"kind": "Deployment"}},
+            {"path": "apiserver-on-loopback.yaml", "target": {"kind": "Deployment", "name": "csi-cinder-controllerplugin"}},
+            {"path": "node-addresses-cinder.yaml", "target": {"kind": "DaemonSet", "name": "csi-cinder-nodeplugin"}},
+        ],
+    }
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump(k))
+    return folder
+
+
+def upstream_manifests_here(folder):
+    """Upstream's manifests as an operator applies them, with our images
+    (so that they run here) and what this cluster needs; upstream's
+    controller keeps its health port off its node plugin's on the host's
+    network."""
+    import json
+    import re
+
+    source = upstream_manifests()
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in UPSTREAM_MANIFESTS:
+        # its snapshotter's `imagePullPolicy: Always` would pull from a
+        # registry, which nothing here reaches (as in an air-gapped
+        # cluster, whose operator makes the same change)
+        (folder / f).write_text(re.sub(r'imagePullPolicy:\s*"?Always"?', "imagePullPolicy: IfNotPresent",
+                                       (source / f).read_text()))
+    ours = suite_images()
+    plugin = ours["registry.example.com/openstack-csi/cinder-csi-plugin"]
+    images = [{"name": "registry.k8s.io/provider-os/cinder-csi-plugin",
+               "newName": plugin["newName"], "newTag": plugin["newTag"]}]
+    images += [{"name": n, "newTag": i["newTag"]} for n, i in ours.items() if n.startswith("registry.k8s.io/")]
+    (folder / "controller-health-port.json").write_text(json.dumps([
+        {"op": "test", "path": "/spec/template/spec/containers/4/name", "value": "liveness-probe"},
+        {"op": "add", "path": "/spec/template/spec/containers/4/args/-",
+         "value": f"--http-endpoint=:{CONTROLLER_HEALTH_PORT}"},
+        {"op": "test", "path": "/spec/template/spec/containers/5/name", "value": "cinder-csi-plugin"},
+        {"op": "replace", "path": "/spec/template/spec/containers/5/ports/0/containerPort",
+         "value": CONTROLLER_HEALTH_PORT},
+    ]))
+    return cluster_kustomization(folder, UPSTREAM_MANIFESTS, images, [
+        {"path": "controller-health-port.json", "target": {"kind": "Deployment", "name": "csi-cinder-controllerplugin"}}])
+
+
+def ours_here(folder):
+    """deploy/cinder/base (kube-system, upstream's workload names and
+    selectors) with deploy/suite's images, as this cluster runs it."""
+    import os.path
+
+    base = os.path.relpath(REPO / "deploy" / "cinder" / "base", folder)
+    images = list(suite_images().values())
+    return cluster_kustomization(folder, [base], images)
+
+
+def rendered(folder):
+    import yaml
+
+    return [d for d in yaml.safe_load_all(kubectl("kustomize", str(folder)).stdout) if d]
+
+
+def keys(objects):
+    return {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]) for d in objects}
+
+
+def delete_objects(objects):
+    import yaml
+
+    if objects:
+        kubectl("delete", "--ignore-not-found", "--wait=true", "-f", "-", input=yaml.safe_dump_all(objects))
+
+
+def manifest_workloads_rolled_out():
+    for kind, name in MANIFEST_WORKLOADS:
+        kubectl("-n", MANIFESTS_NAMESPACE, "rollout", "status", f"{kind}/{name}", "--timeout=300s")
+
+
+def manifest_plugin_image(kind, name):
+    spec = get_json("-n", MANIFESTS_NAMESPACE, kind, name)["spec"]["template"]["spec"]
+    return {c["name"]: c["image"] for c in spec["containers"]}
+
+
+def upstreams_cinder_manifests_replaced_by_deploy_and_back():
+    """An operator running upstream's manifests (kube-system) applies
+    deploy/cinder/base over them: the same workloads, selectors and
+    CSIDriver, so `kubectl apply -k` rolls them in place, node by node,
+    under writers; then the objects of upstream's that ours has not (its
+    RBAC under other names) are deleted, as the README says. And back:
+    upstream's files applied again, ours' own objects deleted."""
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="manifests-", dir=STATE))
+    upstream_dir = upstream_manifests_here(work / "upstream")
+    ours_dir = ours_here(work / "ours")
+    upstream_objects, our_objects = rendered(upstream_dir), rendered(ours_dir)
+    upstream_only = [d for d in upstream_objects if keys([d]) - keys(our_objects)]
+    ours_only = [d for d in our_objects if keys([d]) - keys(upstream_objects)]
+    print(f"   upstream's objects that ours has not: {sorted(n for _, _, n in keys(upstream_only))}")
+    kubectl("create", "namespace", TEST_NAMESPACE)
+    kubectl("label", "namespace", TEST_NAMESPACE, "csi-cluster-tier=test")
+    LONGEST_GAPS.clear()
+    try:
+        remove_kustomize_install()
+        # the operator's classes: deploy/'s Cinder classes, kept or made
+        kubectl("apply", "-k", str(REPO / "deploy" / "cinder" / "classes"))
+        t = time.monotonic()
+        kubectl("apply", "-k", str(upstream_dir))
+        manifest_workloads_rolled_out()
+        wait("cinder.csi.openstack.org registered by upstream's manifests", cinder_registered)
+        print(f"   upstream's manifests applied and rolled out in {time.monotonic() - t:.0f} s")
+
+        apply(claim("upstream-a", "csi-cinder-sc-delete"), claim("upstream-xfs", "csi-cinder-sc-xfs"),
+              block_claim("upstream-block", "csi-cinder-sc-delete"))
+        apply(unpinned(pod_on("localhost", "writer-a", "upstream-a")),
+              unpinned(pod_on("localhost", "writer-xfs", "upstream-xfs")),
+              block_pod("writer-block", "upstream-block"))
+        for pod in ("writer-a", "writer-xfs", "writer-block"):
+            wait(f"{pod} running", lambda: running(pod))
+        writers = {p: READERS[p]() for p in ("writer-a", "writer-xfs", "writer-block")}
+
+        # the switch: ours applied over upstream's, then upstream's RBAC
+        # under other names deleted
+        t = time.monotonic()
+        with RegistrationGaps() as gaps:
+            kubectl("apply", "-k", str(ours_dir))
+            manifest_workloads_rolled_out()
+            delete_objects(upstream_only)
+            time.sleep(SETTLE)
+            wait("cinder.csi.openstack.org registered on every node by ours", cinder_registered)
+        gaps.check("deploy/ applied over upstream's manifests", 90)
+        images = manifest_plugin_image("daemonset", "csi-cinder-nodeplugin")
+        assert "liveness-probe" in images and "cinder-csi-plugin" in images, images
+        pods = [p["metadata"]["name"] for p in get_json("-n", MANIFESTS_NAMESPACE, "pods")["items"]
+                if p["metadata"]["name"].startswith("csi-cinder-nodeplugin-")]
+        assert len(pods) == len(get_json("nodes")["items"]), f"node plugin pods: {pods}"
+        bound = [b["metadata"]["name"] for b in get_json("clusterrolebindings")["items"]
+                 if any(s.get("name") in ("csi-cinder-controller-sa", "csi-cinder-node-sa")
+                        for s in b.get("subjects") or [])]
+        assert not set(bound) & {n for _, _, n in keys(upstream_only)}, f"upstream's bindings left: {bound}"
+        writers = writers_went_on(writers, f"deploy/ over upstream's manifests ({time.monotonic() - t:.0f} s)")
+        a_volume_works("deploy-over-manifests")
+        writers = writers_went_on(writers, "a volume through ours")
+
+        # and back: upstream's files applied again, ours' own deleted
+        t = time.monotonic()
+        with RegistrationGaps() as gaps:
+            kubectl("apply", "-k", str(upstream_dir))
+            manifest_workloads_rolled_out()
+            delete_objects(ours_only)
+            time.sleep(SETTLE)
+            wait("cinder.csi.openstack.org registered on every node by upstream's manifests again",
+                 cinder_registered)
+        gaps.check("upstream's manifests applied again", 90)
+        writers = writers_went_on(writers, f"upstream's manifests again ({time.monotonic() - t:.0f} s)")
+        a_volume_works("manifests-again")
+        writers_went_on(writers, "a volume through upstream's manifests again")
+        kubectl("-n", TEST_NAMESPACE, "delete", "pod", "--all", "--wait=true")
+        print("   the longest gap between two writes: "
+              + ", ".join(f"{p} {g:.2f} s" for p, g in sorted(LONGEST_GAPS.items())))
+    finally:
+        try:
+            kubectl("-n", TEST_NAMESPACE, "delete", "pod", "--all", "--wait=true", check=False)
+        except Exception as e:  # cleanup: report, go on restoring
+            print(f"   cleanup: the pods: {e}")
+        # whichever is installed in kube-system goes, the workloads first
+        for kind, name in MANIFEST_WORKLOADS:
+            kubectl("-n", MANIFESTS_NAMESPACE, "delete", kind, name, "--ignore-not-found", "--wait=true", check=False)
+        try:
+            delete_objects(upstream_objects + ours_only)
+        except Exception as e:  # cleanup: report, go on restoring
+            print(f"   cleanup: kube-system's objects: {e}")
+        restore_kustomize_install()
+        kubectl("delete", "namespace", TEST_NAMESPACE, "--ignore-not-found", "--wait=true", check=False)
+        wait("the test's volumes deleted", lambda: not [
+            pv["metadata"]["name"] for pv in get_json("pv")["items"]
+            if (pv["spec"].get("claimRef") or {}).get("namespace") == TEST_NAMESPACE] or "still there")
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+
+
 TESTS = [("in-cluster/upstream-" + f.__name__, f) for f in (
     upstreams_cinder_release_replaced_in_place_and_rolled_back,
+    upstreams_cinder_manifests_replaced_by_deploy_and_back,
 )]
