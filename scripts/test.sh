@@ -534,10 +534,10 @@ if [[ -e $work/cluster-up ]]; then
   await_background
   # last: it replaces deploy/suite with the charts for a while (and puts
   # it back)
-  # the migration from upstream's release needs upstream's charts
+  # the migration from upstream's release and manifests needs upstream's charts/ and manifests/
   [[ -n ${UPSTREAM_CPO_DIR:-} ]] || echo "helm/in-cluster/upstream-" >>"$work/declared-skips"
   # (the KMS chart's test ran in the cluster's first lane)
-  tests "cluster tier: the Helm charts (through the apiserver, install, upgrade under writers, rollback, uninstall; upstream's release replaced in place and back)" \
+  tests "cluster tier: the Helm charts (through the apiserver, install, upgrade under writers, rollback, uninstall; upstream's release and manifests replaced in place and back)" \
     python3 tests/helm/charts.py --cluster --skip=the_kms_charts
 fi
 # without the cluster, they have nothing to run beside

@@ -602,6 +602,7 @@ def upstreams_cinder_manifests_replaced_by_deploy_and_back():
     upstream's files applied again, ours' own objects deleted."""
     import tempfile
 
+    upstream_manifests()  # skipped, or an error, before anything is made
     work = Path(tempfile.mkdtemp(prefix="manifests-", dir=STATE))
     upstream_dir = upstream_manifests_here(work / "upstream")
     ours_dir = ours_here(work / "ours")
