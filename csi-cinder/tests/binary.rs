@@ -35,6 +35,23 @@ fn write_conf(dir: &Path, emu: &Emulator) -> PathBuf {
     p
 }
 
+/// Asks Probe every 100 ms until it says ready; fails with `failure`
+/// after 15 s.
+async fn probe_until_ready(client: &mut IdentityClient<tonic::transport::Channel>, failure: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while client
+        .probe(ProbeRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .ready
+        != Some(true)
+    {
+        assert!(Instant::now() < deadline, "{failure}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
     let emu = Emulator::start(EmulatorConfig::default()).await.unwrap();
@@ -91,20 +108,7 @@ async fn serves_identity_becomes_ready_and_stops_on_sigterm() {
     // services, topology, online and offline expansion
     assert_eq!(caps.capabilities.len(), 5, "{caps:?}");
 
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let ready = client
-            .probe(ProbeRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .ready;
-        if ready == Some(true) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never became ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    probe_until_ready(&mut client, "never became ready").await;
     let (status, body) = http_get(port, "/metrics").await.unwrap();
     assert_eq!(status, 200);
     assert!(body.contains("openstack_api_requests_total{service=\"identity\",request=\"token_issue\",status=\"503\"} 2"), "{body}");
@@ -260,23 +264,11 @@ async fn upstreams_controller_form_is_ready_without_instance_metadata() {
     wait_for_socket(&sock).await.unwrap();
     let channel = plugin_runtime::connect_unix(&sock).await.unwrap();
     let mut client = IdentityClient::new(channel.clone());
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let ready = client
-            .probe(ProbeRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .ready;
-        if ready == Some(true) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "a controller with the node service too never became ready without instance metadata"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    probe_until_ready(
+        &mut client,
+        "a controller with the node service too never became ready without instance metadata",
+    )
+    .await;
     let info = proto::csi::v1::node_client::NodeClient::new(channel)
         .node_get_info(proto::csi::v1::NodeGetInfoRequest {})
         .await
