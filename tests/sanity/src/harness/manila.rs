@@ -508,9 +508,14 @@ impl Drop for ManilaOnRealCloud {
             .flatten()
             .flatten()
         {
+            // (only while that pid is still a ceph-fuse: pids are reused)
             if let Some(pid) = std::fs::read_to_string(entry.path().join("ceph-fuse.pid"))
                 .ok()
                 .and_then(|p| p.trim().parse::<i32>().ok())
+                .filter(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|c| c.windows(9).any(|w| w == b"ceph-fuse"))
+                })
             {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),

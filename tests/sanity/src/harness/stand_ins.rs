@@ -6,7 +6,7 @@
 //! mount(8) is exercised for real up to the helper, and two publishers of
 //! one share see the same files.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
@@ -188,42 +188,60 @@ impl StandIns {
     }
 }
 
-/// Processes whose mount namespace is `ns` (the link text of
-/// `/proc/<pid>/ns/mnt`).
-fn processes_in(ns: &str) -> Vec<i32> {
+/// A mount namespace as the kernel names it: the device and inode of
+/// its `/proc/<pid>/ns/mnt`.
+type NamespaceId = (u64, u64);
+
+fn namespace_of(pid: &str) -> Option<NamespaceId> {
+    std::fs::metadata(format!("/proc/{pid}/ns/mnt"))
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+/// Processes whose mount namespace is `ns`.
+fn processes_in(ns: NamespaceId) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
-                .map(|l| l.to_string_lossy() == ns)
-                .unwrap_or(false)
-        })
+        .filter(|pid| namespace_of(&pid.to_string()) == Some(ns))
         .collect()
 }
 
 /// Kills `child` and, when it ran in a mount namespace of its own,
 /// everything left in that namespace (stand-in daemons).
-pub fn kill_with_namespace(mut child: Child) {
-    let ns = std::fs::read_link(format!("/proc/{}/ns/mnt", child.id()))
-        .ok()
-        .map(|l| l.to_string_lossy().into_owned());
-    let host_ns = std::fs::read_link("/proc/self/ns/mnt")
-        .ok()
-        .map(|l| l.to_string_lossy().into_owned());
+pub fn kill_with_namespace(child: Child) {
+    kill_with_namespace_and(child, || {});
+}
+
+/// [`kill_with_namespace`], running `meanwhile` once the child is reaped
+/// and before the processes left in its namespace are looked for: where
+/// another test's plugin may start.
+fn kill_with_namespace_and(mut child: Child, meanwhile: impl FnOnce()) {
+    // The open namespace keeps its number to itself until the end: the
+    // kernel gives a freed namespace's inode number to the next namespace
+    // made, so a number read before the child died could name another
+    // test's plugin, started meanwhile, which was then killed (a CI run's
+    // "the plugin exited (signal: 9) before opening its socket").
+    let held = std::fs::File::open(format!("/proc/{}/ns/mnt", child.id())).ok();
+    let ns = held
+        .as_ref()
+        .and_then(|f| f.metadata().ok())
+        .map(|m| (m.dev(), m.ino()));
     let _ = child.kill();
     let _ = child.wait();
-    if let Some(ns) = ns.filter(|n| Some(n) != host_ns.as_ref()) {
-        for pid in processes_in(&ns) {
+    meanwhile();
+    if let Some(ns) = ns.filter(|n| Some(*n) != namespace_of("self")) {
+        for pid in processes_in(ns) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
     }
+    drop(held);
 }
 
 /// The mounts below `dir` in the mount namespace of process `pid`.
@@ -237,4 +255,51 @@ pub fn mounts_seen_by(pid: Option<u32>, dir: &Path) -> Vec<PathBuf> {
         .map(|m| m.mount_point)
         .filter(|p| p.starts_with(dir))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// `sleep` in a mount namespace of its own, once it is there.
+    fn in_a_namespace_of_its_own() -> Child {
+        let child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sleep", "60"])
+            .spawn()
+            .expect("unshare starts");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while namespace_of(&child.id().to_string()) == namespace_of("self") {
+            assert!(Instant::now() < deadline, "unshare made no namespace");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child
+    }
+
+    #[test]
+    fn a_namespace_made_after_the_plugin_died_is_not_taken_for_its_own() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        // each round: a plugin killed, another test's plugin started in
+        // the namespace number the first one freed (the kernel reuses it)
+        for _ in 0..5 {
+            let mut started = None;
+            kill_with_namespace_and(in_a_namespace_of_its_own(), || {
+                started = Some(in_a_namespace_of_its_own());
+            });
+            let Some(mut other) = started else {
+                panic!("the other plugin was not started");
+            };
+            // (a SIGKILL sent is not yet a process dead)
+            std::thread::sleep(Duration::from_millis(200));
+            let status = other.try_wait().expect("its status");
+            let _ = other.kill();
+            let _ = other.wait();
+            assert_eq!(
+                status, None,
+                "the plugin started meanwhile was killed with the first one's namespace"
+            );
+        }
+    }
 }
