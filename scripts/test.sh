@@ -127,7 +127,12 @@ phase() {
   echo "== $name"
   "$@"
   echo "== $name: $((SECONDS - start)) s"
+  timeline "$start" "$name"
 }
+# timeline START NAME: when a phase ran, in seconds from the run's start
+# (its lane's phases too: a subshell's SECONDS goes on counting), printed
+# at the end, sorted: where a run's time went
+timeline() { printf '%5d %5d  %.70s\n' "$1" "$SECONDS" "$2" >>"$work/timeline"; }
 
 # A test phase: a failure is recorded and the run goes on, so that one
 # failing test does not hide the others; the run fails at the end, and
@@ -150,6 +155,7 @@ tests() {
   passed=$(grep -c -E '^test .* \.\.\. ok$' "$out" || true)
   failed=$(grep -c -E '^test .* \.\.\. FAILED$' "$out" || true)
   ignored=$(grep -c -E '^test .* \.\.\. ignored' "$out" || true)
+  timeline "$start" "$name"
   if ((passed + failed + ignored > 0)); then
     echo "== $name: $((SECONDS - start)) s; $passed passed, $failed failed, $ignored not run here"
     return
@@ -391,7 +397,8 @@ cluster_up() {
 cluster_lane() {
   unset OPENSTACK_TEST_BACKEND
   tests "the container images (deploy/images), checked against deploy/suite" \
-    env IMAGE_PROFILE=debug bash deploy/images/build.sh target/images
+    env IMAGE_PROFILE=debug IMAGE_BASE_CACHE="${IMAGE_BASE_CACHE:-$PWD/target/image-bases}" \
+    bash deploy/images/build.sh target/images
   while [[ ! -e $work/cloud-up.rc ]]; do sleep 2; done
   # the node set-up over what an earlier cluster left (CI's clones meet
   # a cut-off run's namespaces): before `up`, which needs node B's names
@@ -496,18 +503,22 @@ lints=(cargo clippy --workspace --all-targets --locked -- -D warnings)
 # emulators: 72, 263 and 109 s beside the scenarios in one run)
 cpu_phases() {
   tests "$lints_phase" "${lints[@]}"
-  tests "$fuzz_phase" fuzzing
   tests "$community_phase" community_csi_sanity
+  # last: on a machine without the fuzz targets' build (its dependencies
+  # compiled with the fuzzing flags: 19 min niced, cold) it goes on
+  # beside the benches and the charts
+  tests "$fuzz_phase" fuzzing
 }
-# with the cluster up they run niced beside its scenarios, which mostly
+# with the cluster up they run niced beside its phases, which mostly
 # wait on kubelet, the controllers and the cloud: they take what those
-# leave (their own tests have timeouts of minutes, csi-sanity's too)
+# leave (their own tests have timeouts of minutes, csi-sanity's too), in
+# a lane of their own, awaited at the cluster's end
 cpu_phases_niced() {
   renice -n 10 -p "$BASHPID" >/dev/null
   cpu_phases
 }
 if [[ -e $work/cluster-up ]]; then
-  background_job cpu_phases_niced
+  lane_job 3 cpu_phases_niced
   tests "cluster tier: scenarios through kubectl and app pods" \
     run_tests cluster-tests scenarios --ignored --test-threads=1 --show-output
   tests "cluster tier: what a plugin's own token may do (security)" \
@@ -516,7 +527,6 @@ if [[ -e $work/cluster-up ]]; then
     run_tests cluster-tests nodes --ignored --test-threads=1 --show-output --skip "$dead_node"
   tests "cluster tier: production faults (a seeded campaign, every fault class once; its checks)" \
     run_tests cluster-tests campaign --ignored --test-threads=1 --show-output
-  await_background
   # the dead node (B, which it kills and replaces) beside the quick
   # figures of the single-node pods (all on A): the scenario mostly waits
   # for the node controller and podgc; the quick figures are only run
@@ -539,6 +549,7 @@ if [[ -e $work/cluster-up ]]; then
   # (the KMS chart's test ran in the cluster's first lane)
   tests "cluster tier: the Helm charts (through the apiserver, install, upgrade under writers, rollback, uninstall; upstream's release and manifests replaced in place and back)" \
     python3 tests/helm/charts.py --cluster --skip=the_kms_charts
+  lane_await 3
 fi
 # without the cluster, they have nothing to run beside
 [[ -e $work/cluster-up ]] || cpu_phases
@@ -586,6 +597,8 @@ awk -v declared="$work/declared-skips" '
   grep UNDECLARED "$work/summary.out" >"$work/summary.failed" || true
   failed_outs+=("$work/summary.failed")
 }
+echo "where the time went (start, end in s from the run's start; lanes overlap):"
+sort -n "$work/timeline" | sed 's/^/   /'
 if ((${#failed_phases[@]})); then
   for i in "${!failed_phases[@]}"; do
     echo "failed: ${failed_phases[$i]}; what failed, and its last lines:"

@@ -12,7 +12,9 @@
 #   deploy/images/build.sh [OUT_DIR]     (default target/images)
 #
 # IMAGE_PROFILE=release (default) or debug picks the cargo profile of the
-# binaries (CI reuses the debug build of its tests). Load an image into a
+# binaries (CI reuses the debug build of its tests). IMAGE_BASE_CACHE: a
+# folder where Debian's root filesystems are kept for a week (see
+# base_root; unset, each build makes them afresh). Load an image into a
 # runtime or registry with e.g. `skopeo copy
 # oci:target/images/oci:cinder-csi-plugin docker://REGISTRY/cinder-csi-plugin:0.1.0`. Needs root (mmdebstrap, chroot).
 set -euo pipefail
@@ -48,6 +50,39 @@ images=(
   "barbican-kms-plugin|ca-certificates|"
 )
 
+# base_root PACKAGES DIR: Debian's root filesystem with PACKAGES in DIR,
+# from mmdebstrap; with IMAGE_BASE_CACHE set (the test command sets it),
+# from a tarball of it made there by an earlier run, while that is less
+# than IMAGE_BASE_MAX_DAYS (7) old: mmdebstrap took 66 to 101 s an image,
+# on the cluster tier's critical path. The tarball's name carries a hash
+# of what it was made from (suite, mirror, packages, options,
+# mmdebstrap's version), so a changed package list makes a new one.
+base_root() {
+  local packages=$1 dir=$2 key tarball
+  local options=(--quiet --variant=essential --include="$packages"
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*'
+    --dpkgopt='path-exclude=/usr/share/locale/*')
+  if [[ -z ${IMAGE_BASE_CACHE:-} ]]; then
+    mmdebstrap "${options[@]}" "$suite" "$dir" "$mirror"
+    return
+  fi
+  mkdir -p "$IMAGE_BASE_CACHE"
+  key=$(printf '%s\n' "$suite" "$mirror" "${options[@]}" "$(mmdebstrap --version)" | sha256sum | cut -c1-16)
+  tarball=$IMAGE_BASE_CACHE/$suite-$key.tar
+  if [[ -n $(find "$tarball" -mtime -"${IMAGE_BASE_MAX_DAYS:-7}" 2>/dev/null) ]]; then
+    echo "   base: $tarball (made $(date -r "$tarball" +%F))"
+  else
+    # another image's stale tarballs go first (each is 150 to 230 MB)
+    find "$IMAGE_BASE_CACHE" -name "$suite-*.tar" -mtime +"${IMAGE_BASE_MAX_DAYS:-7}" -delete
+    rm -f "$tarball.partial.tar"
+    mmdebstrap "${options[@]}" "$suite" "$tarball.partial.tar" "$mirror"
+    mv "$tarball.partial.tar" "$tarball"
+    echo "   base: made $tarball"
+  fi
+  mkdir -p "$dir"
+  tar -xpf "$tarball" -C "$dir" --numeric-owner
+}
+
 rm -rf "$out/oci" "$out/bundles"
 mkdir -p "$out/bundles"
 # the unpacked root filesystems are only for the checks below
@@ -59,10 +94,7 @@ for spec in "${images[@]}"; do
   bundle=$out/bundles/$name
   rootfs=$out/bundles/$name.rootfs
   echo "-- image $name: Debian $suite + $packages"
-  mmdebstrap --quiet --variant=essential --include="$packages" \
-    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
-    --dpkgopt='path-exclude=/usr/share/locale/*' \
-    "$suite" "$rootfs" "$mirror"
+  base_root "$packages" "$rootfs"
   install -D -m 0755 "$bin_dir/$name" "$rootfs/usr/local/bin/$name"
   # upstream's image keeps its binary at /bin/NAME, which its charts and
   # manifests name (in `args`, or in a `sh -c` command): here too, so that

@@ -21,6 +21,7 @@ value, so it is patched on each time upstream's chart puts it there."""
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from charts import CHARTS
@@ -334,6 +335,15 @@ def restored_through(release, snap, at_snapshot):
     print(f"   {snap} restored through {release}: {held} records, as when first restored")
 
 
+def at_once(*checks):
+    """The checks run side by side (each mostly waits on the cluster: a
+    claim bound, a pod started, a volume deleted); the first failure is
+    raised once all have ended."""
+    with ThreadPoolExecutor(len(checks)) as pool:
+        for f in [pool.submit(c) for c in checks]:
+            f.result()
+
+
 def upstreams_cinder_release_replaced_in_place_and_rolled_back():
     chart = upstream_chart()
     cfg = helm()
@@ -405,8 +415,7 @@ def upstreams_cinder_release_replaced_in_place_and_rolled_back():
                  ("csi-cinder-sc-delete", "csi-cinder-sc-retain")}
         assert set(modes.values()) == {"Immediate"}, f"the classes' binding mode: {modes}"
         writers = writers_went_on(writers, f"the upgrade to our chart ({switched:.0f} s)")
-        a_volume_works("ours")
-        restored_through("ours", "snap-a", at_snapshot)
+        at_once(lambda: a_volume_works("ours"), lambda: restored_through("ours", "snap-a", at_snapshot))
         writers = writers_went_on(writers, "a volume and a restore through ours")
 
         # and back: a rollback to upstream's release
@@ -422,8 +431,8 @@ def upstreams_cinder_release_replaced_in_place_and_rolled_back():
         # probe, nothing else would)
         gaps.check("the rollback to upstream's chart", 30)
         writers = writers_went_on(writers, f"the rollback to upstream's chart ({time.monotonic() - t:.0f} s)")
-        a_volume_works("upstream-again")
-        restored_through("upstream-again", "snap-a", at_snapshot)
+        at_once(lambda: a_volume_works("upstream-again"),
+                lambda: restored_through("upstream-again", "snap-a", at_snapshot))
         writers_went_on(writers, "a volume and a restore through upstream's release again")
         # the snapshot cut before the switches, deleted after them
         kubectl("-n", TEST_NAMESPACE, "delete", "volumesnapshot", "snap-a", "--wait=true")
