@@ -335,7 +335,14 @@ def install_upgrade_rollback_uninstall():
         rolled_out(CINDER_WORKLOADS + MANILA_WORKLOADS)
         wait("every driver registered on every node by the charts' plugins", drivers_registered)
         assert get_json("volumesnapshotclass", "helm-cinder-snapclass")["driver"] == "cinder.csi.openstack.org"
-        print(f"   installed in {time.monotonic() - started:.0f} s")
+        # before 1.35, NOTES says the attach count is read once (the
+        # feature gate that refreshes it is off by default in 1.34)
+        minor = int(json.loads(kubectl("version", "-o", "json").stdout)["serverVersion"]["minor"].rstrip("+"))
+        notes = json.dumps(cfg.get_all("cinder-csi").get("info", {}))
+        said = "MutableCSINodeAllocatableCount" in notes
+        assert said == (minor < 35), f"Kubernetes 1.{minor}: the gate {'named' if said else 'not named'} in NOTES"
+        print(f"   installed in {time.monotonic() - started:.0f} s (Kubernetes 1.{minor}: "
+              f"{'NOTES names the attach count feature gate' if said else 'no feature gate named'})")
 
         # a claim of each driver: two writers, on two nodes; an NFS claim bound
         cinder_node, cephfs_node = worker_nodes()
