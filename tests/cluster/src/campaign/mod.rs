@@ -290,6 +290,59 @@ pub struct Plan {
     pub stop_after: Option<Duration>,
 }
 
+/// What the seed drew for one step: its faults (a whole cluster's
+/// restart first), its operation and the writer it picks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepDraw {
+    pub faults: Vec<FaultClass>,
+    pub operation: Operation,
+    pub pick: usize,
+}
+
+impl Plan {
+    /// Every step's draw, from the seed alone: every class once before
+    /// any twice, no class twice in a step, and an attaching operation
+    /// where Nova is busy (a busy Nova is felt only by an attach).
+    pub fn draw(&self) -> Vec<StepDraw> {
+        let mut rng = Rng::new(self.seed);
+        let mut deck: Vec<FaultClass> = Vec::new();
+        (0..self.steps)
+            .map(|_| {
+                let mut faults = Vec::new();
+                while faults.len() < self.faults_per_step.min(FaultClass::ALL.len()) {
+                    if deck.is_empty() {
+                        deck = rng.shuffled(&FaultClass::ALL);
+                    }
+                    let f = deck.remove(0);
+                    if !faults.contains(&f) {
+                        faults.push(f);
+                    } else {
+                        deck.push(f);
+                    }
+                }
+                // a whole cluster's restart first: it starts every
+                // kubelet, a stopped one too, and is over before the
+                // operation begins
+                faults.sort_by_key(|f| *f != FaultClass::ClusterRestarted);
+                let mut operation = Operation::ALL[rng.below(Operation::ALL.len())];
+                if faults.contains(&FaultClass::NovaBusy) && !operation.attaches() {
+                    let attaching: Vec<Operation> = Operation::ALL
+                        .into_iter()
+                        .filter(|o| o.attaches())
+                        .collect();
+                    operation = attaching[rng.below(attaching.len())];
+                }
+                let pick = rng.below(WRITERS);
+                StepDraw {
+                    faults,
+                    operation,
+                    pick,
+                }
+            })
+            .collect()
+    }
+}
+
 /// One step's record.
 #[derive(Debug, Clone)]
 pub struct StepRecord {
@@ -505,13 +558,17 @@ impl Campaign {
     /// Runs the plan; the report, violations included (the caller fails
     /// on them).
     pub async fn run(&mut self, plan: &Plan) -> Result<Report> {
-        let mut rng = Rng::new(plan.seed);
+        let draws = plan.draw();
         let mut report = Report::default();
         // the violations printed so far
         let mut shown = 0;
-        // what each operation costs the cloud without faults: the
-        // measure of the steps' pressure
+        // what each operation the steps drew costs the cloud without
+        // faults: the measure of their pressure (one not drawn is not
+        // measured: a minute or more of the test command's time each)
         for (i, op) in Operation::ALL.iter().enumerate() {
+            if !draws.iter().any(|d| d.operation == *op) {
+                continue;
+            }
             if let Ok(mut s) = self.step.lock() {
                 *s = format!("{op:?} without faults (seed {})", plan.seed);
             }
@@ -519,6 +576,7 @@ impl Campaign {
                 .clear_calls()
                 .await
                 .map_err(ClusterError::Other)?;
+            let measured = Instant::now();
             // a move that moves: a writer whose zone has another node
             let pick = match op {
                 Operation::MoveWriter => self.movable_writer().await?,
@@ -529,13 +587,14 @@ impl Campaign {
             self.converged(plan.converge_bound).await?;
             self.wait_nothing_left_behind(2 * MINUTE).await?;
             let calls = self.cloud_calls().await?;
-            eprintln!("{op:?} without faults: calls to the cloud {calls:?}");
+            eprintln!(
+                "{op:?} without faults: calls to the cloud {calls:?} ({:.0} s)",
+                measured.elapsed().as_secs_f64()
+            );
             report.baseline.insert(*op, calls.values().sum());
         }
-        // every class once before any twice
-        let mut deck: Vec<FaultClass> = Vec::new();
         let started = Instant::now();
-        for step in 0..plan.steps {
+        for (step, drawn) in draws.into_iter().enumerate() {
             if plan.stop_after.is_some_and(|d| started.elapsed() > d) {
                 eprintln!(
                     "the campaign stops after {step} steps: {:.0} minutes passed",
@@ -543,31 +602,11 @@ impl Campaign {
                 );
                 break;
             }
-            let mut faults = Vec::new();
-            while faults.len() < plan.faults_per_step.min(FaultClass::ALL.len()) {
-                if deck.is_empty() {
-                    deck = rng.shuffled(&FaultClass::ALL);
-                }
-                let f = deck.remove(0);
-                if !faults.contains(&f) {
-                    faults.push(f);
-                } else {
-                    deck.push(f);
-                }
-            }
-            // a whole cluster's restart first: it starts every kubelet,
-            // a stopped one too, and is over before the operation begins
-            faults.sort_by_key(|f| *f != FaultClass::ClusterRestarted);
-            let mut op = Operation::ALL[rng.below(Operation::ALL.len())];
-            // a busy Nova is felt only by an attach
-            if faults.contains(&FaultClass::NovaBusy) && !op.attaches() {
-                let attaching: Vec<Operation> = Operation::ALL
-                    .into_iter()
-                    .filter(|o| o.attaches())
-                    .collect();
-                op = attaching[rng.below(attaching.len())];
-            }
-            let mut pick = rng.below(WRITERS);
+            let StepDraw {
+                faults,
+                operation: op,
+                mut pick,
+            } = drawn;
             let label = format!("step {step} ({faults:?} during {op:?}, seed {})", plan.seed);
             if let Ok(mut s) = self.step.lock() {
                 *s = label.clone();
@@ -662,8 +701,9 @@ impl Campaign {
             }
             // progress, while a long campaign runs, with what it broke
             eprintln!(
-                "{label}: converged {:.1} s after the faults ended; calls to the cloud {calls_by_service:?}; served at the proxy {served:?}; samples of the nodes {:?}",
+                "{label}: converged {:.1} s after the faults ended, {:.0} s in all; calls to the cloud {calls_by_service:?}; served at the proxy {served:?}; samples of the nodes {:?}",
                 converged_in.as_secs_f64(),
+                step_started.elapsed().as_secs_f64(),
                 self.sample_counts()
             );
             for v in &report.violations[shown..] {
@@ -719,6 +759,55 @@ fn now_secs() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
+
+    fn plan(seed: u64, steps: usize) -> Plan {
+        Plan {
+            seed,
+            steps,
+            faults_per_step: 5,
+            window: Duration::from_secs(10),
+            converge_bound: Duration::from_secs(300),
+            cut: Duration::from_secs(10),
+            stop_after: None,
+        }
+    }
+
+    #[test]
+    fn the_seed_alone_draws_every_class_once_first_and_an_attach_for_a_busy_nova() {
+        for seed in 0..200 {
+            let quick = plan(seed, FaultClass::ALL.len().div_ceil(5)).draw();
+            assert_eq!(quick, plan(seed, quick.len()).draw(), "seed {seed} replays");
+            let drawn: BTreeSet<FaultClass> = quick
+                .iter()
+                .flat_map(|d| d.faults.iter().copied())
+                .collect();
+            assert_eq!(
+                drawn.len(),
+                FaultClass::ALL.len(),
+                "seed {seed}: every class once"
+            );
+            for d in plan(seed, 12).draw() {
+                let distinct: BTreeSet<_> = d.faults.iter().collect();
+                assert_eq!(
+                    distinct.len(),
+                    d.faults.len(),
+                    "seed {seed}: a class twice in {d:?}"
+                );
+                assert!(d.pick < WRITERS);
+                if d.faults.contains(&FaultClass::NovaBusy) {
+                    assert!(d.operation.attaches(), "seed {seed}: {d:?}");
+                }
+                if let Some(i) = d
+                    .faults
+                    .iter()
+                    .position(|f| *f == FaultClass::ClusterRestarted)
+                {
+                    assert_eq!(i, 0, "seed {seed}: the cluster's restart first in {d:?}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn a_step_may_cost_a_stated_factor_of_its_fault_free_calls() {
