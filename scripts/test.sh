@@ -411,6 +411,16 @@ cluster_lane() {
     run_tests cluster-tests kms --ignored --test-threads=1 --show-output
   tests "cluster tier: the KMS chart serving an apiserver, through a cold start of the control plane" \
     python3 tests/helm/charts.py --cluster the_kms_charts_plugin_serves_the_apiserver
+  # then, once the real tier is done with Cinder (its faults, an outage of
+  # Cinder's API, csi-sanity's counts of the project's volumes), the
+  # migrations from upstream's Cinder release and manifests, beside the
+  # real tier's Manila phases: they use Cinder alone, and the cluster
+  # (they replace its drivers for a while), which nothing else uses then
+  while [[ ! -e $work/real-cinder-done ]]; do sleep 2; done
+  # (they need upstream's charts/ and manifests/)
+  [[ -n ${UPSTREAM_CPO_DIR:-} ]] || echo "helm/in-cluster/upstream-" >>"$work/declared-skips"
+  tests "cluster tier: upstream's Cinder release and manifests replaced in place under writers, and back" \
+    python3 tests/helm/charts.py --cluster upstream
 }
 cluster_started=1
 second_lane cluster_lane
@@ -472,6 +482,8 @@ cinder_on_the_real_cloud() {
   run_tests csi-sanity drivers --ignored cinder_credentials_rotate_on_the_real_cloud --nocapture || rc=1
   run_tests csi-cinder real_cloud --ignored || rc=1
   run_tests csi-cinder real_cloud_faults --ignored --test-threads=1 || rc=1
+  # the cluster's lane waits for this before it uses Cinder
+  touch "$work/real-cinder-done"
   return $rc
 }
 background_tests "Cinder CSI on real Cinder + Nova (conformance, credentials rotated, zones, stuck attachments, throttled, lost answers, a late detach, an outage)" \
@@ -543,12 +555,10 @@ if [[ -e $work/cluster-up ]]; then
   tests "cluster tier: many-node figures bench, quick" run_bench cluster-tests nodes
   await_background
   # last: it replaces deploy/suite with the charts for a while (and puts
-  # it back)
-  # the migration from upstream's release and manifests needs upstream's charts/ and manifests/
-  [[ -n ${UPSTREAM_CPO_DIR:-} ]] || echo "helm/in-cluster/upstream-" >>"$work/declared-skips"
-  # (the KMS chart's test ran in the cluster's first lane)
-  tests "cluster tier: the Helm charts (through the apiserver, install, upgrade under writers, rollback, uninstall; upstream's release and manifests replaced in place and back)" \
-    python3 tests/helm/charts.py --cluster --skip=the_kms_charts
+  # it back); the KMS chart's test and the migrations from upstream's ran
+  # in the cluster's first lane
+  tests "cluster tier: the Helm charts (through the apiserver, install, upgrade under writers, rollback, uninstall)" \
+    python3 tests/helm/charts.py --cluster --skip=the_kms_charts --skip=upstream
   lane_await 3
 fi
 # without the cluster, they have nothing to run beside
