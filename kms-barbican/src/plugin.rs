@@ -183,8 +183,11 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
     )?;
     // a fetch never outlasts the refresh interval (nor 10 s): a failed
     // attempt is reported and retried on schedule rather than hidden in
-    // one long call
-    let fetch_timeout = Duration::from_secs(10).min(opts.refresh_interval);
+    // one long call; but it always gets 2 s, which a loaded Barbican may
+    // take (a refresh interval of 200 ms made every fetch time out there)
+    let fetch_timeout = opts
+        .refresh_interval
+        .clamp(MIN_FETCH_TIMEOUT, MAX_FETCH_TIMEOUT);
     let store = BarbicanKeyStore::new(KeyManager::new(session.clone()), fetch_timeout);
     let record = KeyRecord::new(opts.key_record_path());
     if let Some(legacy) = opts.legacy_key_record_path() {
@@ -385,3 +388,7 @@ async fn rotation_loop<S: KeyStore>(
 }
 
 const FIRST_RETRY: Duration = Duration::from_millis(500);
+/// The bounds of one key fetch from Barbican (the refresh interval
+/// between them).
+const MIN_FETCH_TIMEOUT: Duration = Duration::from_secs(2);
+const MAX_FETCH_TIMEOUT: Duration = Duration::from_secs(10);

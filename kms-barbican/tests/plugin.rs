@@ -353,6 +353,25 @@ async fn rotation_keeps_old_data_readable() {
 }
 
 #[tokio::test]
+async fn a_slow_barbican_is_waited_for_past_a_short_refresh_interval_on_the_emulator() {
+    // every answer of Barbican 600 ms late (a loaded cloud; CI's real one
+    // took over 200 ms), the refresh interval 200 ms: a fetch still gets
+    // the time Barbican takes, and the plugin serves
+    let (emu, cloud) = emulated().await;
+    let (_secret, dir, conf) = cloud.configured(&[0x33u8; 32]).await;
+    emu.control().add_fault(FaultRule::new(
+        None,
+        "/key-manager/",
+        FaultAction::Delay { millis: 600 },
+    ));
+    let plugin = Plugin::start(dir.path(), &conf, &[]);
+    let mut c = plugin.client().await;
+    wait_healthy(&mut c).await;
+    let enc = encrypt(&mut c, seed(0x34), "slow").await;
+    assert_eq!(decrypt(&mut c, &enc, "slow").await.unwrap(), seed(0x34));
+}
+
+#[tokio::test]
 async fn barbican_outage_degrades_only_after_the_allowed_staleness_on_the_emulator() {
     // outages are injected by the emulator, whatever the backend chosen
     let (emu, cloud) = emulated().await;
