@@ -1,5 +1,5 @@
 //! The quick campaign of production faults (`cluster_tests::campaign`):
-//! every fault class at least once, four at a time, each while an operation that
+//! every fault class at least once, five at a time, each while an operation that
 //! needs the cloud runs, with every invariant checked after each step;
 //! then the checks shown to see what they guard against (a fault that
 //! served nothing among them).
@@ -104,11 +104,16 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
     let n = campaign.n().to_string();
     let bound = Duration::from_secs(300);
 
-    // a leak in the middle of a campaign: tagged with the cluster, named
-    // by no PV
-    let label = "mutation 1 (a volume leaked mid-campaign)";
+    // five mutations at once, each of an invariant of its own, checked by
+    // one step's checks (each step's checks cost half a minute or more of
+    // the test command's time): every check must report its own
+    // mutation, and nothing else may be reported
+    let label = "mutations 1-4 and 6 (a volume leaked mid-campaign, a writer's volume staged on a second node, a writer's filesystem read-only, a mount left behind, a claim that never binds)";
     campaign.begin_step(label);
     let began = Instant::now();
+
+    // 1. a leak in the middle of a campaign: tagged with the cluster,
+    // named by no PV
     let cinder = c.cinder().unwrap();
     let leaked = cinder
         .create_volume(&openstack_client::cinder::CreateVolume {
@@ -123,38 +128,24 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
         })
         .await
         .unwrap();
-    let checked = campaign
-        .after_step(label, began, Instant::now(), bound)
-        .await;
-    let _ = cinder.delete_volume(&leaked.id).await;
-    reported(&checked.unwrap().1, "NothingLeaked", label, &leaked.id);
 
-    // a single-attach volume staged on two nodes: a writer's volume
+    // 2. a single-attach volume staged on two nodes: a writer's volume
     // mounted at a staging path of node A's as well, seen by the sampler
-    let label = "mutation 2 (a writer's volume staged on a second node)";
-    campaign.begin_step(label);
-    let began = Instant::now();
+    // at once and in the step's samples
     let (writer, _) = writer_away_from(&c, &n, &c.node).await;
-    let handle = volume_handle(&c, &n, &writer).await;
+    let staged_twice = volume_handle(&c, &n, &writer).await;
     let staged = FakeMount::new(
         "plugins/kubernetes.io/csi/cinder.csi.openstack.org/0000two0writers0000/globalmount",
-        &format!(r#"{{"driverName":"cinder.csi.openstack.org","volumeHandle":"{handle}"}}"#),
+        &format!(r#"{{"driverName":"cinder.csi.openstack.org","volumeHandle":"{staged_twice}"}}"#),
     );
     let once = campaign.two_writers_on_nodes(label).await.unwrap();
-    reported(&once, "NeverTwoWriters", label, &handle);
+    reported(&once, "NeverTwoWriters", label, &staged_twice);
     tokio::time::sleep(Duration::from_secs(8)).await;
     drop(staged);
-    let checked = campaign
-        .after_step(label, began, Instant::now(), bound)
-        .await;
-    reported(&checked.unwrap().1, "NeverTwoWriters", label, &handle);
 
-    // a writer whose filesystem went read-only: Ready, converged, dead
-    let label = "mutation 3 (a writer's filesystem read-only)";
-    campaign.begin_step(label);
-    let began = Instant::now();
-    let (writer, node) = writer_away_from(&c, &n, "").await;
-    let handle = volume_handle(&c, &n, &writer).await;
+    // 3. a writer whose filesystem went read-only: Ready, converged, dead
+    let (silenced, node) = writer_away_from(&c, &n, "").await;
+    let handle = volume_handle(&c, &n, &silenced).await;
     let mounts = c.cluster_py(&["csi-mounts", &node]).await.unwrap();
     let mounts: serde_json::Value =
         serde_json::from_str(mounts.lines().rev().find(|l| l.starts_with('[')).unwrap()).unwrap();
@@ -167,28 +158,51 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
         .unwrap()
         .to_string();
     let read_only = ReadOnly::new(&c, &node, &staging).await;
-    let checked = campaign
-        .after_step(label, began, Instant::now(), bound)
-        .await;
-    drop(read_only);
-    reported(&checked.unwrap().1, "WorkloadAlive", label, &writer);
 
-    // a mount nothing owns: a publish mount of a pod that does not
+    // 4. a mount nothing owns: a publish mount of a pod that does not
     // exist, as a NodePublish answered with a final error after it
     // mounted would leave
-    let label = "mutation 4 (a mount left behind)";
-    campaign.begin_step(label);
-    let began = Instant::now();
     let left = FakeMount::new(
         "pods/00000000-0000-0000-0000-1eftbe41nd00/volumes/kubernetes.io~csi/pvc-left-behind/mount",
         r#"{"driverName":"cinder.csi.openstack.org","volumeHandle":"left-behind","specVolID":"pvc-left-behind"}"#,
     );
+
+    // 6. convergence slower than the bound: a claim that never binds
+    c.apply_in(
+        &n,
+        &cluster_tests::claim(
+            "never-bound",
+            "no-such-class",
+            "1Gi",
+            "ReadWriteOnce",
+            false,
+        ),
+    )
+    .await
+    .unwrap();
+
     let checked = campaign
-        .after_step(label, began, Instant::now(), bound)
+        .after_step(label, began, Instant::now(), Duration::from_secs(10))
         .await;
+    let _ = cinder.delete_volume(&leaked.id).await;
+    drop(read_only);
     let target = left.target.clone();
     drop(left);
-    reported(&checked.unwrap().1, "NothingLeftBehind", label, &target);
+    // (the next step must converge)
+    c.kubectl(&["delete", "pvc", "-n", &n, "never-bound"])
+        .await
+        .unwrap();
+    reported_each(
+        &checked.unwrap().1,
+        label,
+        &[
+            ("NothingLeaked", &leaked.id),
+            ("NeverTwoWriters", &staged_twice),
+            ("WorkloadAlive", &silenced),
+            ("NothingLeftBehind", &target),
+            ("Converges", "never-bound"),
+        ],
+    );
 
     // a lost tail of acknowledged writes: with the writers stopped, the
     // last 150 records of writer-0's file cut (by another pod on its
@@ -248,35 +262,11 @@ async fn every_fault_class_once_every_invariant_holds_and_the_checks_see_what_th
     // records start a new one
     std::fs::remove_file(campaign.witness_dir().join("writer-0")).unwrap();
 
-    // convergence slower than the bound: a claim that never binds
-    let label = "mutation 6 (a claim that never binds)";
-    campaign.begin_step(label);
-    let began = Instant::now();
-    c.apply_in(
-        &n,
-        &cluster_tests::claim(
-            "never-bound",
-            "no-such-class",
-            "1Gi",
-            "ReadWriteOnce",
-            false,
-        ),
-    )
-    .await
-    .unwrap();
-    let checked = campaign
-        .after_step(label, began, Instant::now(), Duration::from_secs(10))
-        .await;
-    reported(&checked.unwrap().1, "Converges", label, "never-bound");
-
     // a detach that fails for good: a scratch claim used on node A, then
     // its pod and claim deleted while Nova answers every detach with a
     // 500; its VolumeAttachment stays, being deleted, and the server
     // holds the volume
     let label = "mutation 8 (a detach that fails for good)";
-    c.kubectl(&["delete", "pvc", "-n", &n, "never-bound", "--wait=false"])
-        .await
-        .unwrap();
     c.apply_in(
         &n,
         &[
@@ -440,6 +430,35 @@ fn reported(found: &[String], invariant: &str, label: &str, what: &str) {
     );
 }
 
+/// The step's checks found each mutation (a violation of its invariant,
+/// at `label`, naming what it mutated), and nothing else: no other
+/// invariant, and no invariant of a mutation twice for another thing
+/// than what that mutation did (a check that reports whatever it sees
+/// would name the others' things too).
+fn reported_each(found: &[String], label: &str, mutations: &[(&str, &str)]) {
+    println!("{label}: {found:#?}");
+    for (invariant, what) in mutations {
+        assert!(
+            found
+                .iter()
+                .any(|v| v.starts_with(invariant) && v.contains(label) && v.contains(what)),
+            "{label}: {invariant} naming {what} not reported: {found:#?}"
+        );
+    }
+    for v in found {
+        assert!(
+            v.contains(label)
+                && mutations
+                    .iter()
+                    .any(|(invariant, _)| v.starts_with(invariant))
+                && !mutations
+                    .iter()
+                    .any(|(invariant, what)| !v.starts_with(invariant) && v.contains(what)),
+            "{label}: reported beyond the mutations, or a mutation under another's invariant: {v}"
+        );
+    }
+}
+
 /// Keystone's v3 API as the plugins reach it, through the fault proxy
 /// (`cloud-member-via-proxy.conf`'s auth-url, `http://host:port/path`):
 /// its address and path.
@@ -538,4 +557,44 @@ impl Drop for ReadOnly {
             .args(["remount", &self.node, &self.target, "rw"])
             .output();
     }
+}
+
+/// What `reported_each` lets through, and what it refuses (it runs
+/// without a cluster).
+#[test]
+fn reported_each_needs_every_mutation_under_its_own_invariant_and_nothing_else() {
+    let label = "mutations A and B";
+    let mutations = [("NothingLeaked", "vol-1"), ("Converges", "never-bound")];
+    let leaked = format!("NothingLeaked at {label}: \"volume\" \"vol-1\"");
+    let slow = format!("Converges at {label}: unbound [\"never-bound\"]");
+    let late = format!("Converges at {label}: converged 10 s after the faults ended");
+    reported_each(&[leaked.clone(), slow.clone(), late], label, &mutations);
+    let refused = |found: Vec<String>| {
+        std::panic::catch_unwind(|| reported_each(&found, label, &mutations)).is_err()
+    };
+    assert!(refused(vec![leaked.clone()]), "a mutation not reported");
+    assert!(
+        refused(vec![
+            leaked.clone(),
+            slow.clone(),
+            format!("WorkloadAlive at {label}: writer-0")
+        ]),
+        "another invariant reported"
+    );
+    assert!(
+        refused(vec![
+            leaked.clone(),
+            slow.clone(),
+            format!("Converges at {label}: \"vol-1\" not converged")
+        ]),
+        "a mutation's thing under another's invariant"
+    );
+    assert!(
+        refused(vec![
+            leaked,
+            slow,
+            "NothingLeaked at an earlier step: vol-2".into()
+        ]),
+        "a report of another step"
+    );
 }
