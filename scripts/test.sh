@@ -529,14 +529,58 @@ cpu_phases_niced() {
   renice -n 10 -p "$BASHPID" >/dev/null
   cpu_phases
 }
+# The cluster tests that only make objects of their own (a namespace,
+# claims, pods placed where they say, a class or account of their own)
+# and restart, cordon, taint, fill or reconfigure nothing: they run side
+# by side, one per program at a time and the programs at once; every
+# other cluster test runs alone. PROGRAM:TEST, by exact name.
+side_by_side=(
+  scenarios:cinder_volumes_keep_data_grow_snapshot_restore_serve_raw_block_and_go
+  scenarios:cephfs_shares_are_shared_by_pods_read_only_where_asked_and_their_key_dies_with_them
+  nodes:a_cephfs_share_is_read_on_every_node_at_once_each_with_its_own_mount
+  nodes:volumes_live_and_attach_only_in_their_zone_and_restores_never_lie_about_it
+  security:a_cephfs_node_plugins_token_starts_real_mount_pods_on_its_node_and_nothing_else
+  security:a_node_plugins_roles_confine_whoever_holds_them_under_any_name
+)
+# side_by_side_of PROGRAM exact|skip: the side-by-side tests of a program,
+# as libtest arguments (to run them alone, or to leave them out)
+side_by_side_of() {
+  local program=$1 how=$2 entry
+  for entry in "${side_by_side[@]}"; do
+    [[ ${entry%%:*} == "$program" ]] || continue
+    [[ $how == exact ]] && printf '%s\n' "${entry#*:}" || printf -- '--skip\n%s\n' "${entry#*:}"
+  done
+}
+cluster_side_by_side() {
+  local program rc=0 pids=() names
+  for program in scenarios nodes security; do
+    mapfile -t names < <(side_by_side_of "$program" exact)
+    # each program's output kept whole, printed once all are done
+    run_tests cluster-tests "$program" --ignored --exact --show-output "${names[@]}" \
+      >"$work/side-by-side-$program.out" 2>&1 &
+    pids+=($!)
+  done
+  for program in "${!pids[@]}"; do wait "${pids[$program]}" || rc=1; done
+  cat "$work"/side-by-side-{scenarios,nodes,security}.out
+  # a name that matches no test any more would pass by running nothing
+  local ran expected=${#side_by_side[@]}
+  ran=$(cat "$work"/side-by-side-*.out | grep -c -E '^test .* \.\.\. (ok|FAILED)$' || true)
+  ((ran == expected)) || { echo "side by side: $ran tests ran, $expected named"; rc=1; }
+  return $rc
+}
 if [[ -e $work/cluster-up ]]; then
   lane_job 3 cpu_phases_niced
+  tests "cluster tier: the tests that touch nothing of another's, side by side (Cinder, CephFS, zones, accounts)" \
+    cluster_side_by_side
+  mapfile -t alone < <(side_by_side_of scenarios skip)
   tests "cluster tier: scenarios through kubectl and app pods" \
-    run_tests cluster-tests scenarios --ignored --test-threads=1 --show-output
+    run_tests cluster-tests scenarios --ignored --test-threads=1 --show-output "${alone[@]}"
+  mapfile -t alone < <(side_by_side_of security skip)
   tests "cluster tier: what a plugin's own token may do (security)" \
-    run_tests cluster-tests security --ignored --test-threads=1 --show-output
+    run_tests cluster-tests security --ignored --test-threads=1 --show-output "${alone[@]}"
+  mapfile -t alone < <(side_by_side_of nodes skip)
   tests "cluster tier: many nodes (volumes follow their pods, shares on every node, limits steer)" \
-    run_tests cluster-tests nodes --ignored --test-threads=1 --show-output --skip "$dead_node"
+    run_tests cluster-tests nodes --ignored --test-threads=1 --show-output --skip "$dead_node" "${alone[@]}"
   tests "cluster tier: production faults (a seeded campaign, every fault class once; its checks)" \
     run_tests cluster-tests campaign --ignored --test-threads=1 --show-output
   # the dead node (B, which it kills and replaces) beside the quick
