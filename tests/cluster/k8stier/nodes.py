@@ -33,6 +33,7 @@ from .config import (
     port_open,
     run,
 )
+from .cri import cri_answers
 from .host import is_mountpoint
 from .images import ctr
 from .pki import kubectl
@@ -78,8 +79,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 """)
     SERVICES.start(node.service("containerd"), [*node.enter(), "containerd", "--config", config,
                                                 "--log-level", "warn"])
-    SERVICES.wait_until(node.service("containerd"), lambda: ctr("version", check=False, node=node).returncode == 0,
-                        60)
+    # its CRI, not only its own API: kubelet exits when the CRI is not
+    # initialized yet (k8stier/cri.py)
+    SERVICES.wait_until(node.service("containerd"), lambda: ctr("version", check=False, node=node).returncode == 0
+                        and cri_answers(node.containerd_sock), 60)
 
 
 def start_host_dns():
