@@ -83,6 +83,30 @@ fn parse_records(text: &str) -> Vec<(u64, String)> {
         .collect()
 }
 
+/// The shell that prints a file whole and says how much that was: its
+/// size when the read began, then exactly that many bytes (the file is
+/// appended to meanwhile), then a line naming the count. `kubectl exec`
+/// can end its output early and still exit 0 (kubernetes/kubernetes
+/// #124571); a cut read of a sharer's file looked like 1735 lost records
+/// in a run of the test command. What `unframed` cannot match was not
+/// read whole.
+pub fn framed_read(path: &str) -> String {
+    format!(
+        "f={path}; s=$(stat -c %s \"$f\") && head -c \"$s\" \"$f\" && printf '\\n{FRAME_END} %s\\n' \"$s\""
+    )
+}
+
+/// What ends a [`framed_read`]'s output, before the byte count.
+const FRAME_END: &str = "--- end of the file, bytes:";
+
+/// The file from a [`framed_read`]'s output, if it arrived whole: `None`
+/// when the count is missing or the bytes before it are not that many.
+pub fn unframed(output: &str) -> Option<&str> {
+    let body = output.strip_suffix('\n')?;
+    let (data, count) = body.rsplit_once(&format!("\n{FRAME_END} "))?;
+    (count.parse::<usize>().ok()? == data.len()).then_some(data)
+}
+
 /// A list of numbers, short: the count and the first few.
 fn some(seqs: &[u64]) -> String {
     let shown: Vec<String> = seqs.iter().take(5).map(u64::to_string).collect();
@@ -214,22 +238,23 @@ impl Campaign {
     /// A file of the workload as it is now: a writer's from its pod, a
     /// sharer's from any sharer (they share the claim). A read is tried
     /// again, from every sharer, for half a minute: `kubectl exec` over
-    /// websockets sometimes ends a stream early ("Unknown stream id …
-    /// closed all streams", the test command's run of 7c179cf) and a
-    /// reader's broken stream says nothing of the file. A file no reader
+    /// websockets sometimes ends a stream early, with an error ("Unknown
+    /// stream id … closed all streams", the test command's run of
+    /// 7c179cf) or without one ([`framed_read`]), and a reader's broken
+    /// stream says nothing of the file. A file no reader
     /// could give in that time is the caller's to report.
     async fn workload_file(&self, name: &str) -> Result<String> {
         const ATTEMPTS: u32 = 6;
         let mut errors = Vec::new();
         for attempt in 1..=ATTEMPTS {
             let readers: Vec<(String, String)> = if name.starts_with("writer-") {
-                vec![(name.to_string(), "cat /data/seq".to_string())]
+                vec![(name.to_string(), framed_read("/data/seq"))]
             } else {
                 self.pods("sharer")
                     .await?
                     .iter()
                     .filter_map(|p| p["metadata"]["name"].as_str())
-                    .map(|pod| (pod.to_string(), format!("cat /data/{name}")))
+                    .map(|pod| (pod.to_string(), framed_read(&format!("/data/{name}"))))
                     .collect()
             };
             if readers.is_empty() {
@@ -237,7 +262,13 @@ impl Campaign {
             }
             for (pod, script) in &readers {
                 match self.c.exec(self.n(), pod, script).await {
-                    Ok(data) => return Ok(data),
+                    Ok(output) => match unframed(&output) {
+                        Some(data) => return Ok(data.to_string()),
+                        None => errors.push(format!(
+                            "attempt {attempt} from {pod}: the read ended early ({} bytes, no byte count or another one at its end)",
+                            output.len()
+                        )),
+                    },
                     Err(e) => errors.push(format!("attempt {attempt} from {pod}: {e}")),
                 }
             }
@@ -441,6 +472,40 @@ mod tests {
             found.iter().any(|f| f.contains("out of order")),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn a_read_cut_short_is_never_taken_for_the_file() {
+        let data = format!("\n{}20\0\0\n", file(&[(1..=1736, "aa")]));
+        let whole = format!("{data}\n{FRAME_END} {}\n", data.len());
+        assert_eq!(unframed(&whole), Some(data.as_str()));
+        // cut anywhere, the count is gone or does not match
+        for cut in [0, 1, 14, data.len() / 2, data.len(), whole.len() - 3, whole.len() - 1] {
+            assert_eq!(unframed(&whole[..cut]), None, "cut at {cut}");
+        }
+        // a count that is not of these bytes: another read's, or a
+        // stream that lost a piece in the middle
+        let middle_lost = format!("{}{}", &whole[..20], &whole[40..]);
+        assert_eq!(unframed(&middle_lost), None);
+        // an empty file, read whole, is an empty file
+        assert_eq!(unframed(&format!("\n{FRAME_END} 0\n")), Some(""));
+    }
+
+    #[test]
+    fn the_framed_read_prints_what_unframed_takes() {
+        let dir = std::env::temp_dir().join(format!("framed-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("seq");
+        let data = format!("\n{}", file(&[(1..=300, "aa")]));
+        std::fs::write(&path, &data).expect("write");
+        let script = framed_read(&path.display().to_string());
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .output()
+            .expect("sh");
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = String::from_utf8(out.stdout).expect("utf-8");
+        assert_eq!(unframed(&out), Some(data.as_str()), "{script}");
     }
 
     #[test]
