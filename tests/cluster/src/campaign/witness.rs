@@ -303,9 +303,17 @@ impl Campaign {
                     continue;
                 }
             };
-            for lost in acknowledged_lost(name, witnessed, &data) {
+            let lost = acknowledged_lost(name, witnessed, &data);
+            // a shared file looks the same from every node, or one node's
+            // client serves a view of its own: each sharer's, to tell
+            let views = if lost.is_empty() || name.starts_with("writer-") {
+                String::new()
+            } else {
+                format!("; {}", self.views_of_shared(name).await?)
+            };
+            for lost in lost {
                 found.push(format!(
-                    "{:?} at {label}: {lost}",
+                    "{:?} at {label}: {lost}{views}",
                     Invariant::NoAcknowledgedWriteLost
                 ));
             }
@@ -317,6 +325,35 @@ impl Campaign {
             ));
         }
         Ok(found)
+    }
+
+    /// What each sharer reads of a shared file: its node, the file's
+    /// size and last whole record as that pod sees them (or why it could
+    /// not read it).
+    async fn views_of_shared(&self, name: &str) -> Result<String> {
+        let mut views = Vec::new();
+        for p in self.pods("sharer").await? {
+            let Some(pod) = p["metadata"]["name"].as_str() else {
+                continue;
+            };
+            let node = p["spec"]["nodeName"].as_str().unwrap_or("no node");
+            let view = match self
+                .c
+                .exec(self.n(), pod, &framed_read(&format!("/data/{name}")))
+                .await
+            {
+                Ok(out) => match unframed(&out) {
+                    Some(data) => {
+                        let last = parse_records(data).last().map(|(s, _)| *s);
+                        format!("{} bytes, last record {last:?}", data.len())
+                    }
+                    None => format!("a cut read ({} bytes)", out.len()),
+                },
+                Err(e) => format!("no read: {e}"),
+            };
+            views.push(format!("{pod} on {node}: {view}"));
+        }
+        Ok(format!("as each sharer reads it: {}", views.join("; ")))
     }
 
     /// The acknowledged records so far, all witnesses together.
@@ -480,7 +517,15 @@ mod tests {
         let whole = format!("{data}\n{FRAME_END} {}\n", data.len());
         assert_eq!(unframed(&whole), Some(data.as_str()));
         // cut anywhere, the count is gone or does not match
-        for cut in [0, 1, 14, data.len() / 2, data.len(), whole.len() - 3, whole.len() - 1] {
+        for cut in [
+            0,
+            1,
+            14,
+            data.len() / 2,
+            data.len(),
+            whole.len() - 3,
+            whole.len() - 1,
+        ] {
             assert_eq!(unframed(&whole[..cut]), None, "cut at {cut}");
         }
         // a count that is not of these bytes: another read's, or a
