@@ -338,6 +338,8 @@ pub struct AccessRuleRec {
     pub state: String,
     pub access_key: Option<String>,
     pub created_at: String,
+    /// Set at the grant (microversion 2.45+).
+    pub metadata: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone)]

@@ -242,6 +242,52 @@ async fn manila_cephfs_share_and_cephx_rule() {
         b.name(),
         active.access_key
     );
+    assert!(
+        active.metadata.is_empty(),
+        "{}: {:?}",
+        b.name(),
+        active.metadata
+    );
+
+    // a read-only rule that says what it is for: its metadata kept,
+    // read back by id and in the share's list
+    let what = std::collections::BTreeMap::from([(
+        "csi.manila.openstack.org/backing-snapshot".to_string(),
+        "0b5c3a4e-5b7e-4c61-9d0e-2f2b8a7d9c11".to_string(),
+    )]);
+    let reader = m
+        .grant_access_with_metadata(
+            &share.id,
+            &GrantAccess {
+                access_type: "cephx".into(),
+                access_to: "bob".into(),
+                access_level: "ro".into(),
+            },
+            &what,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert_eq!(reader.metadata, what, "{}: at the grant", b.name());
+    let reader = wait_rule(&m, &share.id, &reader.id, AccessRuleState::Active).await;
+    assert_eq!(
+        (reader.access_level.as_str(), &reader.metadata),
+        ("ro", &what),
+        "{}",
+        b.name()
+    );
+    let listed = m.list_access_rules(&share.id).await.unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|r| r.id == reader.id && r.metadata == what)
+            && listed
+                .iter()
+                .any(|r| r.id == rule.id && r.metadata.is_empty()),
+        "{}: {listed:?}",
+        b.name()
+    );
+    m.revoke_access(&share.id, &reader.id).await.unwrap();
+    wait_gone("rule removal", || m.get_access_rule(&share.id, &reader.id)).await;
     m.revoke_access(&share.id, &rule.id).await.unwrap();
     wait_gone("rule removal", || m.get_access_rule(&share.id, &rule.id)).await;
     m.delete_share(&share.id).await.unwrap();

@@ -131,7 +131,7 @@ fn rule_json(r: &AccessRuleRec) -> Value {
     json!({
         "id": r.id, "share_id": r.share_id, "access_type": r.access_type, "access_to": r.access_to,
         "access_level": r.access_level, "state": r.state, "access_key": r.access_key,
-        "created_at": r.created_at, "metadata": {}
+        "created_at": r.created_at, "metadata": r.metadata
     })
 }
 

@@ -410,6 +410,35 @@ pub(super) async fn share_action(
             let access_to = s(&args, "access_to").unwrap_or_default();
             let access_level = s(&args, "access_level").unwrap_or_else(|| "rw".into());
             validate_rule(&share.protocol, &access_type, &access_to, &access_level)?;
+            // Manila reads a rule's metadata from 2.45 on (strings only)
+            let mut metadata = BTreeMap::new();
+            if mv >= 45
+                && let Some(m) = args.get("metadata").filter(|m| !m.is_null())
+            {
+                let Some(m) = m.as_object() else {
+                    return Err(ApiErr::bad(
+                        S,
+                        "Invalid input received: metadata must be a dict",
+                    ));
+                };
+                for (k, v) in m {
+                    let Some(v) = v.as_str() else {
+                        return Err(ApiErr::bad(
+                            S,
+                            format!(
+                                "Invalid input received: metadata value of {k} is not a string"
+                            ),
+                        ));
+                    };
+                    if k.is_empty() || k.len() > 255 || v.len() > 1023 {
+                        return Err(ApiErr::bad(
+                            S,
+                            "Invalid input received: metadata key or value out of bounds",
+                        ));
+                    }
+                    metadata.insert(k.clone(), v.to_string());
+                }
+            }
             if w.access_rules.values().any(|r| {
                 r.share_id == id && r.access_type == access_type && r.access_to == access_to
             }) {
@@ -427,6 +456,7 @@ pub(super) async fn share_action(
                 state: "queued_to_apply".into(),
                 access_key: None,
                 created_at: now_iso(),
+                metadata,
             };
             let rid = rule.id.clone();
             let mut out = rule_json(&rule);
