@@ -40,6 +40,7 @@ pub mod processes;
 pub mod runtime_config;
 pub mod share_protocol;
 pub mod shares;
+pub mod snapshot_dir;
 pub mod stage_record;
 
 pub use options::Options;

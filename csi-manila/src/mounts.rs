@@ -287,6 +287,7 @@ mod tests {
             },
             targets: vec![PathBuf::from("/var/lib/kubelet/pods/p/mount")],
             read_only_targets: Vec::new(),
+            backing_snapshot: None,
         };
         s.save(&r).unwrap();
         assert_eq!(s.load(&r.staging), Some(r.clone()));

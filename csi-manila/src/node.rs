@@ -278,6 +278,16 @@ impl NodeService {
     ) -> DriverResult<()> {
         target.check(self.opts.protocol)?;
         let rule = &target.rule;
+        if let Some(snapshot) = &params.backing_snapshot
+            && rule.access_level != "ro"
+        {
+            // its controller grants a read-only rule; any other is not
+            // this volume's to mount with
+            return Err(DriverError::FailedPrecondition(format!(
+                "volume {id} reads snapshot {snapshot} with a read-only rule; rule {} is {}",
+                rule.id, rule.access_level
+            )));
+        }
         let mount = match self.opts.protocol {
             ShareProtocol::Nfs => MountKind::Nfs {
                 export: target.export.clone(),
@@ -316,6 +326,7 @@ impl NodeService {
             mount,
             targets: Vec::new(),
             read_only_targets: Vec::new(),
+            backing_snapshot: params.backing_snapshot.clone(),
         };
         // recorded before mounting: a crash in between leaves what
         // cleanup needs
@@ -464,9 +475,12 @@ impl NodeService {
                 mounts::unmount_bounded(&target, None).await?;
             }
         }
+        // a volume backed by a snapshot is read-only wherever it goes
+        let read_only = read_only || rec.backing_snapshot.is_some();
         let mounter = self.mounter.clone();
         let (s, t) = (staging.clone(), target.clone());
-        blocking(move || bind_staged(&*mounter, &s, &t, read_only, &MountOptions::default()))
+        let (backing, roots) = (rec.backing_snapshot.clone(), self.opts.path_roots.clone());
+        blocking(move || bind_target(&*mounter, backing.as_deref(), &roots, &s, &t, read_only))
             .await?;
         if !rec.targets.iter().any(|t| t == target.path()) {
             rec.targets.push(target.to_path_buf());
@@ -620,7 +634,8 @@ impl NodeService {
             let mounter = self.mounter.clone();
             let s = recorded_path(&rec.staging, &self.opts.path_roots)?;
             let t = recorded_path(target, &self.opts.path_roots)?;
-            blocking(move || bind_staged(&*mounter, &s, &t, read_only, &MountOptions::default()))
+            let (backing, roots) = (rec.backing_snapshot.clone(), self.opts.path_roots.clone());
+            blocking(move || bind_target(&*mounter, backing.as_deref(), &roots, &s, &t, read_only))
                 .await?;
             repaired = true;
             tracing::info!(volume_id = %rec.volume_id, target = %target.display(), read_only, "published share bound again");
@@ -676,6 +691,31 @@ impl NodeService {
 
 /// The StorageClass's kernel mount options and the capability's mount
 /// flags, as one `-o` list.
+/// Binds what a staged volume publishes at a target: the share, or for a
+/// volume backed by a snapshot the snapshot's directory in it, read-only.
+fn bind_target(
+    mounter: &dyn Mounter,
+    backing_snapshot: Option<&str>,
+    roots: &[PathBuf],
+    staging: &host_ops::Beneath,
+    target: &host_ops::Beneath,
+    read_only: bool,
+) -> DriverResult<()> {
+    match backing_snapshot {
+        None => bind_staged(
+            mounter,
+            staging,
+            target,
+            read_only,
+            &MountOptions::default(),
+        ),
+        Some(snapshot) => {
+            let source = crate::snapshot_dir::find(staging, roots, snapshot)?;
+            crate::snapshot_dir::bind(mounter, staging, &source, target)
+        }
+    }
+}
+
 fn join_options(sc: Option<&str>, flags: &[String]) -> Option<String> {
     let all: Vec<&str> = sc
         .into_iter()

@@ -71,9 +71,15 @@ pub struct ShareParameters {
     /// IPs/CIDRs granted NFS access; empty: the operator's default.
     pub nfs_share_clients: Vec<String>,
     pub mount: MountParameters,
+    /// `backingSnapshot`: a volume from a snapshot reads the snapshot
+    /// itself, read-only, instead of a copy of it.
+    pub backing_snapshot: bool,
     /// Keys ignored (logged, so a typo is visible).
     pub ignored: Vec<String>,
 }
+
+/// The volume attribute naming the snapshot a backed volume publishes.
+pub const BACKING_SNAPSHOT_ATTRIBUTE: &str = "backingSnapshotID";
 
 fn empty(key: &str) -> DriverError {
     DriverError::InvalidArgument(format!("parameter {key:?} cannot be empty"))
@@ -110,7 +116,7 @@ pub fn parse_share_clients(v: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-fn cephx_id(v: &str) -> bool {
+pub fn cephx_id(v: &str) -> bool {
     !v.is_empty()
         && v.len() <= 255
         && v.bytes()
@@ -159,6 +165,7 @@ pub const STORAGE_CLASS_KEYS: &[&str] = &[
     "cephfs-fuseMountOptions",
     "nfs-shareClient",
     "protocol",
+    "backingSnapshot",
 ];
 /// The volume attributes the node reads (static PVs name a share with
 /// them; dynamic volumes get them from CreateVolume).
@@ -172,6 +179,7 @@ pub const VOLUME_ATTRIBUTE_KEYS: &[&str] = &[
     "cephfs-fuseMountOptions",
     "exportLocations",
     "cephfs-fsName",
+    BACKING_SNAPSHOT_ATTRIBUTE,
 ];
 
 impl ShareParameters {
@@ -198,6 +206,13 @@ impl ShareParameters {
                     }
                 }
                 "appendShareMetadata" => append = Some(v.clone()),
+                "backingSnapshot" => {
+                    p.backing_snapshot = match v.to_ascii_lowercase().as_str() {
+                        "true" => true,
+                        "false" => false,
+                        _ => return Err(invalid(k, v, "must be true or false")),
+                    }
+                }
                 "groupID" => p.group_id = Some(v.clone()),
                 "cephfs-mounter" => p.mount.cephfs_mounter = mounter(k, v)?,
                 "cephfs-clientID" => {
@@ -317,6 +332,9 @@ pub struct NodeParameters {
     pub export_locations: Option<Vec<openstack_client::manila::ExportLocation>>,
     /// `cephfs-fsName`
     pub fs_name: Option<String>,
+    /// `backingSnapshotID`: the snapshot of the share that is published,
+    /// read-only, instead of the share.
+    pub backing_snapshot: Option<String>,
 }
 
 impl NodeParameters {
@@ -348,6 +366,15 @@ impl NodeParameters {
                 }
                 "exportLocations" => p.export_locations = exports_from_context(v),
                 "cephfs-fsName" => p.fs_name = Some(v.clone()),
+                BACKING_SNAPSHOT_ATTRIBUTE => {
+                    // a name that becomes a path below `.snap`
+                    if !csi_common::request::is_uuid(v) {
+                        return Err(DriverError::InvalidArgument(format!(
+                            "volume attribute {k:?} = {v:?}: a snapshot id is a UUID"
+                        )));
+                    }
+                    p.backing_snapshot = Some(v.to_ascii_lowercase())
+                }
                 _ => {}
             }
         }

@@ -56,6 +56,10 @@ pub struct StageRecord {
     /// Those of them published read-only (a repaired bind keeps it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_only_targets: Vec<PathBuf>,
+    /// A volume backed by a snapshot: the snapshot (its directory below
+    /// the staged share) is what every target binds, read-only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backing_snapshot: Option<String>,
 }
 
 /// The node's records, one directory per staging path (root only: the

@@ -13,6 +13,19 @@ use super::ControllerService;
 use crate::capabilities::parse_capabilities;
 use crate::shares::is_gone;
 
+/// What ValidateVolumeCapabilities confirms: the request as it came.
+fn confirmed(r: csi::ValidateVolumeCapabilitiesRequest) -> csi::ValidateVolumeCapabilitiesResponse {
+    csi::ValidateVolumeCapabilitiesResponse {
+        confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+            volume_context: r.volume_context,
+            volume_capabilities: r.volume_capabilities,
+            parameters: r.parameters,
+            mutable_parameters: r.mutable_parameters,
+        }),
+        message: String::new(),
+    }
+}
+
 impl ControllerService {
     pub(super) async fn validate(
         &self,
@@ -26,13 +39,28 @@ impl ControllerService {
             ));
         }
         let manila = self.manila(&r.secrets)?.with_deadline(deadline);
-        let share = self.our_share(&manila, id).await?;
         let refuse = |message: String| {
             Ok(csi::ValidateVolumeCapabilitiesResponse {
                 confirmed: None,
                 message,
             })
         };
+        if let Some((snapshot, rule)) = super::backed::parse_handle(id) {
+            self.backed_rule(&manila, snapshot, rule).await?;
+            let caps = match parse_capabilities(&r.volume_capabilities) {
+                Ok(c) => c,
+                Err(DriverError::InvalidArgument(m)) => return refuse(m),
+                Err(e) => return Err(e),
+            };
+            if let Some(c) = caps.iter().find(|c| !c.read_only_mode()) {
+                return refuse(format!(
+                    "volume {id} is backed by snapshot {snapshot}: read-only, not {:?}",
+                    c.mode
+                ));
+            }
+            return Ok(confirmed(r));
+        }
+        let share = self.our_share(&manila, id).await?;
         let caps: Vec<Capability> = match parse_capabilities(&r.volume_capabilities) {
             Ok(c) => c,
             Err(DriverError::InvalidArgument(m)) => return refuse(m),
@@ -48,15 +76,7 @@ impl ControllerService {
                 share.share_type_name
             ));
         }
-        Ok(csi::ValidateVolumeCapabilitiesResponse {
-            confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
-                volume_context: r.volume_context,
-                volume_capabilities: r.volume_capabilities,
-                parameters: r.parameters,
-                mutable_parameters: r.mutable_parameters,
-            }),
-            message: String::new(),
-        })
+        Ok(confirmed(r))
     }
 
     /// A share of this instance's protocol, else NotFound.
@@ -131,6 +151,9 @@ impl ControllerService {
     ) -> DriverResult<csi::ControllerGetVolumeResponse> {
         let id = require(&r.volume_id, "volume_id")?;
         let manila = self.own_manila()?.with_deadline(deadline);
+        if let Some((snapshot, rule)) = super::backed::parse_handle(id) {
+            return self.get_backed_volume(&manila, id, snapshot, rule).await;
+        }
         let s = self.our_share(&manila, id).await?;
         let mut cond = condition(&s);
         if s.status.is_error()

@@ -4,9 +4,10 @@
 //!
 //! By RPC family: [`volumes`] (create, delete, validate, list, get,
 //! expand, capacity), [`access`] (the rules a share is created with),
-//! [`snapshots`].
+//! [`snapshots`], [`backed`] (read-only volumes that are a snapshot).
 
 mod access;
+mod backed;
 mod inventory;
 mod snapshots;
 mod twins;

@@ -188,7 +188,13 @@ impl ControllerService {
         let under_way = match manila.get_snapshot(id).await {
             Err(e) if e.is_not_found() => return Ok(csi::DeleteSnapshotResponse {}),
             Err(e) => return Err(e).context(format!("snapshot {id}")),
-            Ok(s) => s.status == ShareSnapshotStatus::Deleting,
+            Ok(s) if s.status == ShareSnapshotStatus::Deleting => true,
+            Ok(s) => {
+                // never from under the volumes that read it
+                self.refuse_while_backing(&manila, &s.share_id, Some(id))
+                    .await?;
+                false
+            }
         };
         delete_and_wait_gone(
             "share_snapshot_delete",

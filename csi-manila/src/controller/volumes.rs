@@ -125,9 +125,18 @@ impl ControllerService {
         }
         // a share only ever read (every capability a reader's) gets
         // read-only rules: the server refuses writes, not just the node
+        let source = source_of(&r)?;
+        if params.backing_snapshot {
+            let snapshot = match &source {
+                Source::Snapshot(s) => Some(s.as_str()),
+                _ => None,
+            };
+            return self
+                .create_backed_volume(&r, &name, &caps, &params, snapshot, deadline)
+                .await;
+        }
         let read_only = caps.iter().all(Capability::read_only_mode);
         let wanted = self.wanted_rules(&name, &params, read_only)?;
-        let source = source_of(&r)?;
         let zone = self.requested_zone(&r, &params);
         self.refuse_unmade_placement(&r).await?;
         let manila = self.manila(&r.secrets)?.with_deadline(deadline);
@@ -613,6 +622,11 @@ impl ControllerService {
         deadline: Instant,
     ) -> DriverResult<csi::DeleteVolumeResponse> {
         let id = require(&r.volume_id, "volume_id")?;
+        if let Some((snapshot, rule)) = super::backed::parse_handle(id) {
+            return self
+                .delete_backed_volume(&r, snapshot, rule, deadline)
+                .await;
+        }
         if !is_uuid(id) {
             // no share has such an id: nothing of ours to delete
             return Ok(csi::DeleteVolumeResponse {});
@@ -631,6 +645,9 @@ impl ControllerService {
                     "share {id} was not provisioned by a Manila CSI driver (its description is not {DESCRIPTION:?}); it is left in place"
                 )));
             }
+            // its readers' rules stay, and so does the share, until the
+            // volumes backed by its snapshots are gone
+            self.refuse_while_backing(&manila, id, None).await?;
             self.revoke_all(&manila, id, deadline).await?;
             // a clone's temporary snapshot, if Manila kept it
             self.drop_clone_snapshot(&manila, &share.name).await;
@@ -658,6 +675,11 @@ impl ControllerService {
         let want = expansion_gib(r.capacity_range.as_ref())?;
         if let Some(c) = &r.volume_capability {
             crate::capabilities::parse_capability(c)?;
+        }
+        if let Some((snapshot, _)) = super::backed::parse_handle(id) {
+            return Err(DriverError::FailedPrecondition(format!(
+                "volume {id} is snapshot {snapshot} itself, read-only: it cannot grow (restore a writable copy to grow it)"
+            )));
         }
         let manila = self.manila(&r.secrets)?.with_deadline(deadline);
         let _guard = self.locks.lock(id, deadline).await?;

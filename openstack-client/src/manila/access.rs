@@ -119,6 +119,33 @@ impl SharedFileSystems {
         }
     }
 
+    /// One access rule by id alone, whichever share of the project's it
+    /// is on (its `share_id` says): microversion 2.45+, else Unsupported.
+    /// The caller proves the rule is what it expects before acting on it.
+    pub async fn access_rule(&self, access_id: &str) -> Result<AccessRule> {
+        let v = self.microversion().await?;
+        if v < MV_ACCESS_RULES_API {
+            return Err(Error::Unsupported {
+                operation: "access_get",
+                message: format!(
+                    "reading an access rule by id needs Manila microversion {MV_ACCESS_RULES_API}; the server speaks {v}"
+                ),
+            });
+        }
+        #[derive(Deserialize)]
+        struct E {
+            access: AccessRule,
+        }
+        let req = self
+            .req(
+                Method::GET,
+                format!("share-access-rules/{}", seg(access_id)),
+                "access_get",
+            )
+            .await?;
+        Ok(self.session.send(req).await?.json::<E>()?.access)
+    }
+
     /// One access rule by id (microversion 2.45+), else from the share's
     /// list.
     pub async fn get_access_rule(&self, share_id: &str, access_id: &str) -> Result<AccessRule> {
