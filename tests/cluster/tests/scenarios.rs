@@ -191,6 +191,10 @@ mod handover;
 #[path = "scenarios/expansion.rs"]
 mod expansion;
 
+// a read-only claim that is its CephFS snapshot (tests/scenarios/backed.rs)
+#[path = "scenarios/backed.rs"]
+mod backed;
+
 // ------------------------------------------------------------- Cinder
 
 #[tokio::test]

@@ -1,0 +1,215 @@
+//! A read-only claim from a CephFS VolumeSnapshot that reads the snapshot
+//! itself (`backingSnapshot: "true"`), as users meet it: a writer's file
+//! before the snapshot is what a pod of the new claim reads, not what the
+//! writer wrote after it; no share is made; the pod cannot write, even
+//! through a read-write mount; and Kubernetes cannot delete the snapshot
+//! from under the claim: its deletion waits (the driver refuses it, the
+//! snapshot controller retries) until the claim is gone.
+
+use super::*;
+
+/// The StorageClass `csi-manila-cephfs` with `backingSnapshot: "true"`,
+/// under a name of its own (deleted when dropped).
+struct BackedClass<'a> {
+    c: &'a Cluster,
+    name: String,
+}
+
+impl<'a> BackedClass<'a> {
+    async fn make(c: &'a Cluster, n: &str) -> BackedClass<'a> {
+        let mut class = c
+            .get("storageclass", "csi-manila-cephfs", None)
+            .await
+            .unwrap()
+            .expect("the CephFS class of deploy/");
+        let name = format!("{n}-backed");
+        let meta = class["metadata"].as_object_mut().unwrap();
+        meta.retain(|k, _| k == "name");
+        meta.insert("name".into(), json!(name));
+        class["parameters"]["backingSnapshot"] = json!("true");
+        c.apply(&class.to_string()).await.unwrap();
+        BackedClass { c, name }
+    }
+}
+
+impl Drop for BackedClass<'_> {
+    fn drop(&mut self) {
+        // as TestNamespace's: without waiting, on a failure too
+        let _ = std::process::Command::new("kubectl")
+            .arg(format!("--kubeconfig={}", self.c.kubeconfig.display()))
+            .args([
+                "delete",
+                "storageclass",
+                &self.name,
+                "--ignore-not-found",
+                "--wait=false",
+            ])
+            .output();
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
+async fn a_read_only_claim_backed_by_a_cephfs_snapshot_reads_the_snapshot_and_keeps_it() {
+    let (c, ns, n) = scenario("backed").await;
+    make(
+        &c,
+        &n,
+        &[
+            claim("data", "csi-manila-cephfs", "1Gi", "ReadWriteMany", false),
+            pod(
+                "writer",
+                "data",
+                "echo before > /data/f && sync && exec sleep 3600",
+                PodOptions::default(),
+            ),
+        ],
+    )
+    .await;
+    c.wait_running(&n, "writer", 3 * MINUTE).await.unwrap();
+    c.wait_for("the writer's file", MINUTE, || async {
+        let out = c.exec(&n, "writer", "cat /data/f 2>&1").await?;
+        Ok(if out.trim() == "before" {
+            Ok(())
+        } else {
+            Err(out)
+        })
+    })
+    .await
+    .unwrap();
+    c.apply_in(
+        &n,
+        "apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata:\n  name: snap\nspec:\n  volumeSnapshotClassName: csi-manila-cephfs-snapclass\n  source:\n    persistentVolumeClaimName: data\n",
+    )
+    .await
+    .unwrap();
+    c.wait_snapshot_ready(&n, "snap", 3 * MINUTE).await.unwrap();
+    c.exec(&n, "writer", "echo after > /data/f && sync")
+        .await
+        .unwrap();
+    let manila = c.manila().unwrap();
+    let shares_before = manila.list_shares(&Default::default()).await.unwrap().len();
+
+    let class = BackedClass::make(&c, &n).await;
+    let t = Instant::now();
+    c.apply_in(
+        &n,
+        &format!(
+            "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: ro\nspec:\n  accessModes: [ReadOnlyMany]\n  storageClassName: {}\n  dataSource:\n    apiGroup: snapshot.storage.k8s.io\n    kind: VolumeSnapshot\n    name: snap\n  resources:\n    requests:\n      storage: 1Gi\n",
+            class.name
+        ),
+    )
+    .await
+    .unwrap();
+    let pv = c.volume_of(&n, "ro", 3 * MINUTE).await.unwrap();
+    println!(
+        "a ReadOnlyMany claim backed by its snapshot bound in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let volume_handle = handle(&pv);
+    assert!(
+        volume_handle.starts_with("snapshot-backed:"),
+        "{volume_handle}"
+    );
+    assert_eq!(
+        manila.list_shares(&Default::default()).await.unwrap().len(),
+        shares_before,
+        "no share made for it"
+    );
+    // a pod that asks to write (its mount is not readOnly) reads the
+    // snapshot and is refused
+    make(
+        &c,
+        &n,
+        &[pod(
+            "reader",
+            "ro",
+            "cat /data/f; if echo x > /data/g 2>/dev/null; then echo WROTE; else echo REFUSED; fi",
+            once(),
+        )],
+    )
+    .await;
+    c.wait_succeeded(&n, "reader", 3 * MINUTE).await.unwrap();
+    let out = c.logs(&n, "reader").await.unwrap();
+    assert!(
+        out.contains("before")
+            && !out.contains("after")
+            && out.contains("REFUSED")
+            && !out.contains("WROTE"),
+        "{out}"
+    );
+
+    // the snapshot's deletion waits for the claim that reads it
+    let content = c
+        .get("volumesnapshot", "snap", Some(&n))
+        .await
+        .unwrap()
+        .unwrap()["status"]["boundVolumeSnapshotContentName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let snapshot_id = c
+        .get("volumesnapshotcontent", &content, None)
+        .await
+        .unwrap()
+        .unwrap()["status"]["snapshotHandle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    c.kubectl(&["delete", "volumesnapshot", "snap", "-n", &n, "--wait=false"])
+        .await
+        .unwrap();
+    c.wait_for(
+        "the driver's refusal on the snapshot's content",
+        2 * MINUTE,
+        || async {
+            let vsc = c.get("volumesnapshotcontent", &content, None).await?;
+            let message = vsc
+                .as_ref()
+                .and_then(|v| v["status"]["error"]["message"].as_str())
+                .unwrap_or_default()
+                .to_string();
+            Ok(if message.contains("backs") {
+                Ok(())
+            } else {
+                Err(format!("{vsc:?}"))
+            })
+        },
+    )
+    .await
+    .unwrap();
+    manila
+        .get_snapshot(&snapshot_id)
+        .await
+        .expect("the snapshot stays while the claim reads it");
+
+    // the claim gone, its rule goes, and then the snapshot
+    c.delete("pod", "reader", Some(&n)).await.unwrap();
+    c.delete("pvc", "ro", Some(&n)).await.unwrap();
+    wait_released(&c, &name(&pv), None).await;
+    c.wait_for("the snapshot's content deleted", 3 * MINUTE, || async {
+        Ok(
+            match c.get("volumesnapshotcontent", &content, None).await? {
+                None => Ok(()),
+                Some(v) => Err(v["status"].to_string()),
+            },
+        )
+    })
+    .await
+    .unwrap();
+    assert!(
+        manila
+            .get_snapshot(&snapshot_id)
+            .await
+            .unwrap_err()
+            .is_not_found(),
+        "Manila's snapshot deleted"
+    );
+    assert_eq!(
+        c.exec(&n, "writer", "cat /data/f").await.unwrap().trim(),
+        "after",
+        "the source share untouched"
+    );
+    drop(class);
+    drop(ns);
+}
