@@ -21,7 +21,9 @@ use openstack_client::manila::{
 };
 
 use crate::share_protocol::ShareProtocol;
-use crate::shares::{CLONE_SNAPSHOT_DESCRIPTION, CLUSTER_KEY, DESCRIPTION, IDENTITY_KEY};
+use crate::shares::{
+    CLONE_SNAPSHOT_DESCRIPTION, CLUSTER_KEY, DESCRIPTION, IDENTITY_KEY, readers_of,
+};
 
 /// What the report counts, by its metric's `kind` label.
 pub const KINDS: &[&str] = &["share", "snapshot"];
@@ -107,10 +109,34 @@ impl Inventory for ManilaInventory {
         t: &Tagged,
         nodes: &NodeAddresses,
     ) -> Result<Option<String>, openstack_client::Error> {
+        // a volume backed by a snapshot reads it through a rule on its
+        // share, and no PV or content names either by id: the rules tell
+        let share_id = match t.named_by {
+            NamedBy::PersistentVolume => t.id.clone(),
+            NamedBy::SnapshotContent => match self.manila.get_snapshot(&t.id).await {
+                Ok(s) => s.share_id,
+                Err(e) if e.is_not_found() => return Ok(None),
+                Err(e) => return Err(e),
+            },
+        };
+        let rules = self.manila.list_access_rules(&share_id).await?;
+        let snapshot = (t.named_by == NamedBy::SnapshotContent).then_some(t.id.as_str());
+        let readers = readers_of(&rules, snapshot);
+        if !readers.is_empty() {
+            return Ok(Some(format!(
+                "read by {} volume(s) backed by {} ({}): delete them first",
+                readers.len(),
+                if snapshot.is_some() {
+                    "this snapshot"
+                } else {
+                    "its snapshots"
+                },
+                readers.join(", ")
+            )));
+        }
         if t.named_by != NamedBy::PersistentVolume || nodes.is_empty() {
             return Ok(None);
         }
-        let rules = self.manila.list_access_rules(&t.id).await?;
         Ok(held_by_rules(&rules, nodes))
     }
 
@@ -224,7 +250,7 @@ impl Inventory for ManilaInventory {
 #[command(
     name = "manila-csi-plugin orphans",
     about = "Lists the Manila shares tagged with this cluster (of one protocol) and their snapshots that no PersistentVolume or VolumeSnapshotContent names (older than --older-than), and deletes them with --delete",
-    long_about = "Lists the Manila shares of this cluster of the protocol --share-protocol-selector names, and the snapshots the driver made of them, that no PersistentVolume (by volume handle, or a static PV's shareID or shareName) or VolumeSnapshotContent of --drivername names, older than --older-than. A share is this cluster's only when it carries both the cluster id (manila.csi.openstack.org/cluster=--cluster-id) and the cluster's identity (manila.csi.openstack.org/cluster-uid, the uid of kube-system, which the controller writes); a snapshot carries its share's, and only one with the driver's description is the driver's. A share with an ip access rule granting one of the cluster's Nodes' addresses alone (an address, /32 or /128) is in use by that node and never deleted. Anything else is listed as not proven and never deleted; --adopt writes the identity into shares an older version made.\n\n\
+    long_about = "Lists the Manila shares of this cluster of the protocol --share-protocol-selector names, and the snapshots the driver made of them, that no PersistentVolume (by volume handle, or a static PV's shareID or shareName) or VolumeSnapshotContent of --drivername names, older than --older-than. A share is this cluster's only when it carries both the cluster id (manila.csi.openstack.org/cluster=--cluster-id) and the cluster's identity (manila.csi.openstack.org/cluster-uid, the uid of kube-system, which the controller writes); a snapshot carries its share's, and only one with the driver's description is the driver's. A share with an ip access rule granting one of the cluster's Nodes' addresses alone (an address, /32 or /128) is in use by that node and never deleted; so is a snapshot that a volume backed by it reads (a read-only rule on its share naming it, which no PV names by id), and its share. Anything else is listed as not proven and never deleted; --adopt writes the identity into shares an older version made.\n\n\
         A dry run unless --delete: then it deletes the orphans (snapshots first; never one busy), after reading the cluster again, and refuses when its view of the cluster looks wrong (no PV of the driver, another cluster's apiserver, more orphans than shares in use) unless each is named with --force-delete. Uses the [Global] credentials of --cloud-config.\n\n\
         It reads the apiserver only (get namespace kube-system, list persistentvolumes, volumesnapshotcontents and nodes): in the controller's pod it uses the pod's own credentials; elsewhere give --kube-apiserver, --kube-ca-file and --kube-token-file with a token of a role that can read no more than that."
 )]

@@ -44,6 +44,32 @@ pub fn clone_snapshot_name(name: &str) -> String {
     format!("{name}-clone-source")
 }
 
+/// The access rule metadata naming the snapshot a backed volume reads.
+pub const BACKING_SNAPSHOT_KEY: &str = "manila.csi.openstack.org/backing-snapshot";
+
+/// Whether a rule is a backed volume's (of any snapshot), and not on its
+/// way out.
+pub fn backs_a_volume(r: &AccessRule) -> bool {
+    r.metadata.contains_key(BACKING_SNAPSHOT_KEY)
+        && !matches!(
+            r.state,
+            AccessRuleState::QueuedToDeny | AccessRuleState::Denying
+        )
+}
+
+/// The readers of a snapshot among a share's rules: their cephx ids.
+pub fn readers_of<'a>(rules: &'a [AccessRule], snapshot_id: Option<&str>) -> Vec<&'a str> {
+    rules
+        .iter()
+        .filter(|r| backs_a_volume(r))
+        .filter(|r| {
+            snapshot_id
+                .is_none_or(|s| r.metadata.get(BACKING_SNAPSHOT_KEY).map(String::as_str) == Some(s))
+        })
+        .map(|r| r.access_to.as_str())
+        .collect()
+}
+
 /// Whether this driver (or upstream's) provisioned the share.
 pub fn provisioned_here(s: &Share) -> bool {
     s.description.as_deref() == Some(DESCRIPTION)

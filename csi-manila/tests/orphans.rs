@@ -428,6 +428,82 @@ async fn an_nfs_share_granted_to_a_node_of_the_cluster_is_in_use() {
     );
 }
 
+/// A snapshot that a volume backed by it reads is named by no PV or
+/// content (the PV names `snapshot-backed:<snapshot>:<rule>`), and
+/// neither is its share once their own objects are gone: the rule on the
+/// share tells, and both stay.
+#[tokio::test]
+async fn a_snapshot_a_backed_volume_reads_and_its_share_are_in_use() {
+    let api = StandInApiserver::start().await.unwrap();
+    let mut e = env_of(&api, &[]).await;
+    let share = e.create("orphan-read-source", 1, &[]).await.volume_id;
+    let snapshot =
+        e.c.create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: share.clone(),
+            name: "orphan-read-snapshot".into(),
+            secrets: e.secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap()
+        .snapshot_id;
+    let mut req = e.create_req("pvc-reader", 1, &[("backingSnapshot", "true")]);
+    req.volume_capabilities = vec![mount_cap(
+        proto::csi::v1::volume_capability::access_mode::Mode::MultiNodeReaderOnly,
+        &[],
+    )];
+    req.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource {
+                snapshot_id: snapshot.clone(),
+            },
+        )),
+    });
+    let reader =
+        e.c.create_volume(req)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id;
+    let control = e.h.emulator.control();
+    for id in [&share, &snapshot] {
+        assert!(control.backdate(id, LONG_AGO), "{id}");
+    }
+    // the reader's PV alone: the share's and the snapshot's objects gone
+    api.objects().pvs = vec![(DRIVER.into(), reader.clone())];
+    let text = orphans(&e, &api, &["--delete"]).await;
+    println!("{text}");
+    for id in [&share, &snapshot] {
+        assert!(
+            line_with(&text, "in use", id).is_some_and(|l| l.contains("pvc-reader")),
+            "{id}: {text}"
+        );
+        assert!(line_with(&text, "deleted", id).is_none(), "{id}: {text}");
+    }
+    assert!(share_stays(&e, &share).await);
+    assert!(snapshot_stays(&e, &snapshot).await);
+
+    // once the reader is gone, they are orphans like any other: the
+    // snapshot first, the share once Manila let the snapshot go
+    e.delete(&reader).await.unwrap();
+    let text = orphans(&e, &api, &["--delete"]).await;
+    println!("{text}");
+    assert!(line_with(&text, "deleted", &snapshot).is_some(), "{text}");
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while snapshot_stays(&e, &snapshot).await || e.manila.get_snapshot(&snapshot).await.is_ok() {
+        assert!(std::time::Instant::now() < until, "the snapshot never went");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let text = orphans(&e, &api, &["--delete"]).await;
+    println!("{text}");
+    assert!(line_with(&text, "deleted", &share).is_some(), "{text}");
+}
+
 #[tokio::test]
 async fn the_controller_counts_the_orphans_in_its_metrics() {
     let api = StandInApiserver::start().await.unwrap();

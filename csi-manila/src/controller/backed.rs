@@ -28,10 +28,7 @@ use proto::csi::v1 as csi;
 use super::ControllerService;
 use crate::parameters::{BACKING_SNAPSHOT_ATTRIBUTE, ShareParameters, cephx_id};
 use crate::share_protocol::ShareProtocol;
-use crate::shares::CLUSTER_KEY;
-
-/// The access rule metadata naming the snapshot a backed volume reads.
-pub const BACKING_SNAPSHOT_KEY: &str = "manila.csi.openstack.org/backing-snapshot";
+use crate::shares::{BACKING_SNAPSHOT_KEY, CLUSTER_KEY, backs_a_volume, readers_of};
 
 /// A backed volume's handle: `snapshot-backed:<snapshot id>:<rule id>`.
 const HANDLE_PREFIX: &str = "snapshot-backed:";
@@ -45,29 +42,6 @@ pub fn parse_handle(id: &str) -> Option<(&str, &str)> {
 
 fn handle(snapshot_id: &str, rule_id: &str) -> String {
     format!("{HANDLE_PREFIX}{snapshot_id}:{rule_id}")
-}
-
-/// Whether a rule is a backed volume's (of any snapshot), and not on its
-/// way out.
-pub fn backs_a_volume(r: &AccessRule) -> bool {
-    r.metadata.contains_key(BACKING_SNAPSHOT_KEY)
-        && !matches!(
-            r.state,
-            AccessRuleState::QueuedToDeny | AccessRuleState::Denying
-        )
-}
-
-/// The readers of a snapshot among a share's rules: their cephx ids.
-pub fn readers_of<'a>(rules: &'a [AccessRule], snapshot_id: Option<&str>) -> Vec<&'a str> {
-    rules
-        .iter()
-        .filter(|r| backs_a_volume(r))
-        .filter(|r| {
-            snapshot_id
-                .is_none_or(|s| r.metadata.get(BACKING_SNAPSHOT_KEY).map(String::as_str) == Some(s))
-        })
-        .map(|r| r.access_to.as_str())
-        .collect()
 }
 
 impl ControllerService {
