@@ -65,6 +65,21 @@ async fn rules(
         .collect()
 }
 
+/// A snapshot of the volume, through the plugin.
+async fn snapshot_of(e: &mut Env, volume_id: &str) -> csi::Snapshot {
+    e.c.create_snapshot(csi::CreateSnapshotRequest {
+        source_volume_id: volume_id.into(),
+        name: "snap-1".into(),
+        secrets: e.secrets.clone(),
+        parameters: HashMap::new(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .snapshot
+    .unwrap()
+}
+
 async fn share_count(e: &Env) -> usize {
     e.manila
         .list_shares(&Default::default())
@@ -83,18 +98,7 @@ async fn a_read_only_volume_backed_by_a_snapshot_reads_the_snapshot_and_nothing_
     e.stage(&src, rwx()).await;
     let live = e.publish(&src, "pod-a", false).await;
     std::fs::write(e.h.seen(&live).join("data"), b"before").unwrap();
-    let snap =
-        e.c.create_snapshot(csi::CreateSnapshotRequest {
-            source_volume_id: src.volume_id.clone(),
-            name: "snap-1".into(),
-            secrets: e.secrets.clone(),
-            parameters: HashMap::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let snap = snapshot_of(&mut e, &src.volume_id).await;
     // what CephFS shows in the share once the snapshot is taken, beside
     // another snapshot's directory, which must never be served
     let snap_dir =
@@ -364,18 +368,7 @@ async fn an_nfs_volume_backed_by_a_snapshot_is_refused_naming_the_writable_resto
     })
     .await;
     let src = e.create("pvc-src", 1, &[]).await;
-    let snap =
-        e.c.create_snapshot(csi::CreateSnapshotRequest {
-            source_volume_id: src.volume_id.clone(),
-            name: "snap-1".into(),
-            secrets: e.secrets.clone(),
-            parameters: HashMap::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let snap = snapshot_of(&mut e, &src.volume_id).await;
     let shares = share_count(&e).await;
     let mut req = from_snapshot(&e, "pvc-ro", Some(&snap.snapshot_id), vec![rox()], 1);
     req.parameters.remove("type");

@@ -150,18 +150,7 @@ impl SharedFileSystems {
     /// list.
     pub async fn get_access_rule(&self, share_id: &str, access_id: &str) -> Result<AccessRule> {
         if self.microversion().await? >= MV_ACCESS_RULES_API {
-            #[derive(Deserialize)]
-            struct E {
-                access: AccessRule,
-            }
-            let req = self
-                .req(
-                    Method::GET,
-                    format!("share-access-rules/{}", seg(access_id)),
-                    "access_get",
-                )
-                .await?;
-            let rule = self.session.send(req).await?.json::<E>()?.access;
+            let rule = self.access_rule(access_id).await?;
             // the API answers for any rule the project can see: one of
             // another share (and its cephx key) is not this share's
             if rule.share_id.as_deref() != Some(share_id) {
