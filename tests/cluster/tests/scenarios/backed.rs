@@ -159,25 +159,61 @@ async fn a_read_only_claim_backed_by_a_cephfs_snapshot_reads_the_snapshot_and_ke
     c.kubectl(&["delete", "volumesnapshot", "snap", "-n", &n, "--wait=false"])
         .await
         .unwrap();
+    // csi-snapshotter records a refused DeleteSnapshot only as an event
+    // ("Failed to delete snapshot", without the driver's words) and in its
+    // log, which carries the driver's error: both must show it
+    let since = format!("--since={}s", t.elapsed().as_secs() + 60);
     c.wait_for(
-        "the driver's refusal on the snapshot's content",
+        "the driver's refusal of the snapshot's deletion",
         2 * MINUTE,
         || async {
-            let vsc = c.get("volumesnapshotcontent", &content, None).await?;
-            let message = vsc
-                .as_ref()
-                .and_then(|v| v["status"]["error"]["message"].as_str())
-                .unwrap_or_default()
-                .to_string();
-            Ok(if message.contains("backs") {
-                Ok(())
-            } else {
-                Err(format!("{vsc:?}"))
+            let events = c
+                .kubectl(&[
+                    "get",
+                    "events",
+                    "-A",
+                    "--field-selector",
+                    &format!("involvedObject.name={content},reason=SnapshotDeleteError"),
+                    "-o",
+                    "name",
+                ])
+                .await?;
+            let log = c
+                .kubectl(&[
+                    "-n",
+                    cluster_tests::SUITE_NAMESPACE,
+                    "logs",
+                    "-l",
+                    "app=csi-manila-cephfs-controllerplugin",
+                    "-c",
+                    "csi-snapshotter",
+                    &since,
+                    "--tail=-1",
+                ])
+                .await?;
+            let refusal = log.lines().find(|l| {
+                l.contains(&content) && l.contains("FailedPrecondition") && l.contains("backs")
+            });
+            Ok(match refusal {
+                Some(_) if !events.trim().is_empty() => Ok(()),
+                _ => Err(format!(
+                    "events: {events:?}; csi-snapshotter's lines on it: {:?}",
+                    log.lines()
+                        .filter(|l| l.contains(&content))
+                        .collect::<Vec<_>>()
+                )),
             })
         },
     )
     .await
     .unwrap();
+    assert!(
+        c.get("volumesnapshotcontent", &content, None)
+            .await
+            .unwrap()
+            .is_some(),
+        "the snapshot's content waits for the claim"
+    );
     manila
         .get_snapshot(&snapshot_id)
         .await
