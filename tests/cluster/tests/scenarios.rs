@@ -183,6 +183,57 @@ async fn make(c: &Cluster, n: &str, docs: &[String]) {
     c.apply_in(n, &docs.join("---\n")).await.unwrap();
 }
 
+/// A cluster-scoped object a scenario made (a StorageClass, a
+/// VolumeAttributesClass), deleted when dropped: as TestNamespace's
+/// namespace, without waiting, on a failure too.
+struct ClusterScoped<'a> {
+    c: &'a Cluster,
+    kind: &'static str,
+    name: String,
+}
+
+impl Drop for ClusterScoped<'_> {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kubectl")
+            .arg(format!("--kubeconfig={}", self.c.kubeconfig.display()))
+            .args([
+                "delete",
+                self.kind,
+                &self.name,
+                "--ignore-not-found",
+                "--wait=false",
+            ])
+            .output();
+    }
+}
+
+/// The StorageClass `from` of deploy/ under the name `name`, with these
+/// parameters added or changed.
+async fn copy_class<'a>(
+    c: &'a Cluster,
+    from: &str,
+    name: &str,
+    parameters: &[(&str, &str)],
+) -> ClusterScoped<'a> {
+    let mut class = c
+        .get("storageclass", from, None)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("the class {from} of deploy/"));
+    let meta = class["metadata"].as_object_mut().unwrap();
+    meta.retain(|k, _| k == "name");
+    meta.insert("name".into(), json!(name));
+    for (k, v) in parameters {
+        class["parameters"][*k] = json!(v);
+    }
+    c.apply(&class.to_string()).await.unwrap();
+    ClusterScoped {
+        c,
+        kind: "storageclass",
+        name: name.to_string(),
+    }
+}
+
 // a release replaced in place (tests/scenarios/handover.rs)
 #[path = "scenarios/handover.rs"]
 mod handover;
@@ -194,6 +245,11 @@ mod expansion;
 // a read-only claim that is its CephFS snapshot (tests/scenarios/backed.rs)
 #[path = "scenarios/backed.rs"]
 mod backed;
+
+// Cinder metadata changed through a VolumeAttributesClass under a writer
+// (tests/scenarios/attributes.rs)
+#[path = "scenarios/attributes.rs"]
+mod attributes;
 
 // ------------------------------------------------------------- Cinder
 

@@ -8,46 +8,6 @@
 
 use super::*;
 
-/// The StorageClass `csi-manila-cephfs` with `backingSnapshot: "true"`,
-/// under a name of its own (deleted when dropped).
-struct BackedClass<'a> {
-    c: &'a Cluster,
-    name: String,
-}
-
-impl<'a> BackedClass<'a> {
-    async fn make(c: &'a Cluster, n: &str) -> BackedClass<'a> {
-        let mut class = c
-            .get("storageclass", "csi-manila-cephfs", None)
-            .await
-            .unwrap()
-            .expect("the CephFS class of deploy/");
-        let name = format!("{n}-backed");
-        let meta = class["metadata"].as_object_mut().unwrap();
-        meta.retain(|k, _| k == "name");
-        meta.insert("name".into(), json!(name));
-        class["parameters"]["backingSnapshot"] = json!("true");
-        c.apply(&class.to_string()).await.unwrap();
-        BackedClass { c, name }
-    }
-}
-
-impl Drop for BackedClass<'_> {
-    fn drop(&mut self) {
-        // as TestNamespace's: without waiting, on a failure too
-        let _ = std::process::Command::new("kubectl")
-            .arg(format!("--kubeconfig={}", self.c.kubeconfig.display()))
-            .args([
-                "delete",
-                "storageclass",
-                &self.name,
-                "--ignore-not-found",
-                "--wait=false",
-            ])
-            .output();
-    }
-}
-
 #[tokio::test]
 #[ignore = "needs the cluster tier: tests/cluster/cluster.py up (after tests/openstack/cloud.py up all)"]
 async fn a_read_only_claim_backed_by_a_cephfs_snapshot_reads_the_snapshot_and_keeps_it() {
@@ -90,7 +50,13 @@ async fn a_read_only_claim_backed_by_a_cephfs_snapshot_reads_the_snapshot_and_ke
     let manila = c.manila().unwrap();
     let shares_before = manila.list_shares(&Default::default()).await.unwrap().len();
 
-    let class = BackedClass::make(&c, &n).await;
+    let class = copy_class(
+        &c,
+        "csi-manila-cephfs",
+        &format!("{n}-backed"),
+        &[("backingSnapshot", "true")],
+    )
+    .await;
     let t = Instant::now();
     c.apply_in(
         &n,
