@@ -5,7 +5,9 @@
 //! snapshot as the plugin expects, and that the data is the snapshot's.
 //! `OPENSTACK_TEST_BACKEND=real cargo test -p csi-manila --test
 //! real_cloud_backed -- --ignored` once `tests/openstack/cloud.py up file`
-//! (or `all`) is up.
+//! (or `all`) is up. `BACKED_FILL_MIB=N` first writes N MiB into the
+//! share (default 0), for the figures: how long a backed volume and a
+//! restored copy take with data in the snapshot.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -19,6 +21,23 @@ mod real_common;
 use real_common::*;
 
 const BACKING_KEY: &str = "manila.csi.openstack.org/backing-snapshot";
+
+/// The MiB written into the share before its snapshot (`BACKED_FILL_MIB`).
+fn fill_mib() -> usize {
+    std::env::var("BACKED_FILL_MIB")
+        .ok()
+        .map(|v| v.parse().expect("BACKED_FILL_MIB: a number of MiB"))
+        .unwrap_or(0)
+}
+
+/// MiB number `i` of the fill: each one different, none of zeros.
+fn fill_block(i: usize) -> Vec<u8> {
+    let mut block = vec![0u8; 1 << 20];
+    for (j, b) in block.iter_mut().enumerate() {
+        *b = (i.wrapping_mul(31) ^ j.wrapping_mul(7)) as u8 | 1;
+    }
+    block
+}
 
 async fn wait_ready(e: &mut Env, snapshot_id: &str) {
     let until = Instant::now() + Duration::from_secs(60);
@@ -48,12 +67,28 @@ async fn wait_ready(e: &mut Env, snapshot_id: &str) {
 #[ignore = "needs root and the real test cloud (tests/openstack/cloud.py up file)"]
 async fn a_volume_backed_by_a_snapshot_reads_it_through_a_read_only_rule_on_real_ceph() {
     let mut e = env("CEPHFS", &[("type", "cephfs")]).await;
-    let src = e.create(&unique("backed-src"), 1, None).await;
+    let fill = fill_mib();
+    // room for the fill beside the rest (a share's quota is its size)
+    let gib = 1 + fill.div_ceil(1024) as i64;
+    let src = e.create(&unique("backed-src"), gib, None).await;
     let id = src.volume_id.clone();
     e.stage(&id, &src.volume_context).await;
     let live = e.publish(&id, "pod-a", false).await;
     std::fs::create_dir_all(live.join("dir")).unwrap();
     std::fs::write(live.join("dir/data"), b"before the snapshot").unwrap();
+    if fill > 0 {
+        use std::io::Write;
+        let t = Instant::now();
+        let mut f = std::fs::File::create(live.join("dir/fill")).unwrap();
+        for i in 0..fill {
+            f.write_all(&fill_block(i)).unwrap();
+        }
+        f.sync_all().unwrap();
+        println!(
+            "{fill} MiB written into the share in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
     let snap = e.snapshot(&id, &unique("backed-snap")).await;
     wait_ready(&mut e, &snap.snapshot_id).await;
     std::fs::write(live.join("dir/data"), b"after the snapshot").unwrap();
@@ -71,7 +106,7 @@ async fn a_volume_backed_by_a_snapshot_reads_it_through_a_read_only_rule_on_real
     let ro = e
         .create_as(
             &name,
-            1,
+            gib,
             of_snapshot(&snap.snapshot_id),
             Mode::MultiNodeReaderOnly,
         )
@@ -113,6 +148,18 @@ async fn a_volume_backed_by_a_snapshot_reads_it_through_a_read_only_rule_on_real
     );
     let err = std::fs::write(target.join("dir/data"), b"x").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(nix::libc::EROFS), "{err}");
+    if fill > 0 {
+        // the snapshot's data, whole: its first and last MiB as written
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open(target.join("dir/fill")).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), (fill as u64) << 20);
+        let mut block = vec![0u8; 1 << 20];
+        f.read_exact(&mut block).unwrap();
+        assert!(block == fill_block(0), "the fill's first MiB differs");
+        f.seek(SeekFrom::Start(((fill - 1) as u64) << 20)).unwrap();
+        f.read_exact(&mut block).unwrap();
+        assert!(block == fill_block(fill - 1), "the fill's last MiB differs");
+    }
     // and the share itself, through the staged mount, refuses the key's
     // writes: the rule is read-only in Ceph, not only the bind
     let err = std::fs::write(staging.join("scribble"), b"x").unwrap_err();
@@ -142,11 +189,11 @@ async fn a_volume_backed_by_a_snapshot_reads_it_through_a_read_only_rule_on_real
     e.parameters.remove("backingSnapshot");
     let t = Instant::now();
     let copy = e
-        .create(&unique("backed-copy"), 1, of_snapshot(&snap.snapshot_id))
+        .create(&unique("backed-copy"), gib, of_snapshot(&snap.snapshot_id))
         .await;
     let copied_in = t.elapsed();
     println!(
-        "a ReadOnlyMany volume from a snapshot: backed by it {:.2} s (no share); a restored copy {:.2} s (a share of 1 GiB)",
+        "a ReadOnlyMany volume from a snapshot holding {fill} MiB: backed by it {:.2} s (no share); a restored copy {:.2} s (a share of {gib} GiB)",
         backed_in.as_secs_f64(),
         copied_in.as_secs_f64()
     );
