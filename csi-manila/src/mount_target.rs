@@ -34,14 +34,23 @@ pub fn fs_name(metadata: &std::collections::BTreeMap<String, String>) -> Option<
         .filter(|s| !s.is_empty())
 }
 
-/// What CreateVolume adds to the volume context for NodeStage.
-pub fn context_for_stage(
+/// What CreateVolume adds to the volume context for NodeStage: the
+/// share's export locations where Manila gave them (else NodeStage looks
+/// them up; a failed list fails no create) and its CephFS file system.
+pub fn context_for_stage<E: std::fmt::Display>(
     share: &Share,
-    locations: &[ExportLocation],
+    locations: Result<Vec<ExportLocation>, E>,
     protocol: ShareProtocol,
     context: &mut HashMap<String, String>,
 ) {
-    let exports = exports_to_context(locations);
+    let locations = match locations {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(share_id = %share.id, error = %e, "export locations not in the volume context; NodeStage will look them up");
+            Vec::new()
+        }
+    };
+    let exports = exports_to_context(&locations);
     if exports != "[]" {
         context.insert(EXPORT_LOCATIONS_KEY.into(), exports);
     }

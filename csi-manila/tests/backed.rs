@@ -9,9 +9,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use openstack_client::manila::AccessRuleState;
+use openstack_client::manila::{AccessRuleState, GrantAccess};
 use proto::csi::v1 as csi;
 use proto::csi::v1::volume_capability::access_mode::Mode;
 use tonic::Code;
@@ -134,6 +134,16 @@ async fn a_read_only_volume_backed_by_a_snapshot_reads_the_snapshot_and_nothing_
             Code::InvalidArgument,
         ),
         (
+            "one cephx id for every volume of the share",
+            {
+                let mut r = from_snapshot(&e, "pvc-bad", Some(&snap.snapshot_id), vec![rox()], 1);
+                r.parameters
+                    .insert("cephfs-clientID".into(), "shared".into());
+                r
+            },
+            Code::InvalidArgument,
+        ),
+        (
             "larger than the snapshot",
             from_snapshot(&e, "pvc-bad", Some(&snap.snapshot_id), vec![rox()], 2),
             Code::OutOfRange,
@@ -239,6 +249,44 @@ async fn a_read_only_volume_backed_by_a_snapshot_reads_the_snapshot_and_nothing_
             .iter()
             .any(|r| &r.0 == writer_rule)
     );
+    // nor one naming another cluster's reader of the same snapshot
+    let theirs = e
+        .manila
+        .grant_access_with_metadata(
+            &src.volume_id,
+            &GrantAccess {
+                access_type: "cephx".into(),
+                access_to: "another-clusters-reader".into(),
+                access_level: "ro".into(),
+            },
+            &BTreeMap::from([
+                (BACKING_KEY.to_string(), snap.snapshot_id.clone()),
+                (
+                    "manila.csi.openstack.org/cluster".to_string(),
+                    "another-cluster".to_string(),
+                ),
+            ]),
+        )
+        .await
+        .unwrap();
+    let forged = format!("snapshot-backed:{}:{}", snap.snapshot_id, theirs.id);
+    let err = e.delete(&forged).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert!(
+        err.message().contains("another-cluster"),
+        "{}",
+        err.message()
+    );
+    assert!(
+        rules(&e, &src.volume_id)
+            .await
+            .iter()
+            .any(|r| r.0 == theirs.id)
+    );
+    e.manila
+        .revoke_access(&src.volume_id, &theirs.id)
+        .await
+        .unwrap();
 
     // the node: the snapshot, read-only, whatever the publish asks
     let (staging, target) = e.h.paths(&ro.volume_id, "pod-b");

@@ -73,7 +73,15 @@ impl ControllerService {
                 c.mode
             )));
         }
-        let cephx = params.cephfs_client_id.as_deref().unwrap_or(name);
+        // one cephx id for every volume backed by a share would be one
+        // rule for all of them, which deleting any one revokes from the
+        // others: each volume's rule is its own, under its name
+        if let Some(id) = &params.cephfs_client_id {
+            return Err(DriverError::InvalidArgument(format!(
+                "backingSnapshot: cephfs-clientID {id:?} would give every volume backed by one share the same read-only rule, and deleting any of them would revoke it from the others; leave cephfs-clientID unset (each such volume gets a cephx id of its own, its name)"
+            )));
+        }
+        let cephx = name;
         if !cephx_id(cephx) || cephx == "admin" {
             return Err(DriverError::InvalidArgument(format!(
                 "backingSnapshot: {cephx:?} cannot be a cephx client id (letters, digits, '-', '_' and '.')"
@@ -205,17 +213,12 @@ impl ControllerService {
             ),
         ]);
         params.mount.to_context(&mut context);
-        match manila.list_export_locations(&share_id).await {
-            Ok(locations) => crate::mount_target::context_for_stage(
-                &share,
-                &locations,
-                self.opts.protocol,
-                &mut context,
-            ),
-            Err(e) => {
-                tracing::warn!(share_id, error = %e, "export locations not in the volume context; NodeStage will look them up")
-            }
-        }
+        crate::mount_target::context_for_stage(
+            &share,
+            manila.list_export_locations(&share_id).await,
+            self.opts.protocol,
+            &mut context,
+        );
         Ok(csi::CreateVolumeResponse {
             volume: Some(csi::Volume {
                 capacity_bytes: size,
@@ -292,6 +295,15 @@ impl ControllerService {
         {
             return Err(DriverError::FailedPrecondition(format!(
                 "access rule {rule_id} is not a read-only rule backed by snapshot {snapshot_id}; it is left in place"
+            )));
+        }
+        // another cluster's reader of the same snapshot: its rule is its own
+        if let Some(theirs) = rule.metadata.get(CLUSTER_KEY).filter(|c| {
+            !c.is_empty() && !self.opts.cluster_id.is_empty() && **c != self.opts.cluster_id
+        }) {
+            return Err(DriverError::FailedPrecondition(format!(
+                "access rule {rule_id} backs a volume of cluster {theirs:?}, not of this one ({:?}); it is left in place",
+                self.opts.cluster_id
             )));
         }
         let share_id = rule.share_id.clone().unwrap_or_default();

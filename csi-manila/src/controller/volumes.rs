@@ -268,17 +268,7 @@ impl ControllerService {
         if self.opts.protocol == ShareProtocol::Cephfs {
             params.mount.to_context(&mut context);
         }
-        match locations {
-            Ok(locations) => crate::mount_target::context_for_stage(
-                &share,
-                &locations,
-                self.opts.protocol,
-                &mut context,
-            ),
-            Err(e) => {
-                tracing::warn!(share_id = %share.id, error = %e, "export locations not in the volume context; NodeStage will look them up")
-            }
-        }
+        crate::mount_target::context_for_stage(&share, locations, self.opts.protocol, &mut context);
         if let Some(g) = &params.group_id {
             context.insert("groupID".into(), g.clone());
         }
