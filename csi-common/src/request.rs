@@ -24,6 +24,14 @@ pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(120);
 /// would hold locks and sessions for ever, or overflow an `Instant`.
 pub const MAX_RPC_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
+/// What is kept of a caller's deadline for the reply: a twentieth of it,
+/// at least this (a loaded node's scheduling took more than 50 ms between
+/// the plugin's own deadline and its answer in a full test run, and the
+/// caller then saw only its own timeout) ...
+const MIN_REPLY_MARGIN: Duration = Duration::from_millis(200);
+/// ... and at most this.
+const MAX_REPLY_MARGIN: Duration = Duration::from_secs(2);
+
 /// When the caller's deadline passes, its answer is lost; so stop a little
 /// earlier and say why, leaving room for the reply.
 pub fn deadline_from(metadata: &MetadataMap) -> Instant {
@@ -33,7 +41,7 @@ pub fn deadline_from(metadata: &MetadataMap) -> Instant {
         .and_then(parse_grpc_timeout)
         .unwrap_or(DEFAULT_RPC_TIMEOUT)
         .min(MAX_RPC_TIMEOUT);
-    let margin = (timeout / 20).clamp(Duration::from_millis(50), Duration::from_secs(2));
+    let margin = (timeout / 20).clamp(MIN_REPLY_MARGIN, MAX_REPLY_MARGIN);
     Instant::now() + timeout.saturating_sub(margin)
 }
 
@@ -306,6 +314,32 @@ mod tests {
         let d = deadline_from(&m);
         assert!(d <= Instant::now() + MAX_RPC_TIMEOUT);
         assert!(d > Instant::now() + MAX_RPC_TIMEOUT / 2);
+    }
+
+    #[test]
+    fn the_reply_keeps_a_margin_of_the_callers_deadline() {
+        let within = |header: &str| {
+            let mut m = MetadataMap::new();
+            m.insert("grpc-timeout", header.parse().unwrap());
+            deadline_from(&m).saturating_duration_since(Instant::now())
+        };
+        // short deadlines keep the floor for the reply
+        let d = within("600m");
+        assert!(
+            d <= Duration::from_millis(400) && d > Duration::from_millis(300),
+            "{d:?}"
+        );
+        // twenty seconds keep a twentieth; three minutes, the cap
+        let d = within("20S");
+        assert!(
+            d <= Duration::from_secs(19) && d > Duration::from_secs(18),
+            "{d:?}"
+        );
+        let d = within("3M");
+        assert!(
+            d <= Duration::from_secs(178) && d > Duration::from_secs(177),
+            "{d:?}"
+        );
     }
 
     #[test]

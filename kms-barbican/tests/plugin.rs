@@ -836,9 +836,13 @@ async fn a_rotation_asked_for_during_a_barbican_outage_applies_when_it_ends_on_t
         (s.healthz.as_str(), s.key_id.as_str()),
         ("ok", old_id.as_str())
     );
+    // and at least one attempt failed against the outage before it ends
+    // (an attempt still in flight when it ends applies without failing:
+    // on a loaded machine Barbican's 503s took that long)
     let m = loop {
         let (_, m) = http_get(port, "/metrics").await.unwrap();
-        if metric(&m, "kms_key_rotation_pending_seconds").is_some_and(|v| v > 1.0)
+        if (metric(&m, "kms_key_rotation_pending_seconds").is_some_and(|v| v > 1.0)
+            && metric(&m, "kms_key_rotation_failures_total").is_some_and(|v| v >= 1.0))
             || Instant::now() > deadline
         {
             break m;
@@ -846,7 +850,8 @@ async fn a_rotation_asked_for_during_a_barbican_outage_applies_when_it_ends_on_t
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(
-        metric(&m, "kms_key_rotation_pending_seconds").is_some_and(|v| v > 1.0),
+        metric(&m, "kms_key_rotation_pending_seconds").is_some_and(|v| v > 1.0)
+            && metric(&m, "kms_key_rotation_failures_total").is_some_and(|v| v >= 1.0),
         "{m}\n{}",
         std::fs::read_to_string(&plugin.log).unwrap_or_default()
     );
