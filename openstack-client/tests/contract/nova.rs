@@ -94,6 +94,25 @@ async fn nova_attach_extend_detach() {
     nova.detach_volume(&server, &v.id).await.unwrap();
     let detached = wait_volume(&c, &v.id, VolumeStatus::Available).await;
     assert!(detached.attachments.is_empty());
+    // Nova forgets the attachment once its compute has finished, after
+    // Cinder says available; a detach in between is refused by Cinder (400:
+    // the volume is not in-use), as the real services did in a full run
+    poll_until(
+        "Nova's attachment gone",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let listed = nova.list_volume_attachments(&server).await?;
+            Ok(if listed.iter().any(|a| a.volume_id == v.id) {
+                Poll::Pending(format!("{} attachment(s) listed", listed.len()))
+            } else {
+                Poll::Ready(())
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
     // detaching again: the attachment is gone
     let err = nova.detach_volume(&server, &v.id).await.unwrap_err();
     assert!(err.is_not_found(), "{}: {err}", b.name());
