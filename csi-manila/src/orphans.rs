@@ -119,7 +119,13 @@ impl Inventory for ManilaInventory {
                 Err(e) => return Err(e),
             },
         };
-        let rules = self.manila.list_access_rules(&share_id).await?;
+        // a share deleted since it was listed (one being deleted answers
+        // 404 too) is held by nothing
+        let rules = match self.manila.list_access_rules(&share_id).await {
+            Ok(r) => r,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
         let snapshot = (t.named_by == NamedBy::SnapshotContent).then_some(t.id.as_str());
         let readers = readers_of(&rules, snapshot);
         if !readers.is_empty() {

@@ -18,6 +18,7 @@ use std::time::Duration;
 use csi_sanity::harness::kube::{CLUSTER_UID, StandInApiserver};
 use csi_sanity::harness::{free_port, wait_for_metrics};
 use openstack_client::manila::CreateShare;
+use openstack_emulator::{FaultAction, FaultRule};
 use proto::csi::v1 as csi;
 
 mod common;
@@ -201,8 +202,28 @@ async fn a_cephfs_instance_reports_and_deletes_only_its_own_orphans() {
         ];
     }
 
+    // a share deleted between the list and the read of its rules (Manila
+    // answers 404 for a share being deleted): the report goes on
+    control.add_fault(
+        FaultRule::new(
+            Some("GET"),
+            "/share-access-rules",
+            FaultAction::Status {
+                status: 404,
+                message: Some("Share could not be found.".into()),
+                retry_after: None,
+                hint: Default::default(),
+            },
+        )
+        .times(1),
+    );
     let text = orphans(&e, &api, &[]).await;
     println!("{text}");
+    assert_eq!(
+        control.faults().iter().map(|f| f.served).sum::<u64>(),
+        1,
+        "the 404 was not served"
+    );
     assert!(
         text.contains("3 PV(s); 8 tagged, 3 in use, 0 used by its nodes, 2 orphan(s) older than 1h00m, 0 younger not counted, 3 not proven"),
         "{text}"
