@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use openstack_client::manila::{AccessRuleState, GrantAccess};
 use proto::csi::v1 as csi;
@@ -65,21 +65,6 @@ async fn rules(
         .collect()
 }
 
-/// A snapshot of the volume, through the plugin.
-async fn snapshot_of(e: &mut Env, volume_id: &str) -> csi::Snapshot {
-    e.c.create_snapshot(csi::CreateSnapshotRequest {
-        source_volume_id: volume_id.into(),
-        name: "snap-1".into(),
-        secrets: e.secrets.clone(),
-        parameters: HashMap::new(),
-    })
-    .await
-    .unwrap()
-    .into_inner()
-    .snapshot
-    .unwrap()
-}
-
 async fn share_count(e: &Env) -> usize {
     e.manila
         .list_shares(&Default::default())
@@ -98,7 +83,7 @@ async fn a_read_only_volume_backed_by_a_snapshot_reads_the_snapshot_and_nothing_
     e.stage(&src, rwx()).await;
     let live = e.publish(&src, "pod-a", false).await;
     std::fs::write(e.h.seen(&live).join("data"), b"before").unwrap();
-    let snap = snapshot_of(&mut e, &src.volume_id).await;
+    let snap = e.snapshot(&src.volume_id, "snap-1").await;
     // what CephFS shows in the share once the snapshot is taken, beside
     // another snapshot's directory, which must never be served
     let snap_dir =
@@ -416,7 +401,7 @@ async fn an_nfs_volume_backed_by_a_snapshot_is_refused_naming_the_writable_resto
     })
     .await;
     let src = e.create("pvc-src", 1, &[]).await;
-    let snap = snapshot_of(&mut e, &src.volume_id).await;
+    let snap = e.snapshot(&src.volume_id, "snap-1").await;
     let shares = share_count(&e).await;
     let mut req = from_snapshot(&e, "pvc-ro", Some(&snap.snapshot_id), vec![rox()], 1);
     req.parameters.remove("type");

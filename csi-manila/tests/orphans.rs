@@ -121,19 +121,7 @@ async fn a_cephfs_instance_reports_and_deletes_only_its_own_orphans() {
     let static_by_id = e.create("orphan-static-by-id", 1, &[]).await.volume_id;
     let static_by_name_id = e.create("orphan-static-by-name", 1, &[]).await.volume_id;
     let static_by_name = e.manila.get_share(&static_by_name_id).await.unwrap().name;
-    let snapshot =
-        e.c.create_snapshot(csi::CreateSnapshotRequest {
-            source_volume_id: named.clone(),
-            name: "orphan-snapshot".into(),
-            secrets: e.secrets.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap()
-        .snapshot_id;
+    let snapshot = e.snapshot(&named, "orphan-snapshot").await.snapshot_id;
     assert_eq!(
         e.manila
             .get_share(&gone)
@@ -287,19 +275,7 @@ async fn a_wrong_driver_name_apiserver_or_snapshot_api_deletes_nothing() {
     let mut e = env_of(&api, &[]).await;
     let kept = e.create("wrong-view-kept", 1, &[]).await.volume_id;
     let gone = e.create("wrong-view-gone", 1, &[]).await.volume_id;
-    let snapshot =
-        e.c.create_snapshot(csi::CreateSnapshotRequest {
-            source_volume_id: kept.clone(),
-            name: "wrong-view-snapshot".into(),
-            secrets: e.secrets.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap()
-        .snapshot_id;
+    let snapshot = e.snapshot(&kept, "wrong-view-snapshot").await.snapshot_id;
     let control = e.h.emulator.control();
     for id in [&kept, &gone, &snapshot] {
         control.backdate(id, LONG_AGO);
@@ -458,19 +434,7 @@ async fn a_snapshot_a_backed_volume_reads_and_its_share_are_in_use() {
     let api = StandInApiserver::start().await.unwrap();
     let mut e = env_of(&api, &[]).await;
     let share = e.create("orphan-read-source", 1, &[]).await.volume_id;
-    let snapshot =
-        e.c.create_snapshot(csi::CreateSnapshotRequest {
-            source_volume_id: share.clone(),
-            name: "orphan-read-snapshot".into(),
-            secrets: e.secrets.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap()
-        .snapshot_id;
+    let snapshot = e.snapshot(&share, "orphan-read-snapshot").await.snapshot_id;
     let mut req = e.create_req("pvc-reader", 1, &[("backingSnapshot", "true")]);
     req.volume_capabilities = vec![mount_cap(
         proto::csi::v1::volume_capability::access_mode::Mode::MultiNodeReaderOnly,

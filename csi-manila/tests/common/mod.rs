@@ -123,6 +123,22 @@ impl Env {
             .unwrap()
     }
 
+    /// A snapshot of the volume `source`, through the plugin.
+    pub async fn snapshot(&mut self, source: &str, name: &str) -> csi::Snapshot {
+        self.c
+            .create_snapshot(csi::CreateSnapshotRequest {
+                source_volume_id: source.into(),
+                name: name.into(),
+                secrets: self.secrets.clone(),
+                parameters: HashMap::new(),
+            })
+            .await
+            .unwrap_or_else(|s| panic!("CreateSnapshot {name}: {s}"))
+            .into_inner()
+            .snapshot
+            .unwrap()
+    }
+
     pub async fn delete(&mut self, id: &str) -> Result<(), tonic::Status> {
         self.c
             .delete_volume(csi::DeleteVolumeRequest {
