@@ -227,7 +227,7 @@ impl Inventory for ManilaInventory {
                 if let Some(why) = self.not_ours(&s, identity) {
                     return Err(changed_since_scan("share_delete", why));
                 }
-                self.manila.delete_share(&t.id).await
+                self.manila.delete_share_of(&s).await
             }
         }
     }

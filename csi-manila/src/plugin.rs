@@ -12,6 +12,7 @@ use openstack_client::{ApiMetrics, Session, SessionOptions};
 use plugin_runtime::PluginServer;
 use plugin_runtime::csi_identity::{expansion_capability, service_capability};
 use proto::csi::v1::controller_server::ControllerServer;
+use proto::csi::v1::group_controller_server::GroupControllerServer;
 use proto::csi::v1::node_server::NodeServer;
 use proto::csi::v1::plugin_capability::service::Type as ServiceType;
 use proto::csi::v1::plugin_capability::volume_expansion::Type as ExpansionType;
@@ -117,7 +118,9 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
                 )?,
             },
         );
-        routes = routes.add_service(ControllerServer::new(controller));
+        routes = routes
+            .add_service(GroupControllerServer::new(controller.clone()))
+            .add_service(ControllerServer::new(controller));
         let inventory = orphans_session.map(|session| ManilaInventory {
             manila: SharedFileSystems::new(session),
             cluster: opts.cluster_id.clone(),
@@ -133,6 +136,7 @@ pub async fn run(opts: Options) -> Result<(), PluginError> {
             KINDS,
         );
         capabilities.push(service_capability(ServiceType::ControllerService));
+        capabilities.push(service_capability(ServiceType::GroupControllerService));
         capabilities.push(expansion_capability(ExpansionType::Online));
     }
     if opts.services.provide_node_service {

@@ -109,6 +109,9 @@ impl Control {
     pub fn fail_next_share_creates(&self, n: u32) {
         self.state.world().failing_share_creates = n;
     }
+    pub fn fail_next_share_group_snapshots(&self, n: u32) {
+        self.state.world().failing_share_group_snapshots = n;
+    }
     /// The id of `project` (by name or id) and the zone seeded resources
     /// are put in (the first).
     fn seeding_into(&self, w: &crate::state::World, project: &str) -> Option<(String, String)> {
@@ -210,6 +213,8 @@ impl Control {
                 metadata: Default::default(),
                 created_at: crate::state::now_iso(),
                 instance_id: crate::state::new_id(),
+                share_group_id: None,
+                source_member_id: None,
             };
             w.shares.insert(id.clone(), share);
             ids.push(id);
@@ -452,11 +457,13 @@ async fn set_token_lifetime(State(s): St, Json(l): Json<Lifetime>) -> StatusCode
 struct Failures {
     volume_creates: u32,
     share_creates: u32,
+    share_group_snapshots: u32,
 }
 async fn set_failures(State(s): St, Json(f): Json<Failures>) -> StatusCode {
     let mut w = s.world();
     w.failing_volume_creates = f.volume_creates;
     w.failing_share_creates = f.share_creates;
+    w.failing_share_group_snapshots = f.share_group_snapshots;
     StatusCode::NO_CONTENT
 }
 

@@ -326,6 +326,46 @@ pub struct ShareRec {
     pub metadata: BTreeMap<String, String>,
     pub created_at: String,
     pub instance_id: String,
+    /// The share group it was created in; never changes.
+    pub share_group_id: Option<String>,
+    /// The group snapshot member it was made from.
+    pub source_member_id: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ShareGroupRec {
+    pub seq: u64,
+    pub id: String,
+    pub project_id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub status: String,
+    pub share_type_ids: Vec<String>,
+    pub share_group_type_id: String,
+    pub availability_zone: String,
+    pub source_snapshot_id: Option<String>,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ShareGroupMemberRec {
+    pub id: String,
+    pub share_id: String,
+    pub size: u64,
+    pub protocol: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ShareGroupSnapshotRec {
+    pub seq: u64,
+    pub id: String,
+    pub project_id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub status: String,
+    pub share_group_id: String,
+    pub members: Vec<ShareGroupMemberRec>,
+    pub created_at: String,
 }
 
 #[derive(Debug, Clone)]
@@ -441,6 +481,8 @@ pub struct World {
     pub shares: BTreeMap<String, ShareRec>,
     pub access_rules: BTreeMap<String, AccessRuleRec>,
     pub share_snapshots: BTreeMap<String, ShareSnapshotRec>,
+    pub share_groups: BTreeMap<String, ShareGroupRec>,
+    pub share_group_snapshots: BTreeMap<String, ShareGroupSnapshotRec>,
     pub share_types: Vec<ShareTypeRec>,
     pub messages: Vec<MessageRec>,
     pub secrets: BTreeMap<String, SecretRec>,
@@ -453,6 +495,8 @@ pub struct World {
     pub failing_volume_creates: u32,
     /// The next N share creations end in `error` (with a user message).
     pub failing_share_creates: u32,
+    /// The next N share group snapshots end in `error`.
+    pub failing_share_group_snapshots: u32,
     /// Nova's `[compute] max_disk_devices_to_attach`: disk devices per
     /// server, the root disk included; -1: unlimited (Nova's default).
     pub max_disk_devices_to_attach: i64,
@@ -686,6 +730,8 @@ impl World {
             shares: BTreeMap::new(),
             access_rules: BTreeMap::new(),
             share_snapshots: BTreeMap::new(),
+            share_groups: BTreeMap::new(),
+            share_group_snapshots: BTreeMap::new(),
             share_types,
             messages: Vec::new(),
             secrets: BTreeMap::new(),
@@ -696,6 +742,7 @@ impl World {
             calls: Vec::new(),
             failing_volume_creates: 0,
             failing_share_creates: 0,
+            failing_share_group_snapshots: 0,
             max_disk_devices_to_attach: -1,
             clock_offset_secs: 0,
             cross_az_attach: config.cross_az_attach,

@@ -4,10 +4,12 @@
 //!
 //! By RPC family: [`volumes`] (create, delete, validate, list, get,
 //! expand, capacity), [`access`] (the rules a share is created with),
-//! [`snapshots`], [`backed`] (read-only volumes that are a snapshot).
+//! [`snapshots`], [`backed`] (read-only volumes that are a snapshot),
+//! [`groups`] (group snapshots through share groups).
 
 mod access;
 mod backed;
+mod groups;
 mod inventory;
 mod snapshots;
 mod twins;

@@ -180,6 +180,11 @@ impl ControllerService {
         deadline: Instant,
     ) -> DriverResult<csi::DeleteSnapshotResponse> {
         let id = require(&r.snapshot_id, "snapshot_id")?;
+        if let Some((gs, member)) = super::groups::parse_member(id) {
+            let manila = self.manila(&r.secrets)?.with_deadline(deadline);
+            self.refuse_member_deletion(&manila, gs, member).await?;
+            return Ok(csi::DeleteSnapshotResponse {});
+        }
         if !is_uuid(id) {
             return Ok(csi::DeleteSnapshotResponse {});
         }
@@ -217,6 +222,12 @@ impl ControllerService {
     ) -> DriverResult<csi::GetSnapshotResponse> {
         let id = require(&r.snapshot_id, "snapshot_id")?;
         let gone = || DriverError::NotFound(format!("snapshot {id} does not exist"));
+        if let Some((gs, member)) = super::groups::parse_member(id) {
+            let manila = self.manila_or_own(&r.secrets)?.with_deadline(deadline);
+            return Ok(csi::GetSnapshotResponse {
+                snapshot: Some(self.member_snapshot(&manila, gs, member).await?),
+            });
+        }
         if !is_uuid(id) {
             return Err(gone());
         }

@@ -89,7 +89,7 @@ impl ControllerService {
         else {
             return Ok(None);
         };
-        not_found_ok(manila.delete_share(&mine.id).await)
+        not_found_ok(manila.delete_share_of(mine).await)
             .context(format!("deleting share {}, a twin of {}", mine.id, keep.id))?;
         tracing::warn!(share_id = %mine.id, kept = %keep.id, name, "another replica made this share first: ours deleted, theirs answered");
         wait_share_available(manila, &keep.id, deadline, |_| true)

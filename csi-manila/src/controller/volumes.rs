@@ -40,6 +40,8 @@ const RETRY_MARGIN: Duration = Duration::from_secs(15);
 enum Source {
     Empty,
     Snapshot(String),
+    /// A member of a group snapshot: `(group snapshot, member)`.
+    Member(String, String),
     /// A clone of another share (through a temporary snapshot).
     Share(String),
 }
@@ -53,9 +55,13 @@ fn source_of(r: &csi::CreateVolumeRequest) -> DriverResult<Source> {
             .and_then(|s| s.r#type.as_ref())
         {
             None => Source::Empty,
-            Some(Type::Snapshot(s)) => Source::Snapshot(
-                require(&s.snapshot_id, "volume_content_source.snapshot.snapshot_id")?.to_string(),
-            ),
+            Some(Type::Snapshot(s)) => {
+                let id = require(&s.snapshot_id, "volume_content_source.snapshot.snapshot_id")?;
+                match super::groups::parse_member(id) {
+                    Some((g, m)) => Source::Member(g.to_string(), m.to_string()),
+                    None => Source::Snapshot(id.to_string()),
+                }
+            }
             Some(Type::Volume(v)) => Source::Share(
                 require(&v.volume_id, "volume_content_source.volume.volume_id")?.to_string(),
             ),
@@ -154,7 +160,7 @@ impl ControllerService {
             None => None,
             Some(s) if s.status.is_error() && provisioned_here(&s) => {
                 tracing::warn!(share_id = %s.id, status = %s.status, "an earlier attempt failed; deleting it and creating anew");
-                remove_left(manila.delete_share(&s.id).await, &format!("share {}", s.id))?;
+                remove_left(manila.delete_share_of(&s).await, &format!("share {}", s.id))?;
                 wait_gone(
                     "share_delete",
                     deadline,
@@ -350,7 +356,14 @@ impl ControllerService {
         let has = match (s.metadata.get(CLONE_OF_KEY), &s.snapshot_id) {
             (Some(v), _) => Source::Share(v.clone()),
             (None, Some(snap)) => Source::Snapshot(snap.clone()),
-            (None, None) => Source::Empty,
+            (None, None) => match (&s.source_share_group_snapshot_member_id, source) {
+                // a restored share knows its member, not the group snapshot
+                (Some(m), Source::Member(g, wanted)) if m == wanted => {
+                    Source::Member(g.clone(), m.clone())
+                }
+                (Some(m), _) => Source::Member(String::new(), m.clone()),
+                (None, _) => Source::Empty,
+            },
         };
         if &has != source {
             return clash(format!("another content source ({has:?})"));
@@ -375,8 +388,27 @@ impl ControllerService {
             metadata.insert(CLUSTER_KEY.into(), self.opts.cluster_id.clone());
             self.opts.identity.tag(IDENTITY_KEY, &mut metadata);
         }
+        if let Source::Member(gs, member) = source {
+            if p.group_id.is_some() {
+                tracing::info!(group_snapshot_id = %gs, "a restore of a group snapshot member lands in the share group Manila makes from the group snapshot, not the class's groupID");
+            }
+            let min = self.member_size(manila, gs, member).await?;
+            let min_fits = size_fits(min, r.capacity_range.as_ref())
+                || r.capacity_range.as_ref().is_none_or(|c| c.limit_bytes == 0);
+            if size < min && !min_fits {
+                return Err(DriverError::OutOfRange(format!(
+                    "the source holds {min} GiB, more than limit_bytes allows"
+                )));
+            } else if size > min {
+                // restored at the member's size, grown once taken
+                metadata.insert(GROW_TO_KEY.into(), size.to_string());
+            }
+            return self
+                .restore_member(manila, name, gs, member, &metadata, deadline)
+                .await;
+        }
         let snapshot = match source {
-            Source::Empty => None,
+            Source::Empty | Source::Member(..) => None,
             Source::Snapshot(id) => {
                 let snap = self.usable_snapshot(manila, id).await?;
                 let t = share_type(manila, &p.share_type).await?;
@@ -417,6 +449,7 @@ impl ControllerService {
             share_network_id: p.share_network_id.clone(),
             availability_zone: zone.map(str::to_string),
             snapshot_id: snapshot.map(|s| s.id),
+            share_group_id: p.group_id.clone(),
             metadata,
         };
         let created = match manila.create_share(&spec).await {
@@ -457,7 +490,7 @@ impl ControllerService {
                     .await
                     .map(|m| scheduling_may_pass_later(&m))
                     .unwrap_or(false);
-                let deleted = not_found_ok(manila.delete_share(&share.id).await);
+                let deleted = not_found_ok(manila.delete_share_of(share).await);
                 tracing::warn!(share_id = %share.id, error = %e, deleted = deleted.is_ok(), "share failed in Manila");
                 if deleted.is_ok() {
                     // gone before a retry creates the name again
@@ -479,6 +512,26 @@ impl ControllerService {
                 }
             }
         }
+    }
+
+    /// The size of member `member` of group snapshot `gs`, in GiB.
+    async fn member_size(
+        &self,
+        manila: &SharedFileSystems,
+        gs: &str,
+        member: &str,
+    ) -> DriverResult<i64> {
+        let gone = || DriverError::NotFound(format!("snapshot {gs}/{member} does not exist"));
+        let g = match manila.get_share_group_snapshot(gs).await {
+            Ok(g) => g,
+            Err(e) if e.is_not_found() => return Err(gone()),
+            Err(e) => return Err(e).context(format!("share group snapshot {gs}")),
+        };
+        g.members
+            .iter()
+            .find(|m| m.id == member)
+            .map(|m| m.size as i64)
+            .ok_or_else(gone)
     }
 
     async fn usable_snapshot(
@@ -648,11 +701,25 @@ impl ControllerService {
             "Manila",
             &format!("share {id}"),
             under_way,
-            manila.delete_share(id),
+            async {
+                match manila.delete_share_of(&share).await {
+                    // a share with group snapshot members stays until
+                    // their group snapshot is deleted (Manila's 403)
+                    Err(openstack_client::Error::Forbidden(e))
+                        if e.message.contains("dependent") =>
+                    {
+                        Err(openstack_client::Error::Conflict(e))
+                    }
+                    other => other,
+                }
+            },
             || manila.get_share(id),
             |s| s.status.to_string(),
         )
         .await?;
+        if let Some(group) = &share.share_group_id {
+            self.drop_restore_group_if_empty(&manila, group).await;
+        }
         Ok(csi::DeleteVolumeResponse {})
     }
 

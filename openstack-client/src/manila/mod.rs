@@ -19,10 +19,15 @@ use crate::session::{ApiRequest, Session, unversioned_root};
 
 mod access;
 mod catalog;
+mod groups;
 mod snapshots;
 
 pub use access::{AccessRule, AccessRuleState, GrantAccess};
 pub use catalog::{Pool, PoolCapabilities, ShareLimits, ShareType, UserMessage};
+pub use groups::{
+    CreateShareGroup, MV_SHARE_GROUPS, ShareGroup, ShareGroupSnapshot, ShareGroupSnapshotMember,
+    ShareGroupSnapshotStatus, ShareGroupStatus,
+};
 pub use snapshots::{ShareSnapshot, ShareSnapshotStatus};
 
 /// A Manila API microversion `2.N`.
@@ -108,6 +113,12 @@ pub struct Share {
     pub description: Option<String>,
     #[serde(default)]
     pub created_at: Option<String>,
+    /// The share group it was created in (2.31+); it never leaves it.
+    #[serde(default)]
+    pub share_group_id: Option<String>,
+    /// The group snapshot member it was made from (2.31+).
+    #[serde(default)]
+    pub source_share_group_snapshot_member_id: Option<String>,
     /// Manila's clock when it answered with this share (its `Date`), for
     /// reading `created_at` against; None when it did not say (or the
     /// share came from a list).
@@ -136,6 +147,8 @@ pub struct CreateShare {
     pub share_network_id: Option<String>,
     pub availability_zone: Option<String>,
     pub snapshot_id: Option<String>,
+    /// Created in this share group (2.31+).
+    pub share_group_id: Option<String>,
     pub metadata: BTreeMap<String, String>,
 }
 
@@ -276,6 +289,7 @@ impl SharedFileSystems {
             ("share_network_id", &spec.share_network_id),
             ("availability_zone", &spec.availability_zone),
             ("snapshot_id", &spec.snapshot_id),
+            ("share_group_id", &spec.share_group_id),
         ] {
             if let Some(v) = v {
                 s.insert(k.into(), json!(v));
@@ -379,13 +393,39 @@ impl SharedFileSystems {
     }
 
     pub async fn delete_share(&self, id: &str) -> Result<()> {
-        let req = self
+        self.delete_share_in(id, None).await
+    }
+
+    /// Deletes a share; one in a share group is deleted only when its
+    /// group is named (Manila refuses it otherwise).
+    pub async fn delete_share_in(&self, id: &str, share_group_id: Option<&str>) -> Result<()> {
+        let mut req = self
             .req(
                 Method::DELETE,
                 format!("shares/{}", seg(id)),
                 "share_delete",
             )
             .await?;
+        if let Some(g) = share_group_id {
+            req = req.query("share_group_id", g);
+        }
+        self.session.send(req).await?;
+        Ok(())
+    }
+
+    /// Deletes `share`, naming its share group when it is in one.
+    pub async fn delete_share_of(&self, share: &Share) -> Result<()> {
+        self.delete_share_in(&share.id, share.share_group_id.as_deref())
+            .await
+    }
+
+    /// Sets the share's name and description (Manila's `display_name`,
+    /// `display_description`).
+    pub async fn rename_share(&self, id: &str, name: &str, description: &str) -> Result<()> {
+        let req = self
+            .req(Method::PUT, format!("shares/{}", seg(id)), "share_update")
+            .await?
+            .json(json!({ "share": { "display_name": name, "display_description": description } }));
         self.session.send(req).await?;
         Ok(())
     }

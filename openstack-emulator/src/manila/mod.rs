@@ -9,13 +9,18 @@
 //! [`access`] and [`snapshots`] hold theirs.
 
 mod access;
+mod groups;
 mod shares;
 mod snapshots;
 
 use access::{get_access_rule, list_access_rules};
+use groups::{
+    create_group, create_group_snapshot, delete_group, delete_group_snapshot, get_group,
+    get_group_snapshot, list_group_snapshots, list_groups,
+};
 use shares::{
     create_share, delete_share, export_locations, get_share, list_shares, share_action,
-    update_share_metadata,
+    update_share, update_share_metadata,
 };
 use snapshots::{create_snapshot, delete_snapshot, get_snapshot, list_snapshots};
 
@@ -41,7 +46,10 @@ pub fn routes(state: Arc<AppState>) -> axum::Router<Arc<AppState>> {
     let v2 = axum::Router::new()
         .route("/shares", post(create_share))
         .route("/shares/detail", get(list_shares))
-        .route("/shares/{id}", get(get_share).delete(delete_share))
+        .route(
+            "/shares/{id}",
+            get(get_share).put(update_share).delete(delete_share),
+        )
         .route("/shares/{id}/action", post(share_action))
         .route("/shares/{id}/metadata", post(update_share_metadata))
         .route("/shares/{id}/export_locations", get(export_locations))
@@ -50,6 +58,15 @@ pub fn routes(state: Arc<AppState>) -> axum::Router<Arc<AppState>> {
         .route("/snapshots", post(create_snapshot))
         .route("/snapshots/detail", get(list_snapshots))
         .route("/snapshots/{id}", get(get_snapshot).delete(delete_snapshot))
+        .route("/share-groups", post(create_group))
+        .route("/share-groups/detail", get(list_groups))
+        .route("/share-groups/{id}", get(get_group).delete(delete_group))
+        .route("/share-group-snapshots", post(create_group_snapshot))
+        .route("/share-group-snapshots/detail", get(list_group_snapshots))
+        .route(
+            "/share-group-snapshots/{id}",
+            get(get_group_snapshot).delete(delete_group_snapshot),
+        )
         .route("/types", get(list_types))
         .route("/messages", get(list_messages))
         .route("/scheduler-stats/pools/detail", get(list_pools))
@@ -118,7 +135,12 @@ fn check_project(ctx: &Ctx, project: &str) -> ApiResult<()> {
 }
 
 fn share_json(s: &ShareRec) -> Value {
+    // share_group_id and source_share_group_snapshot_member_id are shown
+    // from 2.31 on; this emulator shows them always (the clients here ask
+    // for 2.37 and up)
     json!({
+        "share_group_id": s.share_group_id,
+        "source_share_group_snapshot_member_id": s.source_member_id,
         "id": s.id, "name": s.name, "description": s.description, "status": s.status, "size": s.size,
         "share_proto": s.protocol, "share_type": s.share_type_id, "share_type_name": s.share_type_name,
         "share_network_id": s.share_network_id, "availability_zone": s.availability_zone,

@@ -105,13 +105,57 @@ pub(super) async fn create_share(
             ));
         }
     }
-    let az = s(spec, "availability_zone").unwrap_or_else(|| {
-        state
-            .availability_zones
-            .first()
-            .cloned()
-            .unwrap_or_else(|| "nova".into())
-    });
+    let share_group_id = s(spec, "share_group_id");
+    let group_zone = match &share_group_id {
+        None => None,
+        Some(gid) => {
+            let g = w
+                .share_groups
+                .get(gid)
+                .filter(|g| g.project_id == ctx.project_id)
+                .ok_or_else(|| {
+                    ApiErr::not_found(S, format!("Share group {gid} could not be found."))
+                })?;
+            if g.status != "available" {
+                return Err(ApiErr::bad(
+                    S,
+                    format!(
+                        "Invalid share group: Share group status must be available, not {}.",
+                        g.status
+                    ),
+                ));
+            }
+            if !g.share_type_ids.contains(&st.id) {
+                return Err(ApiErr::bad(
+                    S,
+                    format!(
+                        "Invalid input received: The specified share type ({}) is not supported by the specified share group.",
+                        st.id
+                    ),
+                ));
+            }
+            Some(g.availability_zone.clone())
+        }
+    };
+    if let (Some(gz), Some(az)) = (&group_zone, s(spec, "availability_zone"))
+        && gz != &az
+    {
+        return Err(ApiErr::bad(
+            S,
+            format!(
+                "Invalid input received: Share cannot have AZ ('{az}') different than share group's one ({gz})."
+            ),
+        ));
+    }
+    let az = group_zone
+        .or_else(|| s(spec, "availability_zone"))
+        .unwrap_or_else(|| {
+            state
+                .availability_zones
+                .first()
+                .cloned()
+                .unwrap_or_else(|| "nova".into())
+        });
     if !state.availability_zones.contains(&az) {
         return Err(ApiErr::not_found(
             S,
@@ -174,6 +218,8 @@ pub(super) async fn create_share(
         metadata,
         created_at: now_iso(),
         instance_id: new_id(),
+        share_group_id,
+        source_member_id: None,
     };
     let id = share.id.clone();
     let out = json!({ "share": share_json(&share) });
@@ -223,6 +269,10 @@ pub(super) async fn list_shares(
         .values()
         .filter(|x| x.project_id == ctx.project_id)
         .filter(|x| q.get("name").is_none_or(|n| &x.name == n))
+        .filter(|x| {
+            q.get("share_group_id")
+                .is_none_or(|g| x.share_group_id.as_ref() == Some(g))
+        })
         .filter(|x| crate::state::metadata_matches(&x.metadata, filter.as_ref()))
         .collect();
     list.sort_by_key(|x| std::cmp::Reverse(x.seq));
@@ -280,14 +330,73 @@ pub(super) async fn update_share_metadata(
     Ok(Json(json!({ "metadata": share.metadata })))
 }
 
+/// `PUT /shares/{id}`: renames (`display_name`) or redescribes it.
+pub(super) async fn update_share(
+    State(state): State<Arc<AppState>>,
+    ctx: Ctx,
+    Path((project, id)): Path<(String, String)>,
+    Json(body): Json<Value>,
+) -> ApiResult<Json<Value>> {
+    check_project(&ctx, &project)?;
+    let spec = body
+        .get("share")
+        .ok_or_else(|| ApiErr::bad(S, "Share entity not found in request body"))?;
+    let mut w = state.world();
+    visible_share(&w, &ctx, &id)?;
+    let share = w
+        .shares
+        .get_mut(&id)
+        .ok_or_else(|| ApiErr::not_found(S, format!("Share {id} could not be found.")))?;
+    if let Some(n) = s(spec, "display_name") {
+        share.name = n;
+    }
+    if let Some(d) = s(spec, "display_description") {
+        share.description = Some(d);
+    }
+    Ok(Json(json!({ "share": share_json(share) })))
+}
+
 pub(super) async fn delete_share(
     State(state): State<Arc<AppState>>,
     ctx: Ctx,
     Path((project, id)): Path<(String, String)>,
+    Query(q): Query<BTreeMap<String, String>>,
 ) -> ApiResult<StatusCode> {
     check_project(&ctx, &project)?;
     let mut w = state.world();
     let share = visible_share(&w, &ctx, &id)?;
+    if let Some(g) = &share.share_group_id {
+        match q.get("share_group_id") {
+            None => {
+                return Err(ApiErr::bad(
+                    S,
+                    "Must provide 'share_group_id' as a request parameter when deleting a share in a share group.",
+                ));
+            }
+            Some(given) if given != g => {
+                return Err(ApiErr::bad(
+                    S,
+                    "The specified 'share_group_id' does not match the share group id of the share.",
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    let members = w
+        .share_group_snapshots
+        .values()
+        .flat_map(|g| &g.members)
+        .filter(|m| m.share_id == id)
+        .count();
+    if members > 0 {
+        return Err(ApiErr::new(
+            403,
+            S,
+            format!(
+                "Invalid share: Share still has {members} dependent share group snapshot members."
+            ),
+        ));
+    }
     if !matches!(
         share.status.as_str(),
         "available" | "error" | "extending_error" | "shrinking_error"
