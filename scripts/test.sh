@@ -495,6 +495,8 @@ background_tests "Cinder CSI on real Cinder + Nova (conformance, credentials rot
 tests "Manila CSI on real Manila + Ceph (ceph-fuse)" run_tests csi-manila real_cloud --ignored
 tests "Manila CSI: read-only volumes backed by a snapshot (real Manila + Ceph, ceph-fuse)" \
   run_tests csi-manila real_cloud_backed --ignored --nocapture
+tests "Manila CSI: group snapshots through share groups (real Manila + Ceph, ceph-fuse)" \
+  run_tests csi-manila real_cloud_groups --ignored --nocapture
 tests "Manila CSI conformance (real Manila + Ceph)" \
   run_tests csi-sanity drivers --ignored manila_cephfs_conforms_on_the_real_cloud --nocapture
 tests "Manila NFS on real Manila + NFS-Ganesha (libnfs, stand-in mount.nfs)" \

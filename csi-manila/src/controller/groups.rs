@@ -271,8 +271,11 @@ impl ControllerService {
                 Ok(()) => "deleted it".to_string(),
                 Err(e) => format!("deleting it failed too: {e}"),
             };
+            // Manila records no user message for it: its share service's
+            // log says why (its CephFS driver, for one, cannot snapshot a
+            // share in a share group)
             return Err(DriverError::Internal(format!(
-                "Manila could not snapshot share group {} (share group snapshot {id} is {}); {cleanup}, a retry makes a new one",
+                "Manila could not snapshot share group {} (share group snapshot {id} is {}; Manila gives no reason, its share service's log does); {cleanup}, a retry makes a new one",
                 done.share_group_id, done.status
             )));
         }
@@ -496,12 +499,22 @@ impl ControllerService {
         let share = match self.untaken_share(manila, gs_id, member, deadline).await? {
             Some(s) => s,
             None => {
+                // the snapshotted group's type, which holds its share types
+                // (Manila's default group type, used otherwise, may not)
+                let from = manila
+                    .get_share_group(&gs.share_group_id)
+                    .await
+                    .context(format!(
+                        "share group {} of group snapshot {gs_id}",
+                        gs.share_group_id
+                    ))?;
                 let group = created(
                     manila
                         .create_share_group(&CreateShareGroup {
                             name: restore_group_name(gs_id),
                             description: Some(DESCRIPTION.into()),
                             source_share_group_snapshot_id: Some(gs_id.to_string()),
+                            share_group_type_id: from.share_group_type_id,
                             ..Default::default()
                         })
                         .await,

@@ -1,12 +1,13 @@
 //! Manila: NFS and CephFS shares with their rules, unschedulable shares
-//! explained, paging, pools and limits.
+//! explained, paging, pools and limits, share groups and their snapshots.
 
 use std::time::Duration;
 
 use openstack_client::Error;
 use openstack_client::common::{Poll, poll_until};
 use openstack_client::manila::{
-    AccessRuleState, CreateShare, GrantAccess, ListPage, ShareSnapshotStatus, ShareStatus,
+    AccessRuleState, CreateShare, CreateShareGroup, GrantAccess, ListPage, ShareGroup,
+    ShareGroupSnapshotStatus, ShareGroupStatus, ShareSnapshotStatus, ShareStatus,
     SharedFileSystems,
 };
 
@@ -524,4 +525,247 @@ async fn manila_lists_shares_by_metadata() {
     for id in [tagged.id, untagged.id] {
         wait_gone("share", || m.get_share(&id)).await;
     }
+}
+
+async fn wait_group_available(m: &SharedFileSystems, id: &str) -> ShareGroup {
+    poll_until(
+        "share group",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let g = m.get_share_group(id).await?;
+            assert!(
+                !g.status.is_error(),
+                "share group {id} went to {}",
+                g.status
+            );
+            Ok(if g.status == ShareGroupStatus::Available {
+                Poll::Ready(g)
+            } else {
+                Poll::Pending(g.status.to_string())
+            })
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Share groups as the Manila driver's group snapshots use them: shares
+/// placed at creation, the group snapshotted whole (members are not share
+/// snapshots), a new group made from it with one share per member, and
+/// the refusals the driver maps: a grouped share deleted without its
+/// group, a share with members, a group with shares or snapshots.
+#[tokio::test]
+async fn manila_share_groups_snapshots_and_restores() {
+    let b = Backend::new().await;
+    if !b.has("manila", "manila_share_groups_snapshots_and_restores") {
+        return;
+    }
+    let m = SharedFileSystems::new(b.session(User::Member));
+    let types = m.list_share_types().await.unwrap();
+    let default = types.iter().find(|t| t.name == "default").unwrap();
+    let g = m
+        .create_share_group(&CreateShareGroup {
+            name: unique("contract-group"),
+            share_types: vec![default.id.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert_eq!(g.status, ShareGroupStatus::Creating, "{}", b.name());
+    let g = wait_group_available(&m, &g.id).await;
+    assert!(g.share_group_type_id.is_some(), "{}: {g:?}", b.name());
+    let mut ids = Vec::new();
+    for size in [1, 2] {
+        let s = m
+            .create_share(&CreateShare {
+                share_group_id: Some(g.id.clone()),
+                ..nfs(&unique("contract-grouped"), size)
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            s.share_group_id.as_deref(),
+            Some(g.id.as_str()),
+            "{}",
+            b.name()
+        );
+        ids.push(s.id);
+    }
+    for id in &ids {
+        wait_share(&m, id, ShareStatus::Available).await;
+    }
+    let mut listed: Vec<String> = m
+        .shares_in_group(&g.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    listed.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(listed, want, "{}", b.name());
+    // a grouped share is deleted only with its group named
+    match m.delete_share(&ids[0]).await {
+        Err(Error::BadRequest(e)) => assert!(e.message.contains("share_group_id"), "{e:?}"),
+        other => panic!(
+            "{}: deleting a grouped share without its group: {other:?}",
+            b.name()
+        ),
+    }
+
+    let name = unique("contract-group-snapshot");
+    let gs = m
+        .create_share_group_snapshot(&g.id, &name, Some("contract"))
+        .await
+        .unwrap();
+    assert_eq!(
+        gs.status,
+        ShareGroupSnapshotStatus::Creating,
+        "{}",
+        b.name()
+    );
+    let gs = poll_until(
+        "share group snapshot",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let x = m.get_share_group_snapshot(&gs.id).await?;
+            assert!(!x.status.is_error(), "group snapshot went to {}", x.status);
+            Ok(if x.status == ShareGroupSnapshotStatus::Available {
+                Poll::Ready(x)
+            } else {
+                Poll::Pending(x.status.to_string())
+            })
+        },
+    )
+    .await
+    .unwrap();
+    let mut of: Vec<(String, u64)> = gs
+        .members
+        .iter()
+        .map(|x| (x.share_id.clone(), x.size))
+        .collect();
+    of.sort();
+    let mut sizes: Vec<(String, u64)> = Vec::new();
+    for id in &ids {
+        sizes.push((id.clone(), m.get_share(id).await.unwrap().size));
+    }
+    sizes.sort();
+    assert_eq!(of, sizes, "{}: {gs:?}", b.name());
+    assert_eq!(
+        m.share_group_snapshots_named(&name).await.unwrap().len(),
+        1,
+        "{}",
+        b.name()
+    );
+    // members are not share snapshots
+    for x in &gs.members {
+        assert!(
+            m.get_snapshot(&x.id).await.unwrap_err().is_not_found(),
+            "{}",
+            b.name()
+        );
+    }
+    // a share with members stays
+    match m.delete_share_in(&ids[0], Some(&g.id)).await {
+        Err(Error::Forbidden(e)) | Err(Error::Conflict(e)) | Err(Error::BadRequest(e)) => {
+            assert!(e.message.contains("dependent"), "{}: {e:?}", b.name())
+        }
+        other => panic!("{}: deleting a share with members: {other:?}", b.name()),
+    }
+    // a group with snapshots stays
+    assert!(
+        matches!(m.delete_share_group(&g.id).await, Err(Error::Conflict(_))),
+        "{}",
+        b.name()
+    );
+
+    // a group made from the group snapshot: one share per member, unnamed,
+    // in the snapshotted group's type
+    let restored = m
+        .create_share_group(&CreateShareGroup {
+            name: unique("contract-restore"),
+            source_share_group_snapshot_id: Some(gs.id.clone()),
+            share_group_type_id: g.share_group_type_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
+    assert_eq!(
+        restored.source_share_group_snapshot_id.as_deref(),
+        Some(gs.id.as_str())
+    );
+    wait_group_available(&m, &restored.id).await;
+    assert_eq!(
+        m.share_groups_from(&gs.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|x| x.id)
+            .collect::<Vec<_>>(),
+        vec![restored.id.clone()],
+        "{}",
+        b.name()
+    );
+    let copies = m.shares_in_group(&restored.id).await.unwrap();
+    assert_eq!(copies.len(), 2, "{}: {copies:?}", b.name());
+    let mut from: Vec<String> = copies
+        .iter()
+        .map(|s| {
+            s.source_share_group_snapshot_member_id
+                .clone()
+                .unwrap_or_default()
+        })
+        .collect();
+    from.sort();
+    let mut members: Vec<String> = gs.members.iter().map(|x| x.id.clone()).collect();
+    members.sort();
+    assert_eq!(from, members, "{}", b.name());
+    assert!(
+        copies.iter().all(|s| s.name.is_empty()),
+        "{}: {copies:?}",
+        b.name()
+    );
+    for s in &copies {
+        wait_share(&m, &s.id, ShareStatus::Available).await;
+    }
+    // a restored share is named (and described) afterwards
+    m.rename_share(&copies[0].id, "contract-taken", "contract")
+        .await
+        .unwrap();
+    let taken = m.get_share(&copies[0].id).await.unwrap();
+    assert_eq!(taken.name, "contract-taken", "{}", b.name());
+    assert_eq!(
+        taken.description.as_deref(),
+        Some("contract"),
+        "{}",
+        b.name()
+    );
+
+    // everything goes, in the order Manila allows
+    for s in &copies {
+        m.delete_share_of(s).await.unwrap();
+    }
+    for s in &copies {
+        wait_gone("restored share", || m.get_share(&s.id)).await;
+    }
+    m.delete_share_group(&restored.id).await.unwrap();
+    m.delete_share_group_snapshot(&gs.id).await.unwrap();
+    wait_gone("share group snapshot", || {
+        m.get_share_group_snapshot(&gs.id)
+    })
+    .await;
+    for id in &ids {
+        m.delete_share_in(id, Some(&g.id)).await.unwrap();
+    }
+    for id in &ids {
+        wait_gone("grouped share", || m.get_share(id)).await;
+    }
+    m.delete_share_group(&g.id).await.unwrap();
+    wait_gone("share group", || m.get_share_group(&g.id)).await;
+    wait_gone("restore group", || m.get_share_group(&restored.id)).await;
 }

@@ -392,6 +392,7 @@ api_paste_config = {d}/api-paste.ini
 enabled_share_backends = {",".join(backends)}
 enabled_share_protocols = NFS,CIFS,CEPHFS
 default_share_type = default
+default_share_group_type = default
 storage_availability_zone = nova
 state_path = {d}
 log_file = {STATE}/logs/manila-app.log
@@ -458,7 +459,8 @@ def configure_file(with_ceph, with_ganesha):
         120, STATE / "logs" / "manila-app.log")
     for project in (api.project_id, Keystone().find("projects", "demo")):
         api.call("PUT", f"{manila}/quota-sets/{project}", {"quota_set": {
-            "shares": -1, "gigabytes": -1, "snapshots": -1, "snapshot_gigabytes": -1}}, headers=mv)
+            "shares": -1, "gigabytes": -1, "snapshots": -1, "snapshot_gigabytes": -1,
+            "share_groups": -1, "share_group_snapshots": -1}}, headers=mv)
     types = {t["name"]: t for t in api.call("GET", manila + "/types", headers=mv)["share_types"]}
     # `default` → the dummy backend (NFS), `cephfs` → the real CephFS one
     wanted = {"default": "dummy", "no-snapshots": "dummy"}
@@ -475,6 +477,19 @@ def configure_file(with_ceph, with_ganesha):
                 "name": name, "share_type_access:is_public": True, "extra_specs": specs}}, headers=mv)
         elif types[name].get("extra_specs", {}).get("share_backend_name") != backend:
             api.call("POST", f"{manila}/types/{types[name]['id']}/extra_specs", {"extra_specs": specs}, headers=mv)
+    # share groups: `default` (manila.conf's default_share_group_type)
+    # holds every share type above, so a group may hold shares of any
+    types = {t["name"]: t for t in api.call("GET", manila + "/types", headers=mv)["share_types"]}
+    group_types = {t["name"]: t for t in api.call("GET", manila + "/share-group-types",
+                                                   headers=mv)["share_group_types"]}
+    type_ids = sorted(types[n]["id"] for n in wanted)
+    have = sorted(group_types["default"]["share_types"]) if "default" in group_types else None
+    if have is not None and have != type_ids:
+        api.call("DELETE", f"{manila}/share-group-types/{group_types['default']['id']}", headers=mv)
+        have = None
+    if have is None:
+        api.call("POST", manila + "/share-group-types", {"share_group_type": {
+            "name": "default", "share_types": type_ids, "is_public": True}}, headers=mv)
     # the scheduler needs each backend's first capability report
     backends = manila_backends(with_ceph, with_ganesha)
 

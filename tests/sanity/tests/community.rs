@@ -390,8 +390,6 @@ async fn manila(protocol: &str, parameters: &[(&str, &str)]) {
             "ControllerModifyVolume not supported",
             "Modify volume not supported",
             "Modify Volume not supported",
-            // Manila has no group snapshots
-            "GroupControllerService not supported",
             // a share's size is its quota: nothing to grow on the node
             "NodeExpandVolume not supported",
             "pending in csi-sanity itself",

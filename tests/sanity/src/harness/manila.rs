@@ -237,6 +237,22 @@ impl ManilaOnEmulator {
         )
     }
 
+    /// Manila as the member (whose secrets the calls carry) sees it.
+    pub fn member_manila(&self) -> Result<SharedFileSystems, HarnessError> {
+        let cloud = |e: openstack_client::config::ConfigError| HarnessError::Cloud(e.to_string());
+        let conf = CloudConf::from_texts(
+            &[("cloud.conf".into(), self.emulator.cloud_conf())],
+            ConfigEnv::default(),
+        )
+        .map_err(cloud)?;
+        let session = Session::new(
+            conf.cloud("member").map_err(cloud)?,
+            SessionOptions::default(),
+        )
+        .map_err(|e| HarnessError::Cloud(e.to_string()))?;
+        Ok(SharedFileSystems::new(session))
+    }
+
     /// Upstream-style secrets with the emulator's member credentials.
     pub fn member_secrets(&self) -> HashMap<String, String> {
         [
@@ -533,6 +549,40 @@ impl Drop for ManilaOnRealCloud {
                 let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
             }
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A new share group for shares of `share_type` (by name), available: what
+/// an operator makes once for a StorageClass's `groupID`.
+pub async fn share_group_for(
+    manila: &SharedFileSystems,
+    name: &str,
+    share_type: &str,
+) -> Result<String, HarnessError> {
+    let cloud = |e: openstack_client::Error| HarnessError::Cloud(e.to_string());
+    let types = manila.list_share_types().await.map_err(cloud)?;
+    let t = types
+        .iter()
+        .find(|t| t.name == share_type)
+        .ok_or_else(|| HarnessError::Cloud(format!("no share type {share_type}")))?;
+    let g = manila
+        .create_share_group(&openstack_client::manila::CreateShareGroup {
+            name: name.into(),
+            share_types: vec![t.id.clone()],
+            ..Default::default()
+        })
+        .await
+        .map_err(cloud)?;
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = manila.get_share_group(&g.id).await.map_err(cloud)?;
+        match now.status {
+            openstack_client::manila::ShareGroupStatus::Available => return Ok(g.id),
+            ref s if s.is_error() || Instant::now() > until => {
+                return Err(HarnessError::Cloud(format!("share group {} is {s}", g.id)));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
 }

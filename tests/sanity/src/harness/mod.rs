@@ -19,7 +19,7 @@ pub mod manila;
 pub mod stand_ins;
 
 pub use cinder::{CinderOnEmulator, CinderOnRealCloud, HarnessOptions};
-pub use manila::{ManilaOnEmulator, ManilaOnRealCloud, ManilaOptions};
+pub use manila::{ManilaOnEmulator, ManilaOnRealCloud, ManilaOptions, share_group_for};
 pub use stand_ins::{HelperCall, NfsServer};
 
 #[derive(Debug, thiserror::Error)]
