@@ -5,13 +5,15 @@
 //! By RPC family: [`volumes`] (create, delete, validate, list, get,
 //! expand, capacity), [`access`] (the rules a share is created with),
 //! [`snapshots`], [`backed`] (read-only volumes that are a snapshot),
-//! [`groups`] (group snapshots through share groups).
+//! [`groups`] (group snapshots through share groups), [`sources`] (what
+//! a new share is made from).
 
 mod access;
 mod backed;
 mod groups;
 mod inventory;
 mod snapshots;
+mod sources;
 mod twins;
 mod volumes;
 

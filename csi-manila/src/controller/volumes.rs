@@ -7,16 +7,13 @@ use std::time::{Duration, Instant};
 
 use csi_common::errors::{at_most_one, not_found_ok, remove_left, unless_left_behind};
 use csi_common::request::{Capability, GIB, expansion_gib, is_uuid, require, size_fits, size_gib};
-use csi_common::waits::{delete_and_wait_gone, wait_gone, wait_until};
+use csi_common::waits::{delete_and_wait_gone, wait_gone};
 use csi_common::{Context, DriverError, DriverResult};
-use openstack_client::common::Poll;
-use openstack_client::manila::{
-    CreateShare, Share, ShareSnapshot, ShareSnapshotStatus, ShareStatus, ShareType,
-    SharedFileSystems,
-};
+use openstack_client::manila::{CreateShare, Share, ShareStatus, ShareType, SharedFileSystems};
 use proto::csi::v1 as csi;
 
 use super::ControllerService;
+use super::sources::{Source, source_of};
 use crate::TOPOLOGY_KEY;
 use crate::capabilities::parse_capabilities;
 use crate::errors::{
@@ -25,8 +22,8 @@ use crate::errors::{
 use crate::parameters::ShareParameters;
 use crate::share_protocol::ShareProtocol;
 use crate::shares::{
-    CLONE_OF_KEY, CLONE_SNAPSHOT_DESCRIPTION, CLUSTER_KEY, DESCRIPTION, GROW_TO_KEY, IDENTITY_KEY,
-    clone_snapshot_name, is_gone, provisioned_here, wait_share_available,
+    CLONE_OF_KEY, CLUSTER_KEY, DESCRIPTION, GROW_TO_KEY, IDENTITY_KEY, is_gone, provisioned_here,
+    wait_share_available,
 };
 
 /// A share the scheduler could not place is created once more after this
@@ -34,40 +31,6 @@ use crate::shares::{
 /// when at least [`RETRY_MARGIN`] of the caller's time is left.
 const SCHEDULER_PAUSE: Duration = Duration::from_secs(3);
 const RETRY_MARGIN: Duration = Duration::from_secs(15);
-
-/// Where a new share's content comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Source {
-    Empty,
-    Snapshot(String),
-    /// A member of a group snapshot: `(group snapshot, member)`.
-    Member(String, String),
-    /// A clone of another share (through a temporary snapshot).
-    Share(String),
-}
-
-fn source_of(r: &csi::CreateVolumeRequest) -> DriverResult<Source> {
-    use csi::volume_content_source::Type;
-    Ok(
-        match r
-            .volume_content_source
-            .as_ref()
-            .and_then(|s| s.r#type.as_ref())
-        {
-            None => Source::Empty,
-            Some(Type::Snapshot(s)) => {
-                let id = require(&s.snapshot_id, "volume_content_source.snapshot.snapshot_id")?;
-                match super::groups::parse_member(id) {
-                    Some((g, m)) => Source::Member(g.to_string(), m.to_string()),
-                    None => Source::Snapshot(id.to_string()),
-                }
-            }
-            Some(Type::Volume(v)) => Source::Share(
-                require(&v.volume_id, "volume_content_source.volume.volume_id")?.to_string(),
-            ),
-        },
-    )
-}
 
 /// An extra spec that is true (`True`, `<is> True`).
 pub(super) fn spec_true(t: &ShareType, key: &str) -> bool {
@@ -513,152 +476,9 @@ impl ControllerService {
             }
         }
     }
+}
 
-    /// The size of member `member` of group snapshot `gs`, in GiB.
-    async fn member_size(
-        &self,
-        manila: &SharedFileSystems,
-        gs: &str,
-        member: &str,
-    ) -> DriverResult<i64> {
-        let gone = || DriverError::NotFound(format!("snapshot {gs}/{member} does not exist"));
-        let g = match manila.get_share_group_snapshot(gs).await {
-            Ok(g) => g,
-            Err(e) if e.is_not_found() => return Err(gone()),
-            Err(e) => return Err(e).context(format!("share group snapshot {gs}")),
-        };
-        g.members
-            .iter()
-            .find(|m| m.id == member)
-            .map(|m| m.size as i64)
-            .ok_or_else(gone)
-    }
-
-    async fn usable_snapshot(
-        &self,
-        manila: &SharedFileSystems,
-        id: &str,
-    ) -> DriverResult<ShareSnapshot> {
-        if !is_uuid(id) {
-            return Err(DriverError::NotFound(format!(
-                "snapshot {id} does not exist"
-            )));
-        }
-        let s = manila
-            .get_snapshot(id)
-            .await
-            .context(format!("snapshot {id}"))?;
-        if s.status != ShareSnapshotStatus::Available {
-            return Err(DriverError::Unavailable(format!(
-                "snapshot {id} is {}, not available",
-                s.status
-            )));
-        }
-        Ok(s)
-    }
-
-    /// The temporary snapshot a clone is made from (found again by name
-    /// on a retry), available.
-    async fn clone_snapshot(
-        &self,
-        manila: &SharedFileSystems,
-        name: &str,
-        source_id: &str,
-        deadline: Instant,
-    ) -> DriverResult<ShareSnapshot> {
-        if !is_uuid(source_id) {
-            return Err(DriverError::NotFound(format!(
-                "volume {source_id} does not exist"
-            )));
-        }
-        let src = manila
-            .get_share(source_id)
-            .await
-            .context(format!("source volume {source_id}"))?;
-        if !src
-            .share_proto
-            .eq_ignore_ascii_case(self.opts.protocol.as_manila())
-        {
-            return Err(DriverError::InvalidArgument(format!(
-                "source volume {source_id} is a {} share; this instance serves {}",
-                src.share_proto, self.opts.protocol
-            )));
-        }
-        if src.status != ShareStatus::Available {
-            return Err(DriverError::Unavailable(format!(
-                "source volume {source_id} is {}, not available",
-                src.status
-            )));
-        }
-        let type_ref = src
-            .share_type
-            .clone()
-            .or(src.share_type_name.clone())
-            .unwrap_or_default();
-        let t = share_type(manila, &type_ref).await?;
-        check_snapshot_capable(&t, "a clone")?;
-        let snap_name = clone_snapshot_name(name);
-        let existing = manila
-            .list_snapshots_named(&snap_name)
-            .await
-            .context(format!("looking up snapshot {snap_name}"))?
-            .into_iter()
-            .find(|s| s.share_id == source_id && s.status != ShareSnapshotStatus::Deleting);
-        let snap = match existing {
-            Some(s) => s,
-            None => manila
-                .create_snapshot(source_id, &snap_name, Some(CLONE_SNAPSHOT_DESCRIPTION))
-                .await
-                .context(format!("snapshotting volume {source_id} to clone it"))?,
-        };
-        let id = snap.id.clone();
-        let r = wait_until(
-            "share_snapshot_wait",
-            deadline,
-            |s| format!("snapshot {id} of clone source {source_id} is still {s}"),
-            || async {
-                let s = manila.get_snapshot(&id).await?;
-                Ok(match &s.status {
-                    ShareSnapshotStatus::Available => Poll::Ready(Ok(s)),
-                    st if st.as_str().contains("error") => Poll::Ready(Err(s)),
-                    st => Poll::Pending(st.to_string()),
-                })
-            },
-        )
-        .await?;
-        r.map_err(|s| {
-            let _ = &s;
-            DriverError::Internal(format!(
-                "Manila failed the snapshot {} a clone of {source_id} is made from ({})",
-                s.id, s.status
-            ))
-        })
-    }
-
-    /// Deletes a clone's temporary snapshot once the clone no longer needs
-    /// it; if Manila refuses now, DeleteVolume of the clone tries again.
-    async fn drop_clone_snapshot(&self, manila: &SharedFileSystems, name: &str) {
-        let snap_name = clone_snapshot_name(name);
-        match manila.list_snapshots_named(&snap_name).await {
-            Ok(snaps) => {
-                for s in snaps
-                    .into_iter()
-                    .filter(|s| s.status != ShareSnapshotStatus::Deleting)
-                {
-                    match not_found_ok(manila.delete_snapshot(&s.id).await) {
-                        Ok(()) => {
-                            tracing::info!(snapshot_id = %s.id, "temporary clone snapshot deleted")
-                        }
-                        Err(e) => {
-                            tracing::warn!(snapshot_id = %s.id, error = %e, "temporary clone snapshot kept for now")
-                        }
-                    }
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot look up the temporary clone snapshot"),
-        }
-    }
-
+impl ControllerService {
     pub(super) async fn delete_volume(
         &self,
         r: csi::DeleteVolumeRequest,
