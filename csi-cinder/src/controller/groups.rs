@@ -36,13 +36,7 @@ fn ids_set(ids: &[String]) -> BTreeSet<&str> {
 
 impl ControllerService {
     pub fn group_capabilities() -> Vec<csi::GroupControllerServiceCapability> {
-        vec![csi::GroupControllerServiceCapability {
-            r#type: Some(csi::group_controller_service_capability::Type::Rpc(
-                csi::group_controller_service_capability::Rpc {
-                    r#type: GroupRpc::CreateDeleteGetVolumeGroupSnapshot as i32,
-                },
-            )),
-        }]
+        csi_common::advertise::group_controller(&[GroupRpc::CreateDeleteGetVolumeGroupSnapshot])
     }
 
     pub(super) async fn create_group_snapshot(
