@@ -6,12 +6,13 @@
 //! expand, capacity), [`access`] (the rules a share is created with),
 //! [`snapshots`], [`backed`] (read-only volumes that are a snapshot),
 //! [`groups`] (group snapshots through share groups), [`sources`] (what
-//! a new share is made from).
+//! a new share is made from), [`share_types`].
 
 mod access;
 mod backed;
 mod groups;
 mod inventory;
+mod share_types;
 mod snapshots;
 mod sources;
 mod twins;

@@ -14,7 +14,7 @@ use openstack_client::manila::{ListPage, ShareSnapshot, ShareSnapshotStatus};
 use proto::csi::v1 as csi;
 
 use super::ControllerService;
-use super::volumes::{share_type, spec_true};
+use super::share_types::{share_type, spec_true};
 use crate::errors::failure_from_messages;
 use crate::shares::DESCRIPTION;
 use csi_common::parameters::is_snapshot_metadata_key;

@@ -15,7 +15,7 @@ use openstack_client::manila::{
 use proto::csi::v1 as csi;
 
 use super::ControllerService;
-use super::volumes::{check_snapshot_capable, share_type};
+use super::share_types::{check_snapshot_capable, share_type};
 use crate::shares::{CLONE_SNAPSHOT_DESCRIPTION, clone_snapshot_name};
 
 /// Where a new share's content comes from.

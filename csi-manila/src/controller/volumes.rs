@@ -9,10 +9,11 @@ use csi_common::errors::{at_most_one, not_found_ok, remove_left, unless_left_beh
 use csi_common::request::{Capability, GIB, expansion_gib, is_uuid, require, size_fits, size_gib};
 use csi_common::waits::{delete_and_wait_gone, wait_gone};
 use csi_common::{Context, DriverError, DriverResult};
-use openstack_client::manila::{CreateShare, Share, ShareStatus, ShareType, SharedFileSystems};
+use openstack_client::manila::{CreateShare, Share, ShareStatus, SharedFileSystems};
 use proto::csi::v1 as csi;
 
 use super::ControllerService;
+use super::share_types::{check_snapshot_capable, share_type};
 use super::sources::{Source, source_of};
 use crate::TOPOLOGY_KEY;
 use crate::capabilities::parse_capabilities;
@@ -31,52 +32,6 @@ use crate::shares::{
 /// when at least [`RETRY_MARGIN`] of the caller's time is left.
 const SCHEDULER_PAUSE: Duration = Duration::from_secs(3);
 const RETRY_MARGIN: Duration = Duration::from_secs(15);
-
-/// An extra spec that is true (`True`, `<is> True`).
-pub(super) fn spec_true(t: &ShareType, key: &str) -> bool {
-    t.extra_specs.get(key).is_some_and(|v| {
-        v.trim()
-            .trim_start_matches("<is>")
-            .trim()
-            .eq_ignore_ascii_case("true")
-    })
-}
-
-/// A share type by name or id.
-pub(super) async fn share_type(
-    manila: &SharedFileSystems,
-    wanted: &str,
-) -> DriverResult<ShareType> {
-    manila
-        .list_share_types()
-        .await
-        .context("listing share types")?
-        .into_iter()
-        .find(|t| t.name == wanted || t.id == wanted)
-        .ok_or_else(|| {
-            DriverError::InvalidArgument(format!("share type {wanted:?} does not exist"))
-        })
-}
-
-/// The share type a snapshot-based create needs: both snapshot
-/// capabilities.
-pub(super) fn check_snapshot_capable(t: &ShareType, what: &str) -> DriverResult<()> {
-    if !spec_true(t, "snapshot_support") || !spec_true(t, "create_share_from_snapshot_support") {
-        return Err(DriverError::InvalidArgument(format!(
-            "{what} needs a share type with snapshot_support and create_share_from_snapshot_support; {:?} has {}",
-            t.name,
-            ["snapshot_support", "create_share_from_snapshot_support"]
-                .iter()
-                .map(|k| format!(
-                    "{k}={}",
-                    t.extra_specs.get(*k).map(String::as_str).unwrap_or("unset")
-                ))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
-    }
-    Ok(())
-}
 
 impl ControllerService {
     pub(super) async fn create_volume(
