@@ -55,9 +55,11 @@ fn is_restore_group(g: &ShareGroup, gs: &str) -> bool {
         && g.name == restore_group_name(gs)
 }
 
-/// A restored share no restore has taken yet: Manila leaves it unnamed.
+/// A restored share no restore has taken yet: Manila made it from a
+/// member (a share put in the group by hand has no member) and left it
+/// unnamed.
 fn untaken(s: &Share) -> bool {
-    s.name.is_empty() && !is_gone(&s.status)
+    s.name.is_empty() && s.source_share_group_snapshot_member_id.is_some() && !is_gone(&s.status)
 }
 
 fn ids_set(ids: &[String]) -> BTreeSet<&str> {
