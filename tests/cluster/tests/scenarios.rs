@@ -251,6 +251,11 @@ mod backed;
 #[path = "scenarios/attributes.rs"]
 mod attributes;
 
+// a VolumeGroupSnapshot of a Manila share group's claims, its members
+// restored (tests/scenarios/groups.rs)
+#[path = "scenarios/groups.rs"]
+mod groups;
+
 // ------------------------------------------------------------- Cinder
 
 #[tokio::test]
