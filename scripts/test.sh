@@ -33,6 +33,18 @@ cloud_started=
 cluster_started=
 cleanup() {
   local lane
+  if [[ -z $run_finished ]]; then
+    echo "the run ended early, after $SECONDS s (the phases still running are not in the timeline)"
+    time_and_failures || true
+    # what was still running, in any lane, and what a lane had seen fail
+    local f
+    for f in "$work"/phase-*.out.running "$work"/phase-*.out.failed; do
+      [[ -e $f ]] || continue
+      echo "${f##*.out.}: $(cat "${f%.*}.name" 2>/dev/null); its last lines:"
+      grep -E -A3 '\.\.\. FAILED$|panicked at' "${f%.*}" 2>/dev/null | head -n 12 | sed 's/^/   | /'
+      tail -n 6 "${f%.*}" 2>/dev/null | sed 's/^/   | /'
+    done
+  fi
   for lane in "${!lane_pid[@]}"; do kill -- "${lane_pid[$lane]}" 2>/dev/null; done
   if [[ -n ${disk_sampler_pid:-} ]]; then
     kill -STOP "$disk_sampler_pid" 2>/dev/null
@@ -72,6 +84,26 @@ keep_cluster_logs() {
   done < <(find "$state" -maxdepth 3 -type d -name pod-logs 2>/dev/null)
 }
 trap cleanup EXIT
+# a run stopped from outside (CI's time limit, ^C) still ends through
+# cleanup, which then says where the time went and what had failed: the
+# tail of a cut-off CI log is the only part some readers get
+trap 'exit 143' TERM
+trap 'exit 130' INT
+run_finished=
+# where the run's time went, and each failed phase's last lines
+time_and_failures() {
+  echo "where the time went (start, end in s from the run's start; lanes overlap):"
+  sort -n "$work/timeline" 2>/dev/null | sed 's/^/   /'
+  local i
+  for i in "${!failed_phases[@]}"; do
+    echo "failed: ${failed_phases[$i]}; what failed, and its last lines:"
+    # (a campaign's seed first: it replays the run)
+    { grep -E '^campaign seed' "${failed_outs[$i]}" | head -n 2 || true
+      grep -E -A3 '\.\.\. FAILED$|panicked at|left behind|[Ee]rror:' "${failed_outs[$i]}" | head -n 16 || true
+      echo "..."
+      tail -n 4 "${failed_outs[$i]}"; } 2>/dev/null | sed 's/^/   | /'
+  done
+}
 failed_phases=()
 # each failed phase's output, in the order of failed_phases
 failed_outs=()
@@ -145,7 +177,9 @@ tests() {
   echo "== $name"
   echo "$name" >"$out.name"
   rm -f "$out.failed"
+  touch "$out.running"
   { "$@" || touch "$out.failed"; } 2>&1 | tee "$out"
+  rm -f "$out.running"
   if [[ -e $out.failed ]]; then
     failed_phases+=("$name")
     failed_outs+=("$out")
@@ -662,16 +696,6 @@ awk -v declared="$work/declared-skips" '
   grep UNDECLARED "$work/summary.out" >"$work/summary.failed" || true
   failed_outs+=("$work/summary.failed")
 }
-echo "where the time went (start, end in s from the run's start; lanes overlap):"
-sort -n "$work/timeline" | sed 's/^/   /'
-if ((${#failed_phases[@]})); then
-  for i in "${!failed_phases[@]}"; do
-    echo "failed: ${failed_phases[$i]}; what failed, and its last lines:"
-    # (a campaign's seed first: it replays the run)
-    { grep -E '^campaign seed' "${failed_outs[$i]}" | head -n 2 || true
-      grep -E -A3 '\.\.\. FAILED$|panicked at|left behind|[Ee]rror:' "${failed_outs[$i]}" | head -n 16 || true
-      echo "..."
-      tail -n 4 "${failed_outs[$i]}"; } | sed 's/^/   | /'
-  done
-  exit 1
-fi
+run_finished=1
+time_and_failures
+((${#failed_phases[@]} == 0)) || exit 1
