@@ -32,11 +32,15 @@ log=$work/tests.log
 cloud_started=
 cluster_started=
 cleanup() {
+  # everything here is tried, whatever fails: after a TERM to the run's
+  # process group the processes it stops may be gone already
+  set +e
   local lane
   if [[ -z $run_finished ]]; then
     echo "the run ended early, after $SECONDS s (the phases still running are not in the timeline)"
     time_and_failures || true
     # what was still running, in any lane, and what a lane had seen fail
+    [[ -e $work/step.running ]] && echo "running: $(cat "$work/step.running") (a step of the run)"
     local f
     for f in "$work"/phase-*.out.running "$work"/phase-*.out.failed; do
       [[ -e $f ]] || continue
@@ -157,7 +161,9 @@ phase() {
   local name=$1; shift
   local start=$SECONDS
   echo "== $name"
+  echo "$name" >"$work/step.running"
   "$@"
+  rm -f "$work/step.running"
   echo "== $name: $((SECONDS - start)) s"
   timeline "$start" "$name"
 }
