@@ -233,15 +233,28 @@ async fn a_group_snapshot_of_a_share_groups_claims_restores_each_member_and_leav
         assert_eq!(snapshot, format!("{gs_id}/{}", member.id));
         snapshot_of_share.insert(volume, snapshot);
     }
-    // the member VolumeSnapshots the controller made, ready, one per pair
+    // the member VolumeSnapshots the controller made, one per pair (the
+    // group snapshot may be ready before the last member's status names
+    // it: seen on Kubernetes 1.35)
     let snapshots = c
-        .list("volumesnapshot", &["-n", &n])
+        .wait_for("the group's two member snapshots", MINUTE, || async {
+            let members = c
+                .list("volumesnapshot", &["-n", &n])
+                .await?
+                .into_iter()
+                .filter(|s| {
+                    s["status"]["volumeGroupSnapshotName"] == "both"
+                        && s["status"]["boundVolumeSnapshotContentName"].is_string()
+                })
+                .collect::<Vec<_>>();
+            Ok(if members.len() == 2 {
+                Ok(members)
+            } else {
+                Err(format!("{} member snapshots", members.len()))
+            })
+        })
         .await
-        .unwrap()
-        .into_iter()
-        .filter(|s| s["status"]["volumeGroupSnapshotName"] == "both")
-        .collect::<Vec<_>>();
-    assert_eq!(snapshots.len(), 2, "the group's member snapshots");
+        .unwrap();
     let mut member_snapshot_of_claim = BTreeMap::new();
     for s in &snapshots {
         let name = s["metadata"]["name"].as_str().unwrap().to_string();
