@@ -393,6 +393,36 @@ async fn a_failed_group_snapshot_or_restore_leaves_nothing_and_a_retry_succeeds(
     let b = e.create("b", 1, &in_group).await;
     let ids = [a.volume_id.as_str(), b.volume_id.as_str()];
 
+    // over Manila's share group snapshot quota: ResourceExhausted with
+    // Manila's words, nothing made
+    e.h.emulator
+        .control()
+        .set_quotas(openstack_emulator::Quotas {
+            share_group_snapshots: 0,
+            ..Default::default()
+        });
+    let err = g
+        .create_volume_group_snapshot(group_req(&e, "gs", &ids))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("share-group-snapshots"),
+        "{}",
+        err.message()
+    );
+    assert!(
+        e.manila
+            .share_group_snapshots_named("gs")
+            .await
+            .unwrap()
+            .is_empty(),
+        "a group snapshot over quota was made"
+    );
+    e.h.emulator
+        .control()
+        .set_quotas(openstack_emulator::Quotas::default());
+
     e.h.emulator.control().fail_next_share_group_snapshots(1);
     let err = g
         .create_volume_group_snapshot(group_req(&e, "gs", &ids))

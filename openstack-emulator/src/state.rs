@@ -100,6 +100,8 @@ pub struct Quotas {
     pub snapshots: i64,
     pub shares: i64,
     pub share_gigabytes: i64,
+    /// Manila's `share_group_snapshots`.
+    pub share_group_snapshots: i64,
 }
 
 impl Default for Quotas {
@@ -110,6 +112,7 @@ impl Default for Quotas {
             snapshots: -1,
             shares: -1,
             share_gigabytes: -1,
+            share_group_snapshots: -1,
         }
     }
 }

@@ -428,6 +428,20 @@ pub(super) async fn create_group_snapshot(
             ),
         ));
     }
+    // Manila reserves its quota after the checks above
+    // (share_group/api.py): ShareGroupSnapshotsLimitExceeded, a 413
+    let taken = w
+        .share_group_snapshots
+        .values()
+        .filter(|x| x.project_id == ctx.project_id)
+        .count() as i64;
+    if w.quotas.share_group_snapshots >= 0 && taken + 1 > w.quotas.share_group_snapshots {
+        return Err(ApiErr::new(
+            413,
+            S,
+            "Maximum number of allowed share-group-snapshots is exceeded.",
+        ));
+    }
     let members: Vec<ShareGroupMemberRec> = shares
         .iter()
         .map(|x| ShareGroupMemberRec {
