@@ -168,9 +168,14 @@ impl Error {
             409 if error.message.contains("while it is in task_state") => Error::Busy(error),
             409 => Error::Conflict(error),
             413 => {
-                // Cinder and Nova answer 413 for quota; a 413 with
-                // Retry-After is the old rate-limit answer.
-                if retry_after.is_some() && !error.message.to_ascii_lowercase().contains("quota") {
+                // Cinder and Nova answer 413 for quota; a 413 asking for
+                // a wait is the old rate-limit answer. Cinder's and
+                // Manila's quota errors carry `Retry-After: 0`, and some
+                // of their messages do not say quota ("Maximum number of
+                // shares allowed (5) exceeded.")
+                let message = error.message.to_ascii_lowercase();
+                let waits = retry_after.is_some_and(|d| !d.is_zero());
+                if waits && !message.contains("quota") && !message.contains("exceeded") {
                     Error::RateLimited { error, retry_after }
                 } else {
                     Error::OverQuota(error)
@@ -281,6 +286,37 @@ mod tests {
         assert!(matches!(
             Error::from_status(413, e(), None),
             Error::OverQuota(_)
+        ));
+        // Manila's and Cinder's QuotaError: Retry-After 0, and a message
+        // that may not say quota
+        let says = |message: &str| ApiError {
+            message: message.into(),
+            ..e()
+        };
+        for (message, wait) in [
+            ("Maximum number of shares allowed (5) exceeded.", 0),
+            (
+                "Maximum number of allowed share-group-snapshots is exceeded.",
+                0,
+            ),
+            ("Maximum number of allowed share-groups is exceeded.", 3),
+            ("anything", 0),
+        ] {
+            assert!(
+                matches!(
+                    Error::from_status(413, says(message), Some(Duration::from_secs(wait))),
+                    Error::OverQuota(_)
+                ),
+                "{message} (Retry-After {wait})"
+            );
+        }
+        assert!(matches!(
+            Error::from_status(
+                413,
+                says("This request was rate-limited."),
+                Some(Duration::from_secs(2))
+            ),
+            Error::RateLimited { .. }
         ));
         assert!(matches!(
             Error::from_status(429, e(), Some(Duration::from_secs(1))),

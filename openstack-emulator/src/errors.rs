@@ -40,6 +40,16 @@ impl ApiErr {
             hint: crate::faults::RetryHint::default(),
         }
     }
+    /// A quota refusal as Cinder and Manila send it: their `QuotaError`
+    /// is a 413 with `Retry-After: 0` (a rate limiter's 413 asks for a
+    /// wait), whatever its message says.
+    pub fn quota(style: Style, m: impl Into<String>) -> Self {
+        Self {
+            retry_after: Some(Duration::ZERO),
+            hint: crate::faults::RetryHint::RetryAfter,
+            ..Self::new(413, style, m)
+        }
+    }
     pub fn bad(style: Style, m: impl Into<String>) -> Self {
         Self::new(400, style, m)
     }

@@ -204,8 +204,7 @@ fn over_limit(resource: &str, limit: i64) -> ApiErr {
         "snapshots" => "SnapshotLimitExceeded",
         _ => "VolumeLimitExceeded",
     };
-    ApiErr::new(
-        413,
+    ApiErr::quota(
         S,
         format!(
             "{kind}: Maximum number of {resource} allowed ({limit}) exceeded for quota '{resource}'."

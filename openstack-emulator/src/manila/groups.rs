@@ -167,8 +167,7 @@ pub(super) async fn create_group(
             if (w.quotas.shares >= 0 && count + snap.members.len() as i64 > w.quotas.shares)
                 || (w.quotas.share_gigabytes >= 0 && gib + more > w.quotas.share_gigabytes)
             {
-                return Err(ApiErr::new(
-                    413,
+                return Err(ApiErr::quota(
                     S,
                     "Requested share group exceeds the shares or gigabytes quota.",
                 ));
@@ -436,8 +435,7 @@ pub(super) async fn create_group_snapshot(
         .filter(|x| x.project_id == ctx.project_id)
         .count() as i64;
     if w.quotas.share_group_snapshots >= 0 && taken + 1 > w.quotas.share_group_snapshots {
-        return Err(ApiErr::new(
-            413,
+        return Err(ApiErr::quota(
             S,
             "Maximum number of allowed share-group-snapshots is exceeded.",
         ));

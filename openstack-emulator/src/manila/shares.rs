@@ -172,8 +172,7 @@ pub(super) async fn create_share(
         used.iter().map(|x| x.size as i64).sum::<i64>(),
     );
     if w.quotas.shares >= 0 && count + 1 > w.quotas.shares {
-        return Err(ApiErr::new(
-            413,
+        return Err(ApiErr::quota(
             S,
             format!(
                 "Maximum number of shares allowed ({}) exceeded",
@@ -182,8 +181,7 @@ pub(super) async fn create_share(
         ));
     }
     if w.quotas.share_gigabytes >= 0 && gib + size as i64 > w.quotas.share_gigabytes {
-        return Err(ApiErr::new(
-            413,
+        return Err(ApiErr::quota(
             S,
             "Requested share exceeds allowed project/user or share type gigabytes quota.",
         ));
