@@ -88,6 +88,17 @@ async fn wait_group_ready(c: &Cluster, n: &str, name: &str) -> Value {
         .unwrap()
 }
 
+/// The uid of a group snapshot, which names its request to the driver
+/// (`groupsnapshot-<uid>`).
+async fn uid_of(c: &Cluster, n: &str, name: &str) -> String {
+    let g = c
+        .get("volumegroupsnapshot", name, Some(n))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("group snapshot {n}/{name}"));
+    g["metadata"]["uid"].as_str().unwrap().to_string()
+}
+
 /// The error Kubernetes shows for a group snapshot: the group snapshot's
 /// own, else its content's (where the snapshotter writes the driver's).
 async fn group_error(c: &Cluster, n: &str, name: &str) -> Option<String> {
@@ -168,14 +179,7 @@ async fn a_group_snapshot_of_a_share_groups_claims_restores_each_member_and_leav
         .await
         .unwrap();
     println!("a group snapshot of part of a share group: {refusal}");
-    let part_uid = c
-        .get("volumegroupsnapshot", "part", Some(&n))
-        .await
-        .unwrap()
-        .unwrap()["metadata"]["uid"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let part_uid = uid_of(&c, &n, "part").await;
     assert!(
         m.share_group_snapshots_named(&format!("groupsnapshot-{part_uid}"))
             .await
@@ -203,14 +207,7 @@ async fn a_group_snapshot_of_a_share_groups_claims_restores_each_member_and_leav
         .to_string();
     let gs = m.get_share_group_snapshot(&gs_id).await.unwrap();
     assert_eq!(gs.share_group_id, group);
-    let uid = c
-        .get("volumegroupsnapshot", "both", Some(&n))
-        .await
-        .unwrap()
-        .unwrap()["metadata"]["uid"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let uid = uid_of(&c, &n, "both").await;
     assert_eq!(
         gs.name,
         format!("groupsnapshot-{uid}"),
