@@ -40,9 +40,11 @@ cleanup() {
     echo "the run ended early, after $SECONDS s (the phases still running are not in the timeline)"
     time_and_failures || true
     # what was still running, in any lane, and what a lane had seen fail
+    # (the main lane's failures are printed above; lanes number their
+    # phases from 1000)
     [[ -e $work/step.running ]] && echo "running: $(cat "$work/step.running") (a step of the run)"
     local f
-    for f in "$work"/phase-*.out.running "$work"/phase-*.out.failed; do
+    for f in "$work"/phase-*.out.running "$work"/phase-[1-9]???.out.failed; do
       [[ -e $f ]] || continue
       echo "${f##*.out.}: $(cat "${f%.*}.name" 2>/dev/null); its last lines:"
       grep -E -A3 '\.\.\. FAILED$|panicked at' "${f%.*}" 2>/dev/null | head -n 12 | sed 's/^/   | /'
