@@ -262,6 +262,31 @@ async fn a_share_group_is_snapshotted_whole_and_each_member_restored_once() {
         started.elapsed(),
         e.share_calls().len() - before
     );
+    // a member larger than the claim's limit is refused before anything is made
+    let shares_before = e
+        .manila
+        .list_shares(&Default::default())
+        .await
+        .unwrap()
+        .len();
+    let mut too_small = restore_req(&e, "restored-index", &member(&index));
+    too_small.capacity_range.as_mut().unwrap().limit_bytes = GIB;
+    let err = e.c.create_volume(too_small).await.unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+    assert!(
+        err.message().contains("more than limit_bytes"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(
+        e.manila
+            .list_shares(&Default::default())
+            .await
+            .unwrap()
+            .len(),
+        shares_before,
+        "nothing made for a refused member restore"
+    );
     let before = e.share_calls().len();
     let r_index =
         e.c.create_volume(restore_req(&e, "restored-index", &member(&index)))
@@ -270,9 +295,21 @@ async fn a_share_group_is_snapshotted_whole_and_each_member_restored_once() {
             .into_inner()
             .volume
             .unwrap();
+    let calls = e.share_calls()[before..].to_vec();
     println!(
         "restore of a second member (its share made already): {} Manila calls",
-        e.share_calls().len() - before
+        calls.len()
+    );
+    let group_snapshot_reads = calls
+        .iter()
+        .filter(|c| {
+            c.starts_with("GET")
+                && c.ends_with(&format!("/share-group-snapshots/{}", gs.group_snapshot_id))
+        })
+        .count();
+    assert_eq!(
+        group_snapshot_reads, 1,
+        "a member's restore reads its group snapshot once: {calls:#?}"
     );
     assert_eq!(r_index.capacity_bytes, 2 * GIB, "the member's size");
     let again =

@@ -460,7 +460,8 @@ impl ControllerService {
     }
 
     /// The share restored from member `member` of group snapshot `gs`,
-    /// taken for volume `name` (named so, `metadata` set), available. A
+    /// taken for volume `name` (named so, its metadata what `metadata_for`
+    /// gives for the member's size, which may refuse it), available. A
     /// retry finds it by name before it gets here.
     pub(super) async fn restore_member(
         &self,
@@ -468,7 +469,7 @@ impl ControllerService {
         name: &str,
         gs_id: &str,
         member: &str,
-        metadata: &BTreeMap<String, String>,
+        metadata_for: impl FnOnce(i64) -> DriverResult<BTreeMap<String, String>>,
         deadline: Instant,
     ) -> DriverResult<Share> {
         let snapshot_id = member_snapshot_id(gs_id, member);
@@ -483,9 +484,10 @@ impl ControllerService {
             Err(e) if e.is_not_found() => return Err(gone()),
             Err(e) => return Err(e).context(format!("share group snapshot {gs_id}")),
         };
-        if !gs.members.iter().any(|m| m.id == member) {
+        let Some(taken) = gs.members.iter().find(|m| m.id == member) else {
             return Err(gone());
-        }
+        };
+        let metadata = metadata_for(taken.size as i64)?;
         if gs.status != ShareGroupSnapshotStatus::Available {
             return Err(DriverError::Unavailable(format!(
                 "group snapshot {gs_id} is {}, not available",
@@ -537,7 +539,7 @@ impl ControllerService {
         };
         let share = wait_share_available(manila, &share.id, deadline, |_| true).await?;
         manila
-            .update_share_metadata(&share.id, metadata)
+            .update_share_metadata(&share.id, &metadata)
             .await
             .context(format!("marking restored share {} as ours", share.id))?;
         // the name last: a named share is a taken one (the description

@@ -53,26 +53,6 @@ pub(super) fn source_of(r: &csi::CreateVolumeRequest) -> DriverResult<Source> {
 }
 
 impl ControllerService {
-    /// The size of member `member` of group snapshot `gs`, in GiB.
-    pub(super) async fn member_size(
-        &self,
-        manila: &SharedFileSystems,
-        gs: &str,
-        member: &str,
-    ) -> DriverResult<i64> {
-        let gone = || DriverError::NotFound(format!("snapshot {gs}/{member} does not exist"));
-        let g = match manila.get_share_group_snapshot(gs).await {
-            Ok(g) => g,
-            Err(e) if e.is_not_found() => return Err(gone()),
-            Err(e) => return Err(e).context(format!("share group snapshot {gs}")),
-        };
-        g.members
-            .iter()
-            .find(|m| m.id == member)
-            .map(|m| m.size as i64)
-            .ok_or_else(gone)
-    }
-
     pub(super) async fn usable_snapshot(
         &self,
         manila: &SharedFileSystems,

@@ -310,19 +310,25 @@ impl ControllerService {
             if p.group_id.is_some() {
                 tracing::info!(group_snapshot_id = %gs, "a restore of a group snapshot member lands in the share group Manila makes from the group snapshot, not the class's groupID");
             }
-            let min = self.member_size(manila, gs, member).await?;
-            let min_fits = size_fits(min, r.capacity_range.as_ref())
-                || r.capacity_range.as_ref().is_none_or(|c| c.limit_bytes == 0);
-            if size < min && !min_fits {
-                return Err(DriverError::OutOfRange(format!(
-                    "the source holds {min} GiB, more than limit_bytes allows"
-                )));
-            } else if size > min {
-                // restored at the member's size, grown once taken
-                metadata.insert(GROW_TO_KEY.into(), size.to_string());
-            }
+            let range = r.capacity_range.as_ref();
+            // the member's size comes with the one read of its group
+            // snapshot that restore_member makes under its lock
+            let metadata_for = |min: i64| {
+                let min_fits = size_fits(min, range) || range.is_none_or(|c| c.limit_bytes == 0);
+                if size < min && !min_fits {
+                    return Err(DriverError::OutOfRange(format!(
+                        "the source holds {min} GiB, more than limit_bytes allows"
+                    )));
+                }
+                let mut metadata = metadata;
+                if size > min {
+                    // restored at the member's size, grown once taken
+                    metadata.insert(GROW_TO_KEY.into(), size.to_string());
+                }
+                Ok(metadata)
+            };
             return self
-                .restore_member(manila, name, gs, member, &metadata, deadline)
+                .restore_member(manila, name, gs, member, metadata_for, deadline)
                 .await;
         }
         let snapshot = match source {
