@@ -296,7 +296,9 @@ mod tests {
         for (message, wait) in [
             ("Maximum number of shares allowed (5) exceeded.", 0),
             (
-                "Maximum number of allowed share-group-snapshots is exceeded.",
+                // as Manila's fault wrapper sends a QuotaError (safe): its
+                // class first
+                "ShareGroupSnapshotsLimitExceeded: Maximum number of allowed share-group-snapshots is exceeded.",
                 0,
             ),
             ("Maximum number of allowed share-groups is exceeded.", 3),

@@ -1,5 +1,6 @@
 //! What the cloud offers and allows: share types, back-end pools, the
-//! project's limits, and Manila's user messages about a resource.
+//! project's limits and quotas, and Manila's user messages about a
+//! resource.
 
 use super::*;
 
@@ -115,6 +116,39 @@ impl SharedFileSystems {
         })
     }
 
+    /// The quotas of `project_id` (`shares`, `gigabytes`,
+    /// `share_group_snapshots`, …; -1 is unlimited). Its own project's for
+    /// a member, any project's for an admin.
+    pub async fn project_quotas(&self, project_id: &str) -> Result<BTreeMap<String, i64>> {
+        let req = self
+            .req(
+                Method::GET,
+                format!("quota-sets/{}", seg(project_id)),
+                "quota_set_show",
+            )
+            .await?;
+        Ok(quota_set(self.session.send(req).await?.json::<Value>()?))
+    }
+
+    /// Admin only: sets quotas of `project_id` (the keys of
+    /// `project_quotas`; -1 is unlimited). Manila refuses a limit below what
+    /// the project uses already. Answers the quotas as they now are.
+    pub async fn set_project_quotas(
+        &self,
+        project_id: &str,
+        quotas: &BTreeMap<String, i64>,
+    ) -> Result<BTreeMap<String, i64>> {
+        let req = self
+            .req(
+                Method::PUT,
+                format!("quota-sets/{}", seg(project_id)),
+                "quota_set_update",
+            )
+            .await?
+            .json(json!({ "quota_set": quotas }));
+        Ok(quota_set(self.session.send(req).await?.json::<Value>()?))
+    }
+
     /// User messages about a resource, newest first: they say why a share
     /// went to `error`.
     pub async fn list_user_messages(&self, resource_id: &str) -> Result<Vec<UserMessage>> {
@@ -130,4 +164,17 @@ impl SharedFileSystems {
             .query("sort_dir", "desc");
         Ok(self.session.send(req).await?.json::<L>()?.messages)
     }
+}
+
+/// A `{"quota_set": {...}}` answer's limits (its `id` and any other
+/// non-number left out).
+fn quota_set(v: Value) -> BTreeMap<String, i64> {
+    v.get("quota_set")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_i64()?)))
+                .collect()
+        })
+        .unwrap_or_default()
 }

@@ -1,6 +1,8 @@
 //! Manila: NFS and CephFS shares with their rules, unschedulable shares
-//! explained, paging, pools and limits, share groups and their snapshots.
+//! explained, paging, pools and limits, share groups and their snapshots,
+//! and the quota on group snapshots.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use openstack_client::Error;
@@ -768,4 +770,145 @@ async fn manila_share_groups_snapshots_and_restores() {
     m.delete_share_group(&g.id).await.unwrap();
     wait_gone("share group", || m.get_share_group(&g.id)).await;
     wait_gone("restore group", || m.get_share_group(&restored.id)).await;
+}
+
+/// Manila's `share_group_snapshots` quota, as the Manila driver meets it:
+/// an admin sets a project's quota (never below what it uses, a member
+/// not at all), and a group snapshot past it is a 413 that says
+/// "exceeded" and not "quota", sent with `Retry-After: 0`, which the
+/// client must read as over quota, not as a rate limit; nothing is made.
+/// It runs in the admin's project, whose quota it puts back, so that no
+/// other test's group snapshot meets the lowered one.
+#[tokio::test]
+async fn manila_share_group_snapshot_quota() {
+    let b = Backend::new().await;
+    if !b.has("manila", "manila_share_group_snapshot_quota") {
+        return;
+    }
+    const KEY: &str = "share_group_snapshots";
+    let member = SharedFileSystems::new(b.session(User::Member));
+    let member_project = b.session(User::Member).project_id().await.unwrap().unwrap();
+    let own = member.project_quotas(&member_project).await.unwrap();
+    assert!(own.contains_key(KEY), "{}: {own:?}", b.name());
+    match member
+        .set_project_quotas(&member_project, &BTreeMap::from([(KEY.to_string(), 5)]))
+        .await
+    {
+        Err(Error::Forbidden(_)) => {}
+        other => panic!("{}: a member setting its quota: {other:?}", b.name()),
+    }
+
+    let admin = SharedFileSystems::new(b.session(User::Admin));
+    let project = b.session(User::Admin).project_id().await.unwrap().unwrap();
+    let types = admin.list_share_types().await.unwrap();
+    let default = types.iter().find(|t| t.name == "default").unwrap();
+    let g = admin
+        .create_share_group(&CreateShareGroup {
+            name: unique("contract-quota-group"),
+            share_types: vec![default.id.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let g = wait_group_available(&admin, &g.id).await;
+    let share = admin
+        .create_share(&CreateShare {
+            share_group_id: Some(g.id.clone()),
+            ..nfs(&unique("contract-quota-grouped"), 1)
+        })
+        .await
+        .unwrap();
+    wait_share(&admin, &share.id, ShareStatus::Available).await;
+    let first = admin
+        .create_share_group_snapshot(&g.id, &unique("contract-quota-first"), None)
+        .await
+        .unwrap();
+    let first = poll_until(
+        "share group snapshot",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let x = admin.get_share_group_snapshot(&first.id).await?;
+            Ok(match x.status {
+                ShareGroupSnapshotStatus::Available => Poll::Ready(x),
+                s => Poll::Pending(s.to_string()),
+            })
+        },
+    )
+    .await
+    .unwrap();
+
+    let before = admin.project_quotas(&project).await.unwrap()[KEY];
+    // below what the project holds: refused, and the refusal names it
+    let below = admin
+        .set_project_quotas(&project, &BTreeMap::from([(KEY.to_string(), 0)]))
+        .await;
+    let used: Option<i64> = match &below {
+        Err(Error::BadRequest(e)) => e
+            .message
+            .rsplit("greater than ")
+            .next()
+            .and_then(|n| n.trim_end_matches('.').parse().ok()),
+        _ => None,
+    };
+    // exactly what it holds: the next group snapshot is over
+    let at_use = match used {
+        Some(n) => Some(
+            admin
+                .set_project_quotas(&project, &BTreeMap::from([(KEY.to_string(), n)]))
+                .await,
+        ),
+        None => None,
+    };
+    let over_name = unique("contract-quota-over");
+    let over = match &at_use {
+        Some(Ok(_)) => Some(
+            admin
+                .create_share_group_snapshot(&g.id, &over_name, None)
+                .await,
+        ),
+        _ => None,
+    };
+    // the quota back before anything is asserted
+    admin
+        .set_project_quotas(&project, &BTreeMap::from([(KEY.to_string(), before)]))
+        .await
+        .unwrap();
+
+    assert!(
+        used.is_some_and(|n| n >= 1),
+        "{}: a limit below the use: {below:?}",
+        b.name()
+    );
+    let at_use = at_use.unwrap().unwrap();
+    assert_eq!(at_use.get(KEY), used.as_ref(), "{}", b.name());
+    match over.unwrap() {
+        Err(Error::OverQuota(e)) => assert!(
+            e.message.contains("share-group-snapshots is exceeded"),
+            "{}: {e:?}",
+            b.name()
+        ),
+        other => panic!("{}: a group snapshot past the quota: {other:?}", b.name()),
+    }
+    assert!(
+        admin
+            .share_group_snapshots_named(&over_name)
+            .await
+            .unwrap()
+            .is_empty(),
+        "{}: a refused group snapshot left behind",
+        b.name()
+    );
+    assert_eq!(admin.project_quotas(&project).await.unwrap()[KEY], before);
+
+    admin.delete_share_group_snapshot(&first.id).await.unwrap();
+    wait_gone("share group snapshot", || {
+        admin.get_share_group_snapshot(&first.id)
+    })
+    .await;
+    admin.delete_share_in(&share.id, Some(&g.id)).await.unwrap();
+    wait_gone("grouped share", || admin.get_share(&share.id)).await;
+    admin.delete_share_group(&g.id).await.unwrap();
+    wait_gone("share group", || admin.get_share_group(&g.id)).await;
 }

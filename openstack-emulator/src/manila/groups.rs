@@ -164,8 +164,10 @@ pub(super) async fn create_group(
             let used = w.shares.values().filter(|x| x.project_id == ctx.project_id);
             let (count, gib) = used.fold((0i64, 0i64), |(c, g), x| (c + 1, g + x.size as i64));
             let more: i64 = snap.members.iter().map(|m| m.size as i64).sum();
-            if (w.quotas.shares >= 0 && count + snap.members.len() as i64 > w.quotas.shares)
-                || (w.quotas.share_gigabytes >= 0 && gib + more > w.quotas.share_gigabytes)
+            let max_shares = w.manila_quota(&ctx.project_id, "shares");
+            let max_gib = w.manila_quota(&ctx.project_id, "gigabytes");
+            if (max_shares >= 0 && count + snap.members.len() as i64 > max_shares)
+                || (max_gib >= 0 && gib + more > max_gib)
             {
                 return Err(ApiErr::quota(
                     S,
@@ -434,10 +436,11 @@ pub(super) async fn create_group_snapshot(
         .values()
         .filter(|x| x.project_id == ctx.project_id)
         .count() as i64;
-    if w.quotas.share_group_snapshots >= 0 && taken + 1 > w.quotas.share_group_snapshots {
+    let max = w.manila_quota(&ctx.project_id, "share_group_snapshots");
+    if max >= 0 && taken + 1 > max {
         return Err(ApiErr::quota(
             S,
-            "Maximum number of allowed share-group-snapshots is exceeded.",
+            "ShareGroupSnapshotsLimitExceeded: Maximum number of allowed share-group-snapshots is exceeded.",
         ));
     }
     let members: Vec<ShareGroupMemberRec> = shares

@@ -10,6 +10,7 @@
 
 mod access;
 mod groups;
+mod quotas;
 mod shares;
 mod snapshots;
 
@@ -71,6 +72,10 @@ pub fn routes(state: Arc<AppState>) -> axum::Router<Arc<AppState>> {
         .route("/messages", get(list_messages))
         .route("/scheduler-stats/pools/detail", get(list_pools))
         .route("/limits", get(limits))
+        .route(
+            "/quota-sets/{target}",
+            get(quotas::show_quotas).put(quotas::update_quotas),
+        )
         .layer(middleware::from_fn_with_state(state, microversion));
     axum::Router::new().nest("/v2/{project_id}", v2)
 }
@@ -286,8 +291,8 @@ async fn limits(
         .filter(|x| x.project_id == ctx.project_id)
         .fold((0u64, 0u64), |(c, g), x| (c + 1, g + x.size));
     Ok(Json(json!({ "limits": { "rate": [], "absolute": {
-        "maxTotalShares": w.quotas.shares, "totalSharesUsed": count,
-        "maxTotalShareGigabytes": w.quotas.share_gigabytes, "totalShareGigabytesUsed": gib,
+        "maxTotalShares": w.manila_quota(&ctx.project_id, "shares"), "totalSharesUsed": count,
+        "maxTotalShareGigabytes": w.manila_quota(&ctx.project_id, "gigabytes"), "totalShareGigabytesUsed": gib,
         "maxTotalShareSnapshots": -1, "totalShareSnapshotsUsed": w.share_snapshots.values().filter(|x| x.project_id == ctx.project_id).count()
     }}})))
 }

@@ -171,16 +171,15 @@ pub(super) async fn create_share(
         used.len() as i64,
         used.iter().map(|x| x.size as i64).sum::<i64>(),
     );
-    if w.quotas.shares >= 0 && count + 1 > w.quotas.shares {
+    let max_shares = w.manila_quota(&ctx.project_id, "shares");
+    if max_shares >= 0 && count + 1 > max_shares {
         return Err(ApiErr::quota(
             S,
-            format!(
-                "Maximum number of shares allowed ({}) exceeded",
-                w.quotas.shares
-            ),
+            format!("Maximum number of shares allowed ({max_shares}) exceeded"),
         ));
     }
-    if w.quotas.share_gigabytes >= 0 && gib + size as i64 > w.quotas.share_gigabytes {
+    let max_gib = w.manila_quota(&ctx.project_id, "gigabytes");
+    if max_gib >= 0 && gib + size as i64 > max_gib {
         return Err(ApiErr::quota(
             S,
             "Requested share exceeds allowed project/user or share type gigabytes quota.",
@@ -485,7 +484,7 @@ pub(super) async fn share_action(
                 .filter(|x| x.project_id == ctx.project_id)
                 .map(|x| x.size as i64)
                 .sum();
-            let q = w.quotas.share_gigabytes;
+            let q = w.manila_quota(&ctx.project_id, "gigabytes");
             if grow && q >= 0 && gib + (new_size - share.size) as i64 > q {
                 // Manila's extend answers its quota with 403, not the
                 // 413 of a create
