@@ -65,14 +65,6 @@ async fn rules(
         .collect()
 }
 
-async fn share_count(e: &Env) -> usize {
-    e.manila
-        .list_shares(&Default::default())
-        .await
-        .unwrap()
-        .len()
-}
-
 #[tokio::test]
 async fn a_read_only_volume_backed_by_a_snapshot_reads_the_snapshot_and_nothing_else() {
     if !root() {
@@ -99,7 +91,7 @@ async fn a_read_only_volume_backed_by_a_snapshot_reads_the_snapshot_and_nothing_
     std::fs::write(e.h.seen(&live).join("data"), b"after").unwrap();
 
     // bad requests: refused before anything is made
-    let shares_before = share_count(&e).await;
+    let shares_before = e.share_count().await;
     let rules_before = rules(&e, &src.volume_id).await;
     for (what, req, code) in [
         (
@@ -155,7 +147,7 @@ async fn a_read_only_volume_backed_by_a_snapshot_reads_the_snapshot_and_nothing_
             );
         }
     }
-    assert_eq!(share_count(&e).await, shares_before, "no share made");
+    assert_eq!(e.share_count().await, shares_before, "no share made");
     assert_eq!(
         rules(&e, &src.volume_id).await,
         rules_before,
@@ -180,7 +172,7 @@ async fn a_read_only_volume_backed_by_a_snapshot_reads_the_snapshot_and_nothing_
     assert_eq!(ro.content_source, req.volume_content_source);
     assert_eq!(ro.volume_context["shareID"], src.volume_id);
     assert_eq!(ro.volume_context["backingSnapshotID"], snap.snapshot_id);
-    assert_eq!(share_count(&e).await, shares_before, "no copy");
+    assert_eq!(e.share_count().await, shares_before, "no copy");
     let reader: Vec<_> = rules(&e, &src.volume_id)
         .await
         .into_iter()
@@ -402,7 +394,7 @@ async fn an_nfs_volume_backed_by_a_snapshot_is_refused_naming_the_writable_resto
     .await;
     let src = e.create("pvc-src", 1, &[]).await;
     let snap = e.snapshot(&src.volume_id, "snap-1").await;
-    let shares = share_count(&e).await;
+    let shares = e.share_count().await;
     let mut req = from_snapshot(&e, "pvc-ro", Some(&snap.snapshot_id), vec![rox()], 1);
     req.parameters.remove("type");
     let err = e.c.create_volume(req).await.unwrap_err();
@@ -412,7 +404,7 @@ async fn an_nfs_volume_backed_by_a_snapshot_is_refused_naming_the_writable_resto
         "{}",
         err.message()
     );
-    assert_eq!(share_count(&e).await, shares);
+    assert_eq!(e.share_count().await, shares);
     assert_eq!(
         e.manila
             .list_access_rules(&src.volume_id)

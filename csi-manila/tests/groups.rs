@@ -263,12 +263,7 @@ async fn a_share_group_is_snapshotted_whole_and_each_member_restored_once() {
         e.share_calls().len() - before
     );
     // a member larger than the claim's limit is refused before anything is made
-    let shares_before = e
-        .manila
-        .list_shares(&Default::default())
-        .await
-        .unwrap()
-        .len();
+    let shares_before = e.share_count().await;
     let mut too_small = restore_req(&e, "restored-index", &member(&index));
     too_small.capacity_range.as_mut().unwrap().limit_bytes = GIB;
     let err = e.c.create_volume(too_small).await.unwrap_err();
@@ -279,11 +274,7 @@ async fn a_share_group_is_snapshotted_whole_and_each_member_restored_once() {
         err.message()
     );
     assert_eq!(
-        e.manila
-            .list_shares(&Default::default())
-            .await
-            .unwrap()
-            .len(),
+        e.share_count().await,
         shares_before,
         "nothing made for a refused member restore"
     );
@@ -551,11 +542,5 @@ async fn a_failed_group_snapshot_or_restore_leaves_nothing_and_a_retry_succeeds(
     for v in [&ra, &a, &b] {
         e.delete(&v.volume_id).await.unwrap();
     }
-    assert!(
-        e.manila
-            .list_shares(&Default::default())
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert_eq!(e.share_count().await, 0);
 }

@@ -233,6 +233,15 @@ impl Env {
             .into_inner()
     }
 
+    /// How many shares the project holds.
+    pub async fn share_count(&self) -> usize {
+        self.manila
+            .list_shares(&Default::default())
+            .await
+            .unwrap()
+            .len()
+    }
+
     /// Requests the plugin made to Manila's share endpoints.
     pub fn share_calls(&self) -> Vec<String> {
         self.h

@@ -9,8 +9,8 @@ use openstack_client::Error;
 use openstack_client::common::{Poll, poll_until};
 use openstack_client::manila::{
     AccessRuleState, CreateShare, CreateShareGroup, GrantAccess, ListPage, ShareGroup,
-    ShareGroupSnapshotStatus, ShareGroupStatus, ShareSnapshotStatus, ShareStatus,
-    SharedFileSystems,
+    ShareGroupSnapshot, ShareGroupSnapshotStatus, ShareGroupStatus, ShareSnapshotStatus,
+    ShareStatus, SharedFileSystems,
 };
 
 use crate::backend::*;
@@ -553,6 +553,30 @@ async fn wait_group_available(m: &SharedFileSystems, id: &str) -> ShareGroup {
     .unwrap()
 }
 
+async fn wait_group_snapshot_available(m: &SharedFileSystems, id: &str) -> ShareGroupSnapshot {
+    poll_until(
+        "share group snapshot",
+        deadline(),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        || async {
+            let x = m.get_share_group_snapshot(id).await?;
+            assert!(
+                !x.status.is_error(),
+                "group snapshot {id} went to {}",
+                x.status
+            );
+            Ok(if x.status == ShareGroupSnapshotStatus::Available {
+                Poll::Ready(x)
+            } else {
+                Poll::Pending(x.status.to_string())
+            })
+        },
+    )
+    .await
+    .unwrap()
+}
+
 /// Share groups as the Manila driver's group snapshots use them: shares
 /// placed at creation, the group snapshotted whole (members are not share
 /// snapshots), a new group made from it with one share per member, and
@@ -629,23 +653,7 @@ async fn manila_share_groups_snapshots_and_restores() {
         "{}",
         b.name()
     );
-    let gs = poll_until(
-        "share group snapshot",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            let x = m.get_share_group_snapshot(&gs.id).await?;
-            assert!(!x.status.is_error(), "group snapshot went to {}", x.status);
-            Ok(if x.status == ShareGroupSnapshotStatus::Available {
-                Poll::Ready(x)
-            } else {
-                Poll::Pending(x.status.to_string())
-            })
-        },
-    )
-    .await
-    .unwrap();
+    let gs = wait_group_snapshot_available(&m, &gs.id).await;
     let mut of: Vec<(String, u64)> = gs
         .members
         .iter()
@@ -823,21 +831,7 @@ async fn manila_share_group_snapshot_quota() {
         .create_share_group_snapshot(&g.id, &unique("contract-quota-first"), None)
         .await
         .unwrap();
-    let first = poll_until(
-        "share group snapshot",
-        deadline(),
-        Duration::from_millis(50),
-        Duration::from_millis(500),
-        || async {
-            let x = admin.get_share_group_snapshot(&first.id).await?;
-            Ok(match x.status {
-                ShareGroupSnapshotStatus::Available => Poll::Ready(x),
-                s => Poll::Pending(s.to_string()),
-            })
-        },
-    )
-    .await
-    .unwrap();
+    let first = wait_group_snapshot_available(&admin, &first.id).await;
 
     let before = admin.project_quotas(&project).await.unwrap()[KEY];
     // below what the project holds: refused, and the refusal names it
