@@ -154,6 +154,8 @@ class RegistrationGaps:
 
         self.longest = {}
         self.samples = 0
+        self.failed_reads = 0
+        self.last_failure = []
         self._since = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -173,8 +175,12 @@ class RegistrationGaps:
                 nodes = {n["metadata"]["name"] for n in get_json("nodes")["items"]}
                 have = {c["metadata"]["name"] for c in get_json("csinodes")["items"]
                         if any(d["name"] == "cinder.csi.openstack.org" for d in c["spec"].get("drivers") or [])}
-            except Exception:  # a failed read proves nothing registered
+            except Exception as e:  # a failed read proves nothing registered
                 nodes, have = set(self._since) | set(self.longest), set()
+                # counted apart: a gap made of failed reads is the
+                # apiserver's, not the drivers'
+                self.failed_reads += 1
+                self.last_failure = str(e).strip().splitlines()[-1:] or [type(e).__name__]
             self.samples += 1
             for node in nodes:
                 if node in have:
@@ -187,7 +193,9 @@ class RegistrationGaps:
 
     def check(self, what, bound):
         print(f"   {what}: the longest time a node went without the driver registered: "
-              + ", ".join(f"{n} {g:.0f} s" for n, g in sorted(self.longest.items())) + f" ({self.samples} samples)")
+              + ", ".join(f"{n} {g:.0f} s" for n, g in sorted(self.longest.items()))
+              + f" ({self.samples} samples, {self.failed_reads} of them failed reads"
+              + (f", the last: {self.last_failure[0][:200]}" if self.last_failure else "") + ")")
         assert self.samples >= 5, f"{what}: {self.samples} samples of the nodes' registrations"
         over = {n: round(g) for n, g in self.longest.items() if g > bound}
         assert not over, f"{what}: nodes without Cinder's driver for longer than {bound} s: {over}"
