@@ -338,7 +338,9 @@ const HANDOVER_ON_STOP: Duration = Duration::from_secs(3);
 /// runs the preStop hooks of a pod's containers side by side, and the
 /// plugin's own may end, and the plugin be told to stop, before the
 /// registrar's request arrives. The route then still answers, the
-/// process held until the handover ends.
+/// process held until the handover ends. Until then the registration
+/// socket is guarded ([`crate::registration::RegistrationSocket::guard`]):
+/// another release's registrar that removes it is undone.
 pub fn with_route(
     server: plugin_runtime::PluginServer,
     client: kube_api::Client,
@@ -348,6 +350,12 @@ pub fn with_route(
 ) -> plugin_runtime::PluginServer {
     let registration = crate::registration::RegistrationSocket::new(&args.path_root, driver);
     registration.remove_stale_keep();
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn(registration.clone().guard())),
+        Err(e) => {
+            tracing::warn!(error = %e, "no runtime: the registration socket is not guarded")
+        }
+    }
     let holds = server.exit_holds();
     let on_stop = (
         registration.clone().with_removal_bound(HANDOVER_ON_STOP),
@@ -356,6 +364,7 @@ pub fn with_route(
     server
         .on_shutdown(move || {
             let (registration, holds) = on_stop;
+            registration.stop_guard();
             if let Ok(put_back) = registration.keep_for_successor() {
                 holds.spawn(async move {
                     put_back.await;

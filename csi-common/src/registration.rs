@@ -25,6 +25,17 @@
 //! The plugin keeps the socket both when the registrar asks and when the
 //! plugin itself is told to stop: kubelet stops a pod's containers side
 //! by side, so either may come first.
+//!
+//! The other direction needs the same from the successor: replacing
+//! upstream's release by ours, our registrar may make its socket while
+//! upstream's pod is still stopping, and upstream's registrar then removes
+//! the path, ours by then; upstream's plugin, which cannot see the
+//! registration folder, puts nothing back. So while our plugin runs it
+//! guards its own registrar's socket ([`RegistrationSocket::guard`]): a
+//! link kept to whatever socket the path holds, put back when the path is
+//! removed while that socket still serves, as a handover does. Kubelet
+//! registers the driver again within seconds, not at our registrar's next
+//! failed liveness probe (28 s measured on Kubernetes 1.35).
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -64,7 +75,14 @@ pub struct RegistrationSocket {
     /// How long the registrar may take to remove the path once it was told to stop.
     removal_bound: Duration,
     keeping: Arc<AtomicBool>,
+    /// The guard's own link (a dotfile), apart from a handover's.
+    guarded: PathBuf,
+    /// Set when the plugin stops: the guard ends.
+    stopping: Arc<AtomicBool>,
 }
+
+/// How often the guard looks at the registration path.
+const GUARD_INTERVAL: Duration = Duration::from_millis(200);
 
 impl RegistrationSocket {
     pub fn new(kubelet_dir: &Path, driver: &str) -> Self {
@@ -75,6 +93,8 @@ impl RegistrationSocket {
             kept: registry.join(format!(".{driver}-reg.sock.kept")),
             removal_bound: Duration::from_secs(10),
             keeping: Arc::default(),
+            guarded: registry.join(format!(".{driver}-reg.sock.guard")),
+            stopping: Arc::default(),
         }
     }
 
@@ -199,6 +219,67 @@ impl RegistrationSocket {
             let _ = std::fs::remove_file(&self.kept);
             let _ = std::fs::remove_file(self.kept_fresh());
         }
+        let _ = std::fs::remove_file(&self.guarded);
+        let _ = std::fs::remove_file(self.guarded.with_extension("guard.new"));
+    }
+
+    /// Runs while the plugin does (until [`Self::stop_guard`]): keeps a
+    /// link to the socket the registration path holds; when the path is
+    /// removed and that socket goes on serving for a while (so it was not
+    /// the remover's own: a registrar closes its socket as it exits), it
+    /// is put back and kubelet registers the driver again. Idle while a
+    /// handover runs (then our own registrar is stopping) and where the
+    /// plugin cannot see the registration folder.
+    pub async fn guard(self) {
+        let fresh = self.guarded.with_extension("guard.new");
+        let mut removed_since: Option<Instant> = None;
+        while !self.stopping.load(Ordering::SeqCst) {
+            if self.keeping.load(Ordering::SeqCst) {
+                removed_since = None;
+            } else {
+                match socket_at(&self.path) {
+                    Some(now) => {
+                        removed_since = None;
+                        if socket_at(&self.guarded) != Some(now) {
+                            let _ = std::fs::remove_file(&fresh);
+                            if std::fs::hard_link(&self.path, &fresh).is_ok() {
+                                let _ = std::fs::rename(&fresh, &self.guarded);
+                            }
+                        }
+                    }
+                    None if socket_at(&self.guarded).is_some() => {
+                        let since = *removed_since.get_or_insert_with(Instant::now);
+                        if std::os::unix::net::UnixStream::connect(&self.guarded).is_err() {
+                            // its registrar is gone with it: nothing to guard
+                            let _ = std::fs::remove_file(&self.guarded);
+                            removed_since = None;
+                        } else if since.elapsed() >= STILL_SERVED {
+                            match std::fs::hard_link(&self.guarded, &self.path) {
+                                Ok(()) => tracing::warn!(
+                                    socket = %self.path.display(),
+                                    "the registration socket was removed while our registrar still served on it (another release's registrar stopping): put back"
+                                ),
+                                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                                Err(e) => {
+                                    tracing::warn!(socket = %self.path.display(), error = %e, "cannot put the registration socket back")
+                                }
+                            }
+                            removed_since = None;
+                        }
+                    }
+                    None => removed_since = None,
+                }
+            }
+            tokio::time::sleep(GUARD_INTERVAL).await;
+        }
+        let _ = std::fs::remove_file(&self.guarded);
+        let _ = std::fs::remove_file(&fresh);
+    }
+
+    /// Ends the guard (the plugin stops: a handover takes over).
+    pub fn stop_guard(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _ = std::fs::remove_file(&self.guarded);
     }
 }
 

@@ -626,3 +626,105 @@ async fn a_plugin_told_to_stop_before_its_registrar_asks_still_hands_the_socket_
         .unwrap();
     assert_put_back(dir.path(), &path, &successor, successor_ino);
 }
+
+/// The plugin serving with its `/pre-stop` route (and so the guard of its
+/// registration socket) in `dir`; stopped through the sender.
+async fn serving_plugin(
+    dir: &Path,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), plugin_runtime::RuntimeError>>,
+) {
+    let client = apiserver(Shared::default()).await;
+    let csi_socket = dir.join("csi.sock");
+    let server = csi_common::pre_stop::with_route(
+        plugin_runtime::PluginServer::new(
+            format!("unix://{}", csi_socket.display()).parse().unwrap(),
+        ),
+        client,
+        args(dir),
+        DRIVER,
+        free_loopback_port(),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.serve(tonic::service::Routes::default(), async move {
+        let _ = stopped.await;
+    }));
+    for _ in 0..500 {
+        if csi_socket.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(csi_socket.exists(), "the plugin never served");
+    (stop, serving)
+}
+
+/// Upstream's release replaced by ours: our registrar made its socket
+/// while upstream's pod was still stopping, and upstream's registrar,
+/// stopping, removes the path (by then ours'). Upstream's plugin puts
+/// nothing back (it cannot see the folder); ours does, its registrar
+/// still serving: kubelet registers the driver again within seconds. Our
+/// own registrar's stop (its socket gone with it) is not undone, and
+/// nothing is left once the plugin stops.
+#[tokio::test]
+async fn our_registrars_socket_removed_by_another_releases_stopping_registrar_is_put_back() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, _) = registration(dir.path());
+    let path = socket.path().to_path_buf();
+    let (stop, serving) = serving_plugin(dir.path()).await;
+    let (ours, ours_ino) = registrar_socket(&path);
+    // the guard links it within its interval
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // upstream's registrar stops: os.Remove(path)
+    std::fs::remove_file(&path).unwrap();
+    let removed = Instant::now();
+    let mut back = None;
+    while removed.elapsed() < Duration::from_secs(5) {
+        if let Ok(m) = std::fs::symlink_metadata(&path) {
+            back = Some(m.ino());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        back,
+        Some(ours_ino),
+        "our registrar's socket, removed by another's, was not put back within 5 s"
+    );
+    println!(
+        "our registrar's socket put back {:?} after its removal",
+        removed.elapsed()
+    );
+    std::os::unix::net::UnixStream::connect(&path).unwrap();
+    ours.accept().unwrap();
+
+    // our own registrar restarts: it removes its socket and exits
+    std::fs::remove_file(&path).unwrap();
+    drop(ours);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        std::fs::symlink_metadata(&path).is_err(),
+        "a stopped registrar's socket was put back for kubelet"
+    );
+    // its restart makes a new one, guarded in its turn
+    let (again, again_ino) = registrar_socket(&path);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    std::fs::remove_file(&path).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        std::fs::symlink_metadata(&path).map(|m| m.ino()).ok(),
+        Some(again_ino),
+        "the restarted registrar's socket is not guarded"
+    );
+    drop(again);
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("the plugin did not exit")
+        .unwrap()
+        .unwrap();
+    assert_eq!(kept_links(dir.path()), Vec::<String>::new());
+}
