@@ -580,34 +580,13 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<u16
 /// plugin exits.
 #[tokio::test]
 async fn a_plugin_told_to_stop_before_its_registrar_asks_still_hands_the_socket_over() {
-    let client = apiserver(Shared::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let (socket, _) = registration(dir.path());
     let path = socket.path().to_path_buf();
     let (ours, _) = registrar_socket(&path);
     let (successor, successor_ino) = registrar_socket(&path);
     let addr = free_loopback_port();
-    let csi_socket = dir.path().join("csi.sock");
-    let server = csi_common::pre_stop::with_route(
-        plugin_runtime::PluginServer::new(
-            format!("unix://{}", csi_socket.display()).parse().unwrap(),
-        ),
-        client,
-        args(dir.path()),
-        DRIVER,
-        addr,
-    );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(server.serve(tonic::service::Routes::default(), async move {
-        let _ = stopped.await;
-    }));
-    for _ in 0..500 {
-        if csi_socket.exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(csi_socket.exists(), "the plugin never served");
+    let (stop, serving) = serving_plugin(dir.path(), addr).await;
     // the plugin is told to stop first
     stop.send(()).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -627,10 +606,11 @@ async fn a_plugin_told_to_stop_before_its_registrar_asks_still_hands_the_socket_
     assert_put_back(dir.path(), &path, &successor, successor_ino);
 }
 
-/// The plugin serving with its `/pre-stop` route (and so the guard of its
-/// registration socket) in `dir`; stopped through the sender.
+/// The plugin serving with its `/pre-stop` route on `addr` (and so the
+/// guard of its registration socket) in `dir`; stopped through the sender.
 async fn serving_plugin(
     dir: &Path,
+    addr: std::net::SocketAddr,
 ) -> (
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<Result<(), plugin_runtime::RuntimeError>>,
@@ -644,7 +624,7 @@ async fn serving_plugin(
         client,
         args(dir),
         DRIVER,
-        free_loopback_port(),
+        addr,
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let serving = tokio::spawn(server.serve(tonic::service::Routes::default(), async move {
@@ -673,7 +653,7 @@ async fn our_registrars_socket_removed_by_another_releases_stopping_registrar_is
     let dir = tempfile::tempdir().unwrap();
     let (socket, _) = registration(dir.path());
     let path = socket.path().to_path_buf();
-    let (stop, serving) = serving_plugin(dir.path()).await;
+    let (stop, serving) = serving_plugin(dir.path(), free_loopback_port()).await;
     let (ours, ours_ino) = registrar_socket(&path);
     // the guard links it within its interval
     tokio::time::sleep(Duration::from_millis(600)).await;
