@@ -13,9 +13,44 @@ use serde_json::{Map, Value, json};
 use crate::AppState;
 use crate::errors::{ApiErr, ApiResult};
 use crate::keystone::Ctx;
-use crate::state::{MANILA_QUOTA_KEYS, World};
+use crate::state::World;
 
 use super::*;
+
+/// Manila's quota keys at microversion 2.65 (`quota-sets`), in its order.
+pub const MANILA_QUOTA_KEYS: [&str; 10] = [
+    "shares",
+    "gigabytes",
+    "snapshots",
+    "snapshot_gigabytes",
+    "share_networks",
+    "share_groups",
+    "share_group_snapshots",
+    "share_replicas",
+    "replica_gigabytes",
+    "per_share_gigabytes",
+];
+
+impl World {
+    /// `project`'s Manila limit for `key` (one of MANILA_QUOTA_KEYS): what
+    /// an admin set for it, else the emulator's quota (-1 where it has
+    /// none).
+    pub fn manila_quota(&self, project: &str, key: &str) -> i64 {
+        if let Some(v) = self
+            .manila_project_quotas
+            .get(project)
+            .and_then(|q| q.get(key))
+        {
+            return *v;
+        }
+        match key {
+            "shares" => self.quotas.shares,
+            "gigabytes" => self.quotas.share_gigabytes,
+            "share_group_snapshots" => self.quotas.share_group_snapshots,
+            _ => -1,
+        }
+    }
+}
 
 /// Keys a quota set may carry besides limits (Manila's NON_QUOTA_KEYS).
 const NON_QUOTA_KEYS: [&str; 4] = ["tenant_id", "id", "force", "share_type"];
