@@ -2,8 +2,10 @@
 //! away must not leave ours unregistered. Upstream's registrar removes
 //! its registration socket when it stops; replacing upstream's release
 //! with ours, that path is our registrar's by then, and kubelet
-//! deregisters the driver on that node. Our registrar's health check
-//! fails while its socket is gone, and kubelet restarts it.
+//! deregisters the driver on that node. Our plugin, guarding its
+//! registrar's socket, puts it back within seconds; where it cannot (its
+//! guard's link gone too), our registrar's health check fails while its
+//! socket is gone, and kubelet restarts it.
 
 use super::*;
 
@@ -64,9 +66,48 @@ async fn a_registration_socket_removed_under_the_registrar_heals_and_volumes_mou
         socket.display()
     );
 
-    // what a registrar of another release does on its way out
+    // what a registrar of another release does on its way out: our
+    // plugin puts the socket back (the same one), the registrar untouched
+    let ino = |p: &std::path::Path| {
+        std::fs::symlink_metadata(p)
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+    };
+    let ours = ino(&socket);
     let removed = Instant::now();
     std::fs::remove_file(&socket).unwrap();
+    let put_back = c
+        .wait_for("our plugin put the registrar's socket back and the driver is registered", MINUTE, || {
+            let (c, node, socket, pod_name) = (&c, &node, &socket, &pod_name);
+            async move {
+                let listed = registered(c, node, driver).await;
+                let (now_pod, restarts) = registrar_on(c, node, "csi-cinder-nodeplugin-").await;
+                Ok(
+                    if now_pod == *pod_name && restarts == before && ino(socket) == ours && listed {
+                        Ok(removed.elapsed())
+                    } else {
+                        Err(format!(
+                            "{now_pod}: registrar restarts {restarts} (were {before}), the socket back: {}, CSINode lists it: {listed}",
+                            ino(socket) == ours
+                        ))
+                    },
+                )
+            }
+        })
+        .await
+        .unwrap();
+    println!(
+        "registration socket removed: put back by our plugin and the driver registered again after {:.1} s",
+        put_back.as_secs_f64()
+    );
+
+    // a plugin that cannot put it back (its guard's link gone too, as in
+    // upstream's pod, which has no registration folder): the registrar's
+    // liveness probe heals it
+    let guard = socket.with_file_name(format!(".{driver}-reg.sock.guard"));
+    let removed = Instant::now();
+    std::fs::remove_file(&socket).unwrap();
+    std::fs::remove_file(&guard).unwrap();
     let deregistered = std::sync::Mutex::new(None);
     let healed = c
         .wait_for("the registrar restarted and the driver registered again", 3 * MINUTE, || {
@@ -93,7 +134,7 @@ async fn a_registration_socket_removed_under_the_registrar_heals_and_volumes_mou
         .await
         .unwrap();
     println!(
-        "registration socket removed: driver deregistered after {:?}, registrar restarted and the driver registered again after {:.1} s",
+        "registration socket and the guard's link removed: driver deregistered after {:?}, registrar restarted and the driver registered again after {:.1} s",
         deregistered.lock().ok().and_then(|d| *d),
         healed.as_secs_f64()
     );
