@@ -145,10 +145,7 @@ impl RegistrationSocket {
     /// Links the socket at `from` under the kept name, replacing what was
     /// kept before (a new link renamed over it: never a moment without one).
     fn keep(&self, from: &Path) -> std::io::Result<()> {
-        let fresh = self.kept_fresh();
-        let _ = std::fs::remove_file(&fresh);
-        std::fs::hard_link(from, &fresh)?;
-        std::fs::rename(&fresh, &self.kept)
+        link_replacing(from, &self.kept, &self.kept_fresh())
     }
 
     /// Watches the path until the bound: a successor's registrar may
@@ -241,10 +238,7 @@ impl RegistrationSocket {
                     Some(now) => {
                         removed_since = None;
                         if socket_at(&self.guarded) != Some(now) {
-                            let _ = std::fs::remove_file(&fresh);
-                            if std::fs::hard_link(&self.path, &fresh).is_ok() {
-                                let _ = std::fs::rename(&fresh, &self.guarded);
-                            }
+                            let _ = link_replacing(&self.path, &self.guarded, &fresh);
                         }
                     }
                     None if socket_at(&self.guarded).is_some() => {
@@ -281,6 +275,14 @@ impl RegistrationSocket {
         self.stopping.store(true, Ordering::SeqCst);
         let _ = std::fs::remove_file(&self.guarded);
     }
+}
+
+/// Links `from` as `to`, replacing what `to` held: a new link at `fresh`
+/// renamed over it, never a moment without one.
+fn link_replacing(from: &Path, to: &Path, fresh: &Path) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(fresh);
+    std::fs::hard_link(from, fresh)?;
+    std::fs::rename(fresh, to)
 }
 
 /// The socket at `path` (device, inode), if a socket is there.
